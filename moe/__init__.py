@@ -1,0 +1,40 @@
+"""Model core: MoEfication of dense transformers, native MoE models, stage split, weight export.
+
+Predictor, functions and pipeline all use the model through this package only.
+"""
+
+from __future__ import annotations
+
+from moe._experts import ExpertBank, Router, expert_ffn, gather_shards, routing_shards
+from moe._export import Manifest, StageEntry, expert_key, export_model, layer_key
+from moe._model import EXPERT_CHOICES, TOP_K_CHOICES, LayerRouting, MoEModel, load_model
+from moe._moefy import LayerFit
+from moe._registry import BUILTIN_MODELS, ModelSource, resolve_model
+from moe._stages import ExpertStage, LayerOutput, LayerStage, StageLoader, run_staged
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "EXPERT_CHOICES",
+    "TOP_K_CHOICES",
+    "ExpertBank",
+    "ExpertStage",
+    "LayerFit",
+    "LayerOutput",
+    "LayerRouting",
+    "LayerStage",
+    "Manifest",
+    "ModelSource",
+    "MoEModel",
+    "Router",
+    "StageEntry",
+    "StageLoader",
+    "expert_ffn",
+    "expert_key",
+    "export_model",
+    "gather_shards",
+    "layer_key",
+    "load_model",
+    "resolve_model",
+    "routing_shards",
+    "run_staged",
+]

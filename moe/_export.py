@@ -1,0 +1,174 @@
+"""Weight export: one safetensors file per stage, laid out as the functions read them from S3.
+
+Layout under the export directory (the same relative keys go under the weights prefix in S3):
+
+    manifest.json                  model identity, stage list, byte sizes (the planner's P_{e,i})
+    config/                        the Hugging Face config and tokenizer files
+    head.safetensors               embeddings
+    layers/LL/layer.safetensors    the previous layer's combine (if any), block LL and its gate
+    layers/LL/experts/EE.safetensors
+    tail.safetensors               the last layer's combine, final norm and task head
+
+A layer function runs the previous layer's combine because it is the one that gathers the expert
+outputs of that layer; the tail does the same for the last layer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from safetensors.torch import save_file
+
+from moe._model import MoEModel
+from moelambda._io import write_atomically
+
+__all__ = ["MANIFEST_VERSION", "Manifest", "StageEntry", "export_model", "expert_key", "layer_key"]
+
+MANIFEST_VERSION = 1
+HEAD_KEY = "head.safetensors"
+TAIL_KEY = "tail.safetensors"
+
+
+def layer_key(layer: int) -> str:
+    return f"layers/{layer:02d}/layer.safetensors"
+
+
+def expert_key(layer: int, expert: int) -> str:
+    return f"layers/{layer:02d}/experts/{expert:02d}.safetensors"
+
+
+class StageEntry(BaseModel):
+    """One deployable stage: its role, position, S3 key and size in bytes."""
+
+    model_config = ConfigDict(frozen=True)
+
+    role: Literal["head", "layer", "expert", "tail"]
+    layer: int | None = None
+    expert: int | None = None
+    key: str
+    bytes: int
+
+
+class Manifest(BaseModel):
+    """What an export holds; the planner and the functions read it instead of the model."""
+
+    model_config = ConfigDict(frozen=True)
+
+    format_version: int
+    model: str
+    model_type: str
+    family: str
+    classes: dict[str, str]
+    moefied: bool
+    seed: int
+    num_layers: int
+    experts: int
+    top_k: int
+    weighting: str
+    expert_kind: str
+    activation: str
+    hidden_size: int
+    dtype: str
+    token_bytes_in: int
+    token_bytes_out: int
+    stages: list[StageEntry]
+
+    def expert_bytes(self) -> list[list[int]]:
+        """P_{e,i}: bytes of expert i of layer e, as downloaded by its function."""
+        sizes = [[0] * self.experts for _ in range(self.num_layers)]
+        for stage in self.stages:
+            if stage.role == "expert":
+                assert stage.layer is not None and stage.expert is not None
+                sizes[stage.layer][stage.expert] = stage.bytes
+        return sizes
+
+
+def _prefixed(prefix: str, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    # Tied weights (SmolLM2's lm_head is its embedding) must be separate tensors on disk.
+    return {
+        f"{prefix}.{k}": v.detach().contiguous().clone() for k, v in module.state_dict().items()
+    }
+
+
+def _stage_tensors(model: MoEModel) -> dict[str, dict[str, torch.Tensor]]:
+    files = {HEAD_KEY: _prefixed("head", model.head)}
+    for layer in range(model.num_layers):
+        tensors = _prefixed("block", model.blocks[layer]) | _prefixed(
+            "router", model.routers[layer]
+        )
+        if layer > 0:
+            tensors |= _prefixed("combine", model.combines[layer - 1])
+        files[layer_key(layer)] = tensors
+        bank = model.banks[layer]
+        for expert in range(model.experts):
+            files[expert_key(layer, expert)] = {
+                k: v.contiguous().clone() for k, v in bank.expert_tensors(expert).items()
+            }
+    files[TAIL_KEY] = _prefixed("combine", model.combines[-1]) | _prefixed("tail", model.tail)
+    return files
+
+
+def _entry(key: str, size: int) -> StageEntry:
+    if key == HEAD_KEY:
+        return StageEntry(role="head", key=key, bytes=size)
+    if key == TAIL_KEY:
+        return StageEntry(role="tail", key=key, bytes=size)
+    parts = key.split("/")
+    if parts[2] == "layer.safetensors":
+        return StageEntry(role="layer", layer=int(parts[1]), key=key, bytes=size)
+    return StageEntry(
+        role="expert", layer=int(parts[1]), expert=int(parts[3].split(".")[0]), key=key, bytes=size
+    )
+
+
+def export_model(model: MoEModel, out: str | Path, *, force: bool = False) -> Manifest:
+    """Write every stage's weights and the manifest to `out`, atomically.
+
+    Everything is written to a temporary sibling directory that is renamed into place at the end,
+    so an interrupted export leaves nothing half-written (see `write_atomically`).
+
+    Raises:
+        OutputExistsError: `out` exists and is not empty, and `force` is False.
+    """
+    manifest: Manifest | None = None
+
+    def write(tmp: Path) -> None:
+        nonlocal manifest
+        entries = []
+        for key, tensors in _stage_tensors(model).items():
+            path = tmp / key
+            path.parent.mkdir(parents=True, exist_ok=True)
+            save_file(tensors, str(path))
+            entries.append(_entry(key, path.stat().st_size))
+        model.family.config.save_pretrained(tmp / "config")
+        model.tokenizer.save_pretrained(tmp / "config")
+        dtype_bytes = torch.finfo(torch.float32).bits // 8
+        manifest = Manifest(
+            format_version=MANIFEST_VERSION,
+            model=model.name,
+            model_type=model.family.config.model_type,
+            family=model.family.name,
+            classes=model.family.classes,
+            moefied=model.moefied,
+            seed=model.seed,
+            num_layers=model.num_layers,
+            experts=model.experts,
+            top_k=model.top_k,
+            weighting=model.routers[0].weighting,
+            expert_kind=model.banks[0].kind,
+            activation=model.banks[0].act,
+            hidden_size=model.hidden_size,
+            dtype="float32",
+            token_bytes_in=model.hidden_size * dtype_bytes,
+            token_bytes_out=model.hidden_size * dtype_bytes,
+            stages=entries,
+        )
+        (tmp / "manifest.json").write_text(json.dumps(manifest.model_dump(), indent=2) + "\n")
+
+    write_atomically(Path(out), write, force=force)
+    assert manifest is not None
+    return manifest

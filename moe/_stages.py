@@ -1,0 +1,186 @@
+"""Stages loaded from an export, as the serverless functions load them, and their composition.
+
+Each stage is built empty from the exported config and filled from its own safetensors file only:
+a function never needs the whole model. `run_staged` chains head, layers, per-expert shards and
+tail in one process; it is the reference for the serving workflow, and tests check it equals the
+monolithic forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from pydantic import ValidationError
+from safetensors.torch import load_file
+from torch import nn
+
+from moe._experts import Router, expert_ffn, gather_shards, routing_shards
+from moe._export import HEAD_KEY, MANIFEST_VERSION, TAIL_KEY, Manifest, expert_key, layer_key
+from moe._families import Family
+from moelambda.exceptions import ModelError
+
+__all__ = ["ExpertStage", "LayerOutput", "LayerStage", "StageLoader", "run_staged"]
+
+
+def _sub(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    cut = len(prefix) + 1
+    return {k[cut:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
+
+
+@dataclass
+class LayerOutput:
+    """What a layer function produces: the residual to keep, the gate's split of the tokens."""
+
+    residual: torch.Tensor  # (B, T, h)
+    ffn_in: torch.Tensor  # (B*T, h)
+    experts: torch.Tensor  # (B*T, k)
+    weights: torch.Tensor  # (B*T, k)
+    probs: torch.Tensor  # (B*T, k)
+
+
+class HeadStage:
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    @torch.inference_mode()
+    def run(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.module(input_ids)
+
+
+class LayerStage:
+    """The previous layer's combine (absent for layer 0), this layer's block and its gate."""
+
+    def __init__(self, combine: nn.Module | None, block: nn.Module, router: Router) -> None:
+        self.combine = combine
+        self.block = block
+        self.router = router
+
+    @torch.inference_mode()
+    def run(self, hidden: torch.Tensor, expert_sum: torch.Tensor | None = None) -> LayerOutput:
+        """`hidden` is the head's output (layer 0) or the previous layer's residual."""
+        if self.combine is not None:
+            if expert_sum is None:
+                raise ValueError("a layer after the first needs the previous layer's expert sum")
+            hidden = self.combine(hidden, expert_sum.view_as(hidden))
+        out = self.block(hidden)
+        x = out.ffn_in.reshape(-1, out.ffn_in.shape[-1])
+        experts, weights, probs = self.router(x)
+        return LayerOutput(out.residual, x, experts, weights, probs)
+
+
+class ExpertStage:
+    def __init__(self, tensors: dict[str, torch.Tensor], kind: str, act: str) -> None:
+        self.w_in = tensors["w_in"]
+        self.b_in = tensors.get("b_in")
+        self.w_out = tensors["w_out"]
+        self.kind = kind
+        self.act = act
+
+    @torch.inference_mode()
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        return expert_ffn(x, self.w_in, self.b_in, self.w_out, self.kind, self.act)  # type: ignore[arg-type]
+
+
+class TailStage:
+    def __init__(self, combine: nn.Module, tail: nn.Module) -> None:
+        self.combine = combine
+        self.tail = tail
+
+    @torch.inference_mode()
+    def run(self, residual: torch.Tensor, expert_sum: torch.Tensor) -> torch.Tensor:
+        return self.tail(self.combine(residual, expert_sum.view_as(residual)))
+
+
+class StageLoader:
+    """Reads the manifest of an export and builds any one stage from its own file."""
+
+    def __init__(self, root: str | Path) -> None:
+        from transformers import AutoConfig
+
+        self.root = Path(root)
+        path = self.root / "manifest.json"
+        if not path.is_file():
+            raise ModelError(
+                f"'{self.root}' is not a weight export: manifest.json is missing.",
+                "export the model first with `moelambda export --out DIR`.",
+            )
+        try:
+            self.manifest = Manifest.model_validate_json(path.read_text())
+        except ValidationError as err:
+            raise ModelError(
+                f"{path} is not a valid manifest: {err}", "re-export the model."
+            ) from err
+        if self.manifest.format_version != MANIFEST_VERSION:
+            raise ModelError(
+                f"{path} has format version {self.manifest.format_version}; this moelambda reads "
+                f"version {MANIFEST_VERSION}.",
+                "re-export the model with this version of moelambda.",
+            )
+        config = AutoConfig.from_pretrained(self.root / "config")
+        config._attn_implementation = "eager"
+        self.family = Family(self.manifest.family, config, self.manifest.classes)
+
+    def _tensors(self, key: str) -> dict[str, torch.Tensor]:
+        path = self.root / key
+        if not path.is_file():
+            raise ModelError(
+                f"the weights object '{key}' is missing from {self.root}.",
+                "re-export the model; do not delete files from an export.",
+            )
+        return load_file(str(path))
+
+    @staticmethod
+    def _filled(module: nn.Module, tensors: dict[str, torch.Tensor]) -> nn.Module:
+        module.load_state_dict(tensors, strict=True)
+        return module.eval().requires_grad_(False)
+
+    def _router(self, tensors: dict[str, torch.Tensor]) -> Router:
+        weight = tensors["linear.weight"]
+        linear = nn.Linear(weight.shape[1], weight.shape[0], bias="linear.bias" in tensors)
+        self._filled(linear, _sub(tensors, "linear"))
+        m = self.manifest
+        return Router(linear, top_k=m.top_k, weighting=m.weighting)  # type: ignore[arg-type]
+
+    def head(self) -> HeadStage:
+        return HeadStage(
+            self._filled(self.family.new_head(), _sub(self._tensors(HEAD_KEY), "head"))
+        )
+
+    def layer(self, layer: int) -> LayerStage:
+        tensors = self._tensors(layer_key(layer))
+        combine = None
+        if layer > 0:
+            combine = self._filled(self.family.new_combine(), _sub(tensors, "combine"))
+        block = self._filled(self.family.new_block(layer), _sub(tensors, "block"))
+        return LayerStage(combine, block, self._router(_sub(tensors, "router")))
+
+    def expert(self, layer: int, expert: int) -> ExpertStage:
+        m = self.manifest
+        return ExpertStage(self._tensors(expert_key(layer, expert)), m.expert_kind, m.activation)
+
+    def tail(self) -> TailStage:
+        tensors = self._tensors(TAIL_KEY)
+        combine = self._filled(self.family.new_combine(), _sub(tensors, "combine"))
+        return TailStage(combine, self._filled(self.family.new_tail(), _sub(tensors, "tail")))
+
+
+def run_staged(root: str | Path, input_ids: torch.Tensor) -> torch.Tensor:
+    """Run windows through the exported stages one by one, each expert on its own shard."""
+    loader = StageLoader(root)
+    m = loader.manifest
+    residual = loader.head().run(input_ids)
+    expert_sum = None
+    for layer in range(m.num_layers):
+        out = loader.layer(layer).run(residual, expert_sum)
+        parts = []
+        for expert, (tokens, weights) in enumerate(
+            routing_shards(out.experts, out.weights, m.experts)
+        ):
+            y = loader.expert(layer, expert).run(out.ffn_in[tokens])
+            parts.append((tokens, weights, y))
+        expert_sum = gather_shards(out.ffn_in.shape[0], m.hidden_size, parts)
+        residual = out.residual
+    assert expert_sum is not None
+    return loader.tail().run(residual, expert_sum)

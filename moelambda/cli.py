@@ -1,0 +1,313 @@
+"""The `moelambda` command line.
+
+Every command that a script may read takes `--json` and then prints exactly one JSON object on
+stdout; progress and messages go to stderr. Errors the user can fix exit with code 2 and a message
+ending in "To fix: ...", without a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from moelambda.exceptions import MoelambdaError, UsageError
+
+app = typer.Typer(
+    help="Serve Mixture-of-Experts models on serverless functions at the lowest bill.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+bench_app = typer.Typer(help="Benchmarks that print measured numbers.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+err = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+ModelOpt = Annotated[
+    str, typer.Option(help="'minilm', 'smollm2', or a local Hugging Face model directory.")
+]
+ExpertsOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="Experts per MoE layer for MoEfication (2, 4, 8, 16). Native MoE models "
+        "keep their own; leave it out for them."
+    ),
+]
+TopKOpt = Annotated[int | None, typer.Option("--top-k", help="Experts per token (1 or 2).")]
+SeedOpt = Annotated[int, typer.Option(help="Seeds the corpus shuffle and the MoEfication.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+ForceOpt = Annotated[bool, typer.Option(help="Replace a non-empty --out directory.")]
+
+
+def user_errors(fn: F) -> F:
+    """Turn a `MoelambdaError` into its message on stderr and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except MoelambdaError as error:
+            err.print(f"[bold red]error:[/] {error.problem}", highlight=False, soft_wrap=True)
+            if error.fix:
+                err.print(f"To fix: {error.fix}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _defaults(model: str, experts: int | None, top_k: int | None) -> tuple[int | None, int | None]:
+    """Built-in dense models default to E=4, k=2; a local directory may be native MoE."""
+    from moe import resolve_model
+    from moe._families import NATIVE_MOE_TYPES
+
+    if resolve_model(model).model_type in NATIVE_MOE_TYPES:
+        return experts, top_k
+    return (4 if experts is None else experts), (2 if top_k is None else top_k)
+
+
+def _load(model: str, experts: int | None, top_k: int | None, seed: int) -> Any:
+    from moe import load_model
+
+    experts, top_k = _defaults(model, experts, top_k)
+    with err.status("loading the model") as status:
+        return load_model(
+            model, experts=experts, top_k=top_k, seed=seed, progress=lambda msg: status.update(msg)
+        )
+
+
+def _check_out(out: Path, force: bool) -> None:
+    """Fail before any slow work when the output would overwrite data."""
+    from moelambda.exceptions import OutputExistsError
+
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise OutputExistsError(
+            f"'{out}' already exists and is not empty.", "pick a new --out or pass --force."
+        )
+
+
+def _run_profile(
+    *,
+    model: str,
+    experts: int | None,
+    top_k: int | None,
+    corpus: str,
+    tokens: int,
+    window: int,
+    seed: int,
+    batch_size: int,
+) -> tuple[Any, Any, float]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from moelambda.corpus import load_corpus, make_windows
+    from predictor import profile_windows
+
+    if tokens < 1:
+        raise UsageError(
+            f"--tokens {tokens} is not a positive number.", "pass --tokens 1 or more."
+        )
+    if batch_size < 1:
+        raise UsageError(
+            f"--batch-size {batch_size} is not positive.", "pass --batch-size 1 or more."
+        )
+    text = load_corpus(corpus)
+    started = time.perf_counter()
+    moe_model = _load(model, experts, top_k, seed)
+    load_s = time.perf_counter() - started
+    windows = make_windows(text, moe_model.tokenizer, tokens=tokens, window=window, seed=seed)
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("profiling tokens", total=windows.size)
+        result = profile_windows(
+            moe_model,
+            windows,
+            tokens=tokens,
+            batch_size=batch_size,
+            meta={"corpus": text.name, "seed": seed, "window": window},
+            advance=lambda n: bar.advance(task, n),
+        )
+    return moe_model, result, load_s
+
+
+@app.command()
+@user_errors
+def profile(
+    out: Annotated[Path, typer.Option(help="Directory to write trace.npz into.")] = Path(
+        "out/profile"
+    ),
+    model: ModelOpt = "minilm",
+    experts: ExpertsOpt = None,
+    top_k: TopKOpt = None,
+    corpus: Annotated[str, typer.Option(help="'wiki' (embedded) or a text/JSONL file.")] = "wiki",
+    tokens: Annotated[int, typer.Option(help="Tokens to profile.")] = 10240,
+    window: Annotated[int, typer.Option(help="Tokens per window (request).")] = 128,
+    seed: SeedOpt = 0,
+    batch_size: Annotated[int, typer.Option(help="Windows per forward pass.")] = 16,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Record which experts every token picks (routing trace) on real text."""
+    _check_out(out, force)
+    moe_model, result, load_s = _run_profile(
+        model=model,
+        experts=experts,
+        top_k=top_k,
+        corpus=corpus,
+        tokens=tokens,
+        window=window,
+        seed=seed,
+        batch_size=batch_size,
+    )
+    trace = result.trace
+    path = trace.save(out, force=force)
+    popularity = trace.popularity()
+    summary = {
+        "model": moe_model.name,
+        "layers": trace.num_layers,
+        "experts": trace.num_experts,
+        "top_k": trace.top_k,
+        "tokens": trace.num_tokens,
+        "tokens_per_s": round(result.tokens_per_s, 1),
+        "popularity": popularity.tolist(),
+        "corpus": trace.meta["corpus"],
+        "seed": seed,
+        "window": window,
+        "load_s": round(load_s, 2),
+        "trace": str(path),
+        "router_fit": [
+            {
+                "accuracy": round(f.router_accuracy, 4),
+                "mass_captured": round(f.mass_captured, 4),
+                "ffn_rel_error": round(f.ffn_rel_error, 4),
+            }
+            for f in moe_model.fits
+        ],
+    }
+    if as_json:
+        print(json.dumps(summary))
+        return
+    _print_popularity(summary)
+
+
+def _print_popularity(summary: dict[str, Any]) -> None:
+    out = Console()
+    table = Table(
+        title=f"Expert popularity: {summary['model']}, E={summary['experts']}, "
+        f"top-{summary['top_k']}, {summary['tokens']:,} tokens of '{summary['corpus']}'"
+    )
+    table.add_column("layer", justify="right")
+    for e in range(summary["experts"]):
+        table.add_column(f"e{e}", justify="right")
+    table.add_column("max/mean", justify="right")
+    fits = summary["router_fit"]
+    if fits:
+        table.add_column("router acc.", justify="right")
+    mean = summary["tokens"] * summary["top_k"] / summary["experts"]
+    for layer, counts in enumerate(summary["popularity"]):
+        row = [str(layer), *(f"{c:,}" for c in counts), f"{max(counts) / mean:.2f}"]
+        if fits:
+            row.append(f"{fits[layer]['accuracy']:.1%}")
+        table.add_row(*row)
+    out.print(table)
+    out.print(
+        f"{summary['tokens_per_s']:,.0f} tokens/s profiling (model load and MoEfication "
+        f"{summary['load_s']:.1f} s). Trace: {summary['trace']}"
+    )
+
+
+@app.command()
+@user_errors
+def export(
+    out: Annotated[Path, typer.Option(help="Directory to write the stage weights into.")] = Path(
+        "out/weights"
+    ),
+    model: ModelOpt = "minilm",
+    experts: ExpertsOpt = None,
+    top_k: TopKOpt = None,
+    seed: SeedOpt = 0,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write each stage's weights to safetensors, laid out as the functions read them from S3."""
+    from moe import export_model
+
+    _check_out(out, force)
+    manifest = export_model(_load(model, experts, top_k, seed), out, force=force)
+    sizes = manifest.expert_bytes()
+    summary = {
+        "model": manifest.model,
+        "out": str(out),
+        "stages": len(manifest.stages),
+        "total_bytes": sum(s.bytes for s in manifest.stages),
+        "expert_bytes": sizes,
+        "token_bytes_in": manifest.token_bytes_in,
+    }
+    if as_json:
+        print(json.dumps(summary))
+        return
+    Console().print(
+        f"Exported {summary['stages']} stages ({summary['total_bytes'] / 1e6:.1f} MB) to {out}; "
+        f"each expert is {sizes[0][0] / 1e6:.2f} MB (layer 0)."
+    )
+
+
+@bench_app.command("profiler")
+@user_errors
+def bench_profiler(
+    tokens: Annotated[int, typer.Option(help="Tokens to profile.")] = 10240,
+    experts: Annotated[int, typer.Option(help="Experts per layer.")] = 4,
+    as_json: JsonOpt = False,
+) -> None:
+    """Profiler throughput of MiniLM on the embedded corpus (target: >= 5,000 tokens/s)."""
+    import torch
+
+    _, result, load_s = _run_profile(
+        model="minilm",
+        experts=experts,
+        top_k=2,
+        corpus="wiki",
+        tokens=tokens,
+        window=128,
+        seed=0,
+        batch_size=16,
+    )
+    summary = {
+        "model": "minilm",
+        "experts": experts,
+        "top_k": 2,
+        "tokens": result.trace.num_tokens,
+        "seconds": round(result.seconds, 3),
+        "tokens_per_s": round(result.tokens_per_s, 1),
+        "target_tokens_per_s": 5000,
+        "meets_target": result.tokens_per_s >= 5000,
+        "load_and_moefy_s": round(load_s, 2),
+        "torch_threads": torch.get_num_threads(),
+    }
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        Console().print_json(json.dumps(summary))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app(prog_name="moelambda")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

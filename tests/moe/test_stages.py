@@ -1,0 +1,121 @@
+"""The MoE model against Hugging Face, and the exported stages against the monolithic forward."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from moe import MoEModel, StageLoader, export_model, load_model, run_staged
+from moe._model import load_hf
+from moe._registry import resolve_model
+
+TOL = 1e-5
+
+
+def _hf_logits(path: Path, ids: torch.Tensor) -> torch.Tensor:
+    hf, _ = load_hf(resolve_model(str(path)))
+    with torch.inference_mode():
+        return hf(ids).logits
+
+
+def test_minilm_stages_equal_monolithic(
+    minilm: MoEModel, wiki_windows: np.ndarray, tmp_path: Path
+) -> None:
+    ids = torch.from_numpy(wiki_windows[:2])
+    reference = minilm.forward(ids, reference=True)
+    export_model(minilm, tmp_path / "w")
+    staged = run_staged(tmp_path / "w", ids)
+    assert reference.shape == (2, 384)
+    assert (staged - reference).abs().max() <= TOL
+    assert (minilm.forward(ids) - reference).abs().max() <= TOL
+
+
+def test_minilm_with_every_expert_is_the_dense_model(wiki_windows: np.ndarray) -> None:
+    """E=2, k=2 runs all experts with unit weights: the partition must sum to the dense FFN."""
+    from sentence_transformers import SentenceTransformer
+
+    model = load_model("minilm", experts=2, top_k=2, fit_tokens=512)
+    ids = torch.from_numpy(wiki_windows[:2])
+    dense = SentenceTransformer(str(resolve_model("minilm").path), device="cpu")
+    with torch.inference_mode():
+        expected = dense({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    assert (model.forward(ids) - expected["sentence_embedding"]).abs().max() <= TOL
+
+
+def test_minilm_routing_is_not_uniform(minilm: MoEModel) -> None:
+    """The fitted routers must beat chance at picking the experts with the most activation."""
+    chance = 1 / 6  # C(4, 2) possible expert pairs
+    assert all(f.router_accuracy > 3 * chance for f in minilm.fits)
+    assert all(0.5 < f.mass_captured <= 1.0 + 1e-6 for f in minilm.fits)
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "olmoe"])
+def test_native_moe_matches_hugging_face(
+    kind: str, tiny_dirs: dict[str, Path], token_windows: torch.Tensor, tmp_path: Path
+) -> None:
+    model = load_model(str(tiny_dirs[kind]), experts=None, top_k=None)
+    assert (model.experts, model.top_k, model.moefied) == (4, 2, False)
+    expected = _hf_logits(tiny_dirs[kind], token_windows)
+    reference = model.forward(token_windows, reference=True)
+    assert expected.abs().max() > 1e-2  # the check below is not trivially met by zeros
+    assert (reference - expected).abs().max() <= TOL
+    assert (model.forward(token_windows) - expected).abs().max() <= TOL
+    export_model(model, tmp_path / "w")
+    assert (run_staged(tmp_path / "w", token_windows) - expected).abs().max() <= TOL
+
+
+def test_moefied_llama_with_every_expert_is_dense(
+    tiny_dirs: dict[str, Path], token_windows: torch.Tensor, tmp_path: Path
+) -> None:
+    model = load_model(str(tiny_dirs["llama"]), experts=2, top_k=2, fit_tokens=256)
+    expected = _hf_logits(tiny_dirs["llama"], token_windows)
+    assert (model.forward(token_windows) - expected).abs().max() <= TOL
+
+
+def test_moefied_llama_stages_equal_monolithic(
+    tiny_dirs: dict[str, Path], token_windows: torch.Tensor, tmp_path: Path
+) -> None:
+    model = load_model(str(tiny_dirs["llama"]), experts=4, top_k=1, fit_tokens=256)
+    reference = model.forward(token_windows, reference=True)
+    export_model(model, tmp_path / "w")
+    assert (run_staged(tmp_path / "w", token_windows) - reference).abs().max() <= TOL
+    # Top-1 of 4 experts drops most of the FFN: the output must differ from the dense model.
+    assert (reference - _hf_logits(tiny_dirs["llama"], token_windows)).abs().max() > 1e-4
+
+
+def test_export_records_expert_sizes(minilm: MoEModel, tmp_path: Path) -> None:
+    manifest = export_model(minilm, tmp_path / "w")
+    sizes = np.array(manifest.expert_bytes())
+    params = 2 * 384 * 384 + 384  # w_in (384x384), b_in (384), w_out (384x384) of a quarter FFN
+    assert sizes.shape == (6, 4)
+    assert (sizes >= params * 4).all() and (sizes < params * 4 + 1024).all()
+    for stage in manifest.stages:
+        assert (tmp_path / "w" / stage.key).stat().st_size == stage.bytes
+    loader = StageLoader(tmp_path / "w")
+    x = torch.randn(5, 384)
+    expected = minilm.banks[3].expert(1, x)
+    assert torch.equal(loader.expert(3, 1).run(x), expected)
+
+
+def test_export_refuses_to_overwrite(minilm: MoEModel, tmp_path: Path) -> None:
+    from moelambda.exceptions import OutputExistsError
+
+    out = tmp_path / "w"
+    out.mkdir()
+    (out / "keep.txt").write_text("user data")
+    with pytest.raises(OutputExistsError):
+        export_model(minilm, out)
+    assert (out / "keep.txt").read_text() == "user data"
+    assert [p.name for p in tmp_path.iterdir()] == ["w"]  # no temporary directory left behind
+
+
+def test_missing_weights_object_is_a_clear_error(minilm: MoEModel, tmp_path: Path) -> None:
+    from moelambda.exceptions import ModelError
+
+    export_model(minilm, tmp_path / "w")
+    (tmp_path / "w" / "layers/02/experts/01.safetensors").unlink()
+    with pytest.raises(ModelError, match="layers/02/experts/01.safetensors"):
+        StageLoader(tmp_path / "w").expert(2, 1)
