@@ -19,7 +19,15 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-__all__ = ["ExpertBank", "Router", "Weighting", "expert_ffn", "gather_shards", "routing_shards"]
+__all__ = [
+    "ExpertBank",
+    "ExpertKind",
+    "Router",
+    "Weighting",
+    "expert_ffn",
+    "gather_shards",
+    "routing_shards",
+]
 
 ExpertKind = Literal["mlp", "glu"]
 Weighting = Literal["unit", "softmax", "softmax_renorm"]

@@ -16,6 +16,7 @@ outputs of that layer; the tail does the same for the last layer.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Literal
 
@@ -76,6 +77,7 @@ class Manifest(BaseModel):
     token_bytes_in: int
     token_bytes_out: int
     stages: list[StageEntry]
+    router_fit: list[dict[str, float]] = []
 
     def expert_bytes(self) -> list[list[int]]:
         """P_{e,i}: bytes of expert i of layer e, as downloaded by its function."""
@@ -166,6 +168,7 @@ def export_model(model: MoEModel, out: str | Path, *, force: bool = False) -> Ma
             token_bytes_in=model.hidden_size * dtype_bytes,
             token_bytes_out=model.hidden_size * dtype_bytes,
             stages=entries,
+            router_fit=[asdict(fit) for fit in model.fits],
         )
         (tmp / "manifest.json").write_text(json.dumps(manifest.model_dump(), indent=2) + "\n")
 

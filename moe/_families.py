@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from moe._experts import ExpertKind
 from moelambda.exceptions import ModelError
 
 __all__ = [
@@ -50,7 +51,7 @@ class DenseFFN:
     w_in: torch.Tensor
     b_in: torch.Tensor | None
     w_out: torch.Tensor
-    kind: str
+    kind: ExpertKind
     act: str
 
 

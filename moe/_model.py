@@ -8,6 +8,7 @@ compare both against it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from moe._experts import ExpertBank, Router
+from moe._experts import ExpertBank, Router, expert_ffn
 from moe._families import NATIVE_MOE_TYPES, Family, family_for
 from moe._moefy import LayerFit, moefy_ffn
 from moe._registry import ModelSource, resolve_model
@@ -26,7 +27,7 @@ __all__ = [
     "TOP_K_CHOICES",
     "LayerRouting",
     "MoEModel",
-    "load_model",
+    "build_model",
 ]
 
 EXPERT_CHOICES = (2, 4, 8, 16)
@@ -89,11 +90,13 @@ class MoEModel:
         *,
         reference: bool = False,
         routing: list[LayerRouting] | None = None,
+        tail: bool = True,
     ) -> torch.Tensor:
         """Run (B, T) windows through the model; append per-layer routing to `routing` if given.
 
         Returns the tail's output: sentence embeddings (B, h) for BERT, logits (B, T, V) for
-        decoders.
+        decoders; with `tail=False` the last hidden states instead, which is all the profiler
+        needs (a decoder's LM head can cost as much as its MoE layers).
         """
         batch, length = input_ids.shape
         hidden = self.head(input_ids)
@@ -110,7 +113,7 @@ class MoEModel:
                 routing.append(
                     LayerRouting(idx, probs, input_ids.gather(1, most_attended).reshape(-1))
                 )
-        return self.tail(hidden)
+        return self.tail(hidden) if tail else hidden
 
 
 def _check_choices(experts: int | None, top_k: int | None) -> None:
@@ -140,6 +143,8 @@ def load_hf(source: ModelSource) -> tuple[nn.Module, Any]:
     kwargs: dict[str, Any] = {}
     if source.gguf_file:
         kwargs["gguf_file"] = source.gguf_file
+        # The GGUF reader draws its own tqdm bar, which transformers' switch does not reach.
+        os.environ.setdefault("TQDM_DISABLE", "1")
     auto = (
         transformers.AutoModel
         if source.model_type == "bert"
@@ -199,19 +204,12 @@ def _collect_ffn_inputs(
         for layer, ffn in enumerate(ffns):
             out = parts["blocks"][layer](hidden)
             per_layer[layer].append(out.ffn_in.reshape(-1, family.hidden_size))
-            bank = ExpertBank(
-                ffn.w_in[None],
-                None if ffn.b_in is None else ffn.b_in[None],
-                ffn.w_out[None],
-                kind=ffn.kind,
-                act=ffn.act,
-            )  # type: ignore[arg-type]
-            y = bank.expert(0, out.ffn_in)
+            y = expert_ffn(out.ffn_in, ffn.w_in, ffn.b_in, ffn.w_out, ffn.kind, ffn.act)
             hidden = parts["combines"][layer](out.residual, y)
     return [torch.cat(chunks) for chunks in per_layer]
 
 
-def load_model(
+def build_model(
     model: str,
     *,
     experts: int | None = 4,
@@ -220,7 +218,7 @@ def load_model(
     fit_tokens: int = 8192,
     progress: Callable[[str], None] | None = None,
 ) -> MoEModel:
-    """Load `model` as an MoE model.
+    """Build `model` as an MoE model from its Hugging Face weights (no cache; see `load_model`).
 
     A dense model (BERT, Llama, Mistral, Qwen2) is MoEfied into `experts` experts with top-`top_k`
     routing, fitting the routers on `fit_tokens` tokens of the embedded Wikipedia corpus (its "fit"

@@ -146,7 +146,7 @@ def moefy_ffn(
     w_in = torch.stack([ffn.w_in[r] for r in rows]).contiguous()
     b_in = None if ffn.b_in is None else torch.stack([ffn.b_in[g] for g in groups]).contiguous()
     w_out = torch.stack([ffn.w_out[:, g] for g in groups]).contiguous()
-    bank = ExpertBank(w_in, b_in, w_out, kind=ffn.kind, act=ffn.act)  # type: ignore[arg-type]
+    bank = ExpertBank(w_in, b_in, w_out, kind=ffn.kind, act=ffn.act)
 
     mass = torch.stack([contribution[:, g].sum(dim=1) for g in groups], dim=1)
     best = torch.topk(mass, top_k, dim=1).indices

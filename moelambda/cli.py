@@ -47,6 +47,13 @@ TopKOpt = Annotated[int | None, typer.Option("--top-k", help="Experts per token 
 SeedOpt = Annotated[int, typer.Option(help="Seeds the corpus shuffle and the MoEfication.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 ForceOpt = Annotated[bool, typer.Option(help="Replace a non-empty --out directory.")]
+CacheOpt = Annotated[
+    bool,
+    typer.Option(
+        help="Reuse a model MoEfied before (cache in $MOELAMBDA_CACHE_DIR, else "
+        "~/.cache/moelambda)."
+    ),
+]
 
 
 def user_errors(fn: F) -> F:
@@ -75,13 +82,18 @@ def _defaults(model: str, experts: int | None, top_k: int | None) -> tuple[int |
     return (4 if experts is None else experts), (2 if top_k is None else top_k)
 
 
-def _load(model: str, experts: int | None, top_k: int | None, seed: int) -> Any:
+def _load(model: str, experts: int | None, top_k: int | None, seed: int, cache: bool) -> Any:
     from moe import load_model
 
     experts, top_k = _defaults(model, experts, top_k)
     with err.status("loading the model") as status:
         return load_model(
-            model, experts=experts, top_k=top_k, seed=seed, progress=lambda msg: status.update(msg)
+            model,
+            experts=experts,
+            top_k=top_k,
+            seed=seed,
+            cache=cache,
+            progress=lambda msg: status.update(msg),
         )
 
 
@@ -105,6 +117,7 @@ def _run_profile(
     window: int,
     seed: int,
     batch_size: int,
+    cache: bool = True,
 ) -> tuple[Any, Any, float]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
@@ -121,7 +134,7 @@ def _run_profile(
         )
     text = load_corpus(corpus)
     started = time.perf_counter()
-    moe_model = _load(model, experts, top_k, seed)
+    moe_model = _load(model, experts, top_k, seed, cache)
     load_s = time.perf_counter() - started
     windows = make_windows(text, moe_model.tokenizer, tokens=tokens, window=window, seed=seed)
     with Progress(
@@ -159,6 +172,7 @@ def profile(
     seed: SeedOpt = 0,
     batch_size: Annotated[int, typer.Option(help="Windows per forward pass.")] = 16,
     force: ForceOpt = False,
+    cache: CacheOpt = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Record which experts every token picks (routing trace) on real text."""
@@ -172,6 +186,7 @@ def profile(
         window=window,
         seed=seed,
         batch_size=batch_size,
+        cache=cache,
     )
     trace = result.trace
     path = trace.save(out, force=force)
@@ -241,13 +256,14 @@ def export(
     top_k: TopKOpt = None,
     seed: SeedOpt = 0,
     force: ForceOpt = False,
+    cache: CacheOpt = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Write each stage's weights to safetensors, laid out as the functions read them from S3."""
     from moe import export_model
 
     _check_out(out, force)
-    manifest = export_model(_load(model, experts, top_k, seed), out, force=force)
+    manifest = export_model(_load(model, experts, top_k, seed, cache), out, force=force)
     sizes = manifest.expert_bytes()
     summary = {
         "model": manifest.model,

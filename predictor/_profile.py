@@ -54,7 +54,7 @@ def profile_windows(
     for first in range(0, n_windows, batch_size):
         routing: list[LayerRouting] = []
         batch = ids[first : first + batch_size]
-        model.forward(batch, routing=routing)
+        model.forward(batch, routing=routing, tail=False)
         per_batch.append(routing)
         if advance is not None:
             advance(batch.numel())

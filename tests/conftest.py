@@ -70,3 +70,13 @@ def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture()
 def token_windows() -> torch.Tensor:
     return torch.randint(1000, 30000, (3, 16), generator=torch.Generator().manual_seed(1))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Keep the MoEfied-model cache of a test run private, so the first load really converts."""
+    import os
+    import tempfile
+
+    from moe._cache import CACHE_ENV
+
+    os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="moelambda-test-cache-")

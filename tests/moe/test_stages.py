@@ -119,3 +119,21 @@ def test_missing_weights_object_is_a_clear_error(minilm: MoEModel, tmp_path: Pat
     (tmp_path / "w" / "layers/02/experts/01.safetensors").unlink()
     with pytest.raises(ModelError, match="layers/02/experts/01.safetensors"):
         StageLoader(tmp_path / "w").expert(2, 1)
+
+
+def test_cached_model_is_the_built_model(
+    minilm: MoEModel, wiki_windows: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import moe._cache
+
+    def no_build(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a cached model must not be converted again")
+
+    monkeypatch.setattr(moe._cache, "build_model", no_build)
+    cached = load_model("minilm", experts=4, top_k=2, seed=0)
+    ids = torch.from_numpy(wiki_windows[:2])
+    assert torch.equal(cached.forward(ids), minilm.forward(ids))
+    assert cached.fits == minilm.fits
+    monkeypatch.undo()
+    other_seed = load_model("minilm", experts=4, top_k=2, seed=1, cache=False)
+    assert not torch.equal(other_seed.routers[0].linear.weight, minilm.routers[0].linear.weight)

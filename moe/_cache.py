@@ -1,0 +1,130 @@
+"""A disk cache of MoEfied models, so that converting a model is paid once, not per command.
+
+MoEfying MiniLM takes about 8 s and SmolLM2 over a minute (GGUF de-quantisation, 30 router fits).
+The converted model is stored as a weight export (the same layout the functions read) under a key
+that covers everything the conversion depends on: the source weights (path, size and modification
+time of every file), E, k, the seed, the fit size and the versions of moelambda and the export
+format. Loading it back rebuilds the model from those files, so every cache hit also exercises the
+export/load round trip the serving path relies on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from moe._experts import ExpertBank
+from moe._export import MANIFEST_VERSION, export_model
+from moe._families import NATIVE_MOE_TYPES
+from moe._model import MoEModel, build_model
+from moe._moefy import LayerFit
+from moe._registry import ModelSource, resolve_model
+from moe._stages import StageLoader
+from moelambda import __version__
+
+__all__ = ["CACHE_ENV", "default_cache_dir", "load_exported", "load_model"]
+
+CACHE_ENV = "MOELAMBDA_CACHE_DIR"
+
+
+def default_cache_dir() -> Path:
+    """$MOELAMBDA_CACHE_DIR, else $XDG_CACHE_HOME/moelambda, else ~/.cache/moelambda."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "moelambda"
+
+
+def _key(source: ModelSource, experts: int, top_k: int, seed: int, fit_tokens: int) -> str:
+    files = sorted(p for p in source.path.rglob("*") if p.is_file())
+    stamp = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    blob = json.dumps(
+        [source.name, stamp, experts, top_k, seed, fit_tokens, __version__, MANIFEST_VERSION]
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def load_exported(root: str | Path) -> MoEModel:
+    """Rebuild a whole `MoEModel` from a weight export."""
+    from transformers import AutoTokenizer
+
+    loader = StageLoader(root)
+    m = loader.manifest
+    layers = [loader.layer(layer) for layer in range(m.num_layers)]
+    tail = loader.tail()
+    banks = []
+    for layer in range(m.num_layers):
+        experts = [loader.expert(layer, e) for e in range(m.experts)]
+        b_in = None if experts[0].b_in is None else torch.stack([x.b_in for x in experts])  # type: ignore[misc]
+        banks.append(
+            ExpertBank(
+                torch.stack([x.w_in for x in experts]),
+                b_in,
+                torch.stack([x.w_out for x in experts]),
+                kind=m.expert_kind,  # type: ignore[arg-type]
+                act=m.activation,
+            )
+        )
+    combines = [stage.combine for stage in layers[1:]] + [tail.combine]
+    return MoEModel(
+        name=m.model,
+        family=loader.family,
+        experts=m.experts,
+        top_k=m.top_k,
+        moefied=m.moefied,
+        seed=m.seed,
+        head=loader.head().module,
+        blocks=[stage.block for stage in layers],
+        routers=[stage.router for stage in layers],
+        banks=banks,
+        combines=combines,  # type: ignore[arg-type]
+        tail=tail.tail,
+        tokenizer=AutoTokenizer.from_pretrained(Path(root) / "config"),
+        fits=[LayerFit(**fit) for fit in m.router_fit],
+    )
+
+
+def load_model(
+    model: str,
+    *,
+    experts: int | None = 4,
+    top_k: int | None = 2,
+    seed: int = 0,
+    fit_tokens: int = 8192,
+    cache: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> MoEModel:
+    """Load `model` as an MoE model, from the cache when it was MoEfied before.
+
+    Arguments are those of `build_model`; `cache=False` always converts afresh and stores nothing.
+    Native MoE models are never cached: they need no conversion.
+    """
+    source = resolve_model(model)
+    if not cache or source.model_type in NATIVE_MOE_TYPES or experts is None or top_k is None:
+        return build_model(
+            model,
+            experts=experts,
+            top_k=top_k,
+            seed=seed,
+            fit_tokens=fit_tokens,
+            progress=progress,
+        )
+    entry = default_cache_dir() / "models" / _key(source, experts, top_k, seed, fit_tokens)
+    if (entry / "manifest.json").is_file():
+        if progress:
+            progress(f"loading MoEfied {source.name} from the cache")
+        return load_exported(entry)
+    built = build_model(
+        model, experts=experts, top_k=top_k, seed=seed, fit_tokens=fit_tokens, progress=progress
+    )
+    try:
+        export_model(built, entry, force=True)
+    except OSError as err:  # a full or read-only disk must not fail the command
+        warnings.warn(f"could not cache the MoEfied model in {entry}: {err}", stacklevel=2)
+    return built
