@@ -135,3 +135,15 @@ def test_existing_output_is_kept(tmp_path: Path) -> None:
     result = _run("profile", "--out", str(out), "--tokens", "128")
     assert result.exit_code == 2 and "--force" in result.stderr
     assert (out / "trace.npz").read_text() == "precious"
+
+
+def test_calibration_command(tmp_path: Path) -> None:
+    shown = _run("calibration", "--json")
+    assert shown.exit_code == 0
+    parameters = json.loads(shown.stdout)["parameters"]
+    assert parameters["max_replicas"]["value"] == 8
+    assert all(p["unit"] and p["source"] for p in parameters.values())
+    bad = tmp_path / "cal.json"
+    bad.write_text("{not json")
+    result = _run("calibration", "--file", str(bad))
+    assert result.exit_code == 2 and "not valid JSON" in result.stderr

@@ -1,0 +1,270 @@
+"""Platform calibration: the Lambda limits, prices and timings every planner computation uses.
+
+All of them live in one versioned file, `planner/data/calibration.json`, each with a unit, a
+source and an as-of date, so that no algorithm hard-codes a price or a limit and a reader can
+check where every number came from. This module validates that file on load and turns it into a
+frozen `Calibration` whose attribute names carry their units.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import date
+from importlib import resources
+from itertools import pairwise
+from pathlib import Path
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+
+from moelambda.exceptions import CalibrationError, did_you_mean
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Calibration",
+    "LambdaPrice",
+    "Parameter",
+    "default_calibration_path",
+    "load_calibration",
+]
+
+SCHEMA_VERSION = 1  # the only version this module reads; bump it when a field changes meaning
+
+
+class Parameter(BaseModel):
+    """One entry of the file: a value with the provenance a reviewer needs to trust it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    value: JsonValue
+    unit: str = Field(min_length=1)
+    source: str = Field(min_length=1)
+    as_of: date
+    note: str | None = None
+
+
+class _File(BaseModel):
+    """The file as written: metadata plus a flat map from attribute name to `Parameter`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: int
+    region: str = Field(min_length=1)
+    about: str | None = None
+    parameters: dict[str, Parameter]
+
+
+class LambdaPrice(BaseModel):
+    """What Lambda charges for one architecture."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gb_second_usd: PositiveFloat
+    request_usd: PositiveFloat
+
+
+class Calibration(BaseModel):
+    """Validated platform parameters, as plain numbers whose names carry their units.
+
+    Symbols of the design note: `memory_options_mb` is M, `max_replicas` is G,
+    `warm_start_s` is T^str, `s3_access_delay_s` is T^dl, `s3_bandwidth_bytes_per_s` is B^s,
+    `invoke_bandwidth_bytes_per_s` is B^f, `invoke_payload_bytes` and
+    `step_functions_payload_bytes` are D^p, and `expert_token_compute_s` is U_j (one entry per
+    memory option; None until `moelambda calibrate` has measured it).
+
+    Example:
+        >>> calibration = load_calibration()
+        >>> calibration.price("arm64").gb_second_usd
+        1.33334e-05
+        >>> calibration.max_replicas
+        8
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    region: str
+    lambda_min_memory_mb: PositiveInt
+    lambda_max_memory_mb: PositiveInt
+    memory_options_mb: tuple[PositiveInt, ...] = Field(min_length=1)
+    runtime_overhead_mb: PositiveInt
+    max_replicas: PositiveInt
+    mb_per_vcpu: PositiveFloat
+    max_vcpus: PositiveFloat
+    max_timeout_s: PositiveFloat
+    billing_mb_per_gb: PositiveFloat
+    billing_granularity_s: PositiveFloat
+    warm_start_s: PositiveFloat
+    s3_access_delay_s: PositiveFloat
+    s3_bandwidth_bytes_per_s: PositiveFloat
+    invoke_bandwidth_bytes_per_s: PositiveFloat
+    invoke_payload_bytes: PositiveInt
+    step_functions_payload_bytes: PositiveInt
+    lambda_prices: dict[str, LambdaPrice] = Field(min_length=1)
+    s3_put_request_usd: PositiveFloat
+    s3_get_request_usd: PositiveFloat
+    step_functions_transition_usd: PositiveFloat
+    expert_token_compute_s: tuple[PositiveFloat, ...] | None
+    provenance: dict[str, Parameter] = Field(default_factory=dict, repr=False)
+    source_path: Path | None = None
+
+    @field_validator("memory_options_mb")
+    @classmethod
+    def _increasing_in_range(
+        cls, options: tuple[int, ...], info: ValidationInfo
+    ) -> tuple[int, ...]:
+        """Solvers index options by position and assume a larger index buys more memory."""
+        if any(a >= b for a, b in pairwise(options)):
+            raise ValueError(f"must be strictly increasing, got {list(options)}")
+        low = info.data.get("lambda_min_memory_mb")
+        high = info.data.get("lambda_max_memory_mb")
+        if low is not None and high is not None:
+            outside = [m for m in options if not low <= m <= high]
+            if outside:
+                raise ValueError(f"{outside} MB outside Lambda's allowed range {low}-{high} MB")
+        return options
+
+    @field_validator("expert_token_compute_s")
+    @classmethod
+    def _one_time_per_option(
+        cls, times: tuple[float, ...] | None, info: ValidationInfo
+    ) -> tuple[float, ...] | None:
+        """U_j is read by memory-option index, so a length mismatch would shift every time."""
+        options = info.data.get("memory_options_mb")
+        if times is not None and options is not None and len(times) != len(options):
+            raise ValueError(
+                f"has {len(times)} entries but memory_options_mb has {len(options)}; "
+                "give one time per memory option"
+            )
+        return times
+
+    def price(self, arch: str) -> LambdaPrice:
+        """Lambda prices of one architecture.
+
+        Args:
+            arch: Lambda architecture name as CloudFormation spells it, "x86_64" or "arm64".
+
+        Returns:
+            The price per GB-second and per request.
+
+        Raises:
+            CalibrationError: If the file has no prices for `arch`; suggests a close name.
+        """
+        if arch not in self.lambda_prices:
+            known = sorted(self.lambda_prices)
+            raise CalibrationError(
+                f"No lambda_prices for architecture '{arch}'.{did_you_mean(arch, known)}",
+                f"use one of {', '.join(known)}, or add '{arch}' under "
+                f"parameters.lambda_prices in {self.source_path or 'the calibration file'}.",
+            )
+        return self.lambda_prices[arch]
+
+    def vcpus_at(self, memory_mb: float) -> float:
+        """The CPU share, in vCPUs, that Lambda grants a function of `memory_mb`.
+
+        Lambda allocates CPU in proportion to memory (one vCPU at `mb_per_vcpu` = 1,769 MB), so
+        compute times measured on one core scale by this share. The share is capped at
+        `max_vcpus`; inside Lambda's range the cap does not bind (10,240 MB gives 5.79), because
+        AWS's "6 vCPUs" counts visible cores, not credit.
+
+        Args:
+            memory_mb: Configured function memory in MB.
+
+        Returns:
+            vCPU-seconds of CPU time per wall-clock second, fractional below 1,769 MB.
+        """
+        return min(memory_mb / self.mb_per_vcpu, self.max_vcpus)
+
+    def describe(self) -> list[tuple[str, JsonValue, str, str]]:
+        """Rows (name, value, unit, source) in file order, for a provenance table."""
+        return [(name, p.value, p.unit, p.source) for name, p in self.provenance.items()]
+
+
+def default_calibration_path() -> Path:
+    """Path of the calibration file shipped inside the `planner` package."""
+    return Path(str(resources.files("planner") / "data" / "calibration.json"))
+
+
+def load_calibration(path: str | Path | None = None) -> Calibration:
+    """Read and validate a calibration file.
+
+    Args:
+        path: The JSON file to read. Defaults to None, meaning the packaged default
+            (`default_calibration_path()`).
+
+    Returns:
+        The validated, frozen calibration.
+
+    Raises:
+        CalibrationError: If the file is unreadable, not JSON, of another `schema_version`, or
+            misses, misnames or holds an out-of-range value; names each field and the file.
+    """
+    file_path = default_calibration_path() if path is None else Path(path)
+    try:
+        raw = json.loads(file_path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CalibrationError(
+            f"Cannot read calibration file {file_path}: {exc.strerror}.",
+            "pass an existing calibration JSON file, or none to use the packaged default.",
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise CalibrationError(
+            f"Calibration file {file_path} is not valid JSON: {exc.msg} "
+            f"(line {exc.lineno}, column {exc.colno}).",
+            f"correct the JSON syntax at line {exc.lineno} of {file_path}.",
+        ) from None
+    version = raw.get("schema_version") if isinstance(raw, dict) else None
+    if version != SCHEMA_VERSION:
+        raise CalibrationError(
+            f"Calibration file {file_path} has schema_version {version!r}; "
+            f"this moelambda reads schema_version {SCHEMA_VERSION}.",
+            f"set schema_version to {SCHEMA_VERSION} in {file_path} after converting its "
+            "parameters, or use the packaged default file.",
+        )
+    try:
+        file = _File.model_validate(raw)
+    except ValidationError as exc:
+        raise _invalid(file_path, exc, within_parameters=False) from None
+    values = {name: parameter.value for name, parameter in file.parameters.items()}
+    try:
+        return Calibration.model_validate(
+            values
+            | {"region": file.region, "provenance": file.parameters, "source_path": file_path}
+        )
+    except ValidationError as exc:
+        raise _invalid(file_path, exc, within_parameters=True) from None
+
+
+def _invalid(
+    file_path: Path, exc: ValidationError, *, within_parameters: bool
+) -> CalibrationError:
+    """One CalibrationError naming the JSON paths the user edits (`parameters.<name>.value`)."""
+    problems: list[str] = []
+    fields: list[str] = []
+    for error in exc.errors():
+        loc = [str(part) for part in error["loc"]]
+        message = error["msg"].removeprefix("Value error, ")
+        if not within_parameters:
+            field = ".".join(loc)
+        elif error["type"] == "missing":
+            field, message = f"parameters.{loc[0]}", "missing"
+        elif error["type"] == "extra_forbidden":
+            hint = did_you_mean(loc[0], Calibration.model_fields)
+            field, message = f"parameters.{loc[0]}", f"unknown parameter.{hint}"
+        else:
+            field = ".".join(["parameters", loc[0], "value", *loc[1:]])
+        problems.append(f"{field}: {message}")
+        fields.append(field)
+    return CalibrationError(
+        f"Calibration file {file_path} is invalid: " + "; ".join(problems),
+        f"correct {', '.join(dict.fromkeys(fields))} in {file_path} (each parameter is an "
+        "object with value, unit, source and as_of).",
+    )

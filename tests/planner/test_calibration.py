@@ -1,0 +1,196 @@
+"""Tests of the calibration file and its loader: defaults, CPU share and every validation error."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from moelambda.exceptions import CalibrationError
+from planner import Calibration, default_calibration_path, load_calibration
+
+PAPER_MEMORY_OPTIONS_MB = (128, *range(768, 3072 + 1, 192))
+
+Raw = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def default_raw() -> Raw:
+    return json.loads(default_calibration_path().read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def calibration() -> Calibration:
+    return load_calibration()
+
+
+def _write(tmp_path: Path, raw: Raw) -> Path:
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(raw), encoding="utf-8")
+    return path
+
+
+def _set(name: str, value: Any) -> Callable[[Raw], None]:
+    def edit(raw: Raw) -> None:
+        raw["parameters"][name]["value"] = value
+
+    return edit
+
+
+def test_default_file_is_the_packaged_one() -> None:
+    path = default_calibration_path()
+    assert path.is_file()
+    assert path.parts[-3:] == ("planner", "data", "calibration.json")
+    assert load_calibration(path) == load_calibration()
+
+
+def test_default_holds_the_paper_setup(calibration: Calibration) -> None:
+    assert calibration.memory_options_mb == PAPER_MEMORY_OPTIONS_MB
+    assert len(calibration.memory_options_mb) == 14
+    assert calibration.max_replicas == 8
+    assert (calibration.lambda_min_memory_mb, calibration.lambda_max_memory_mb) == (128, 10240)
+    assert calibration.region == "us-east-1"
+
+
+def test_default_prices_and_limits(calibration: Calibration) -> None:
+    assert calibration.price("x86_64").gb_second_usd == 0.0000166667
+    assert calibration.price("arm64").gb_second_usd == 0.0000133334
+    assert calibration.price("arm64").request_usd == pytest.approx(0.20 / 1e6)
+    assert calibration.s3_put_request_usd == pytest.approx(0.005 / 1000)
+    assert calibration.s3_get_request_usd == pytest.approx(0.0004 / 1000)
+    assert calibration.step_functions_transition_usd == pytest.approx(0.025 / 1000)
+    assert calibration.invoke_payload_bytes == 6 * 2**20
+    assert calibration.step_functions_payload_bytes == 256 * 2**10
+    assert calibration.max_timeout_s == 900
+
+
+def test_compute_times_are_unmeasured_by_default(calibration: Calibration) -> None:
+    assert calibration.expert_token_compute_s is None
+
+
+def test_describe_gives_a_source_for_every_value(calibration: Calibration) -> None:
+    rows = calibration.describe()
+    names = [name for name, _, _, _ in rows]
+    exposed = set(Calibration.model_fields) - {"region", "provenance", "source_path"}
+    assert set(names) == exposed
+    assert all(unit and source for _, _, unit, source in rows)
+    assert ("max_replicas", 8) in [(name, value) for name, value, _, _ in rows]
+
+
+def test_vcpus_follow_the_memory_share(calibration: Calibration) -> None:
+    assert calibration.vcpus_at(1769) == 1
+    assert calibration.vcpus_at(128) == pytest.approx(128 / 1769)
+    # Credit is proportional to memory, so Lambda's largest size gets 5.79 vCPUs of CPU time,
+    # not the 6 cores it exposes; the cap only binds beyond Lambda's memory range.
+    assert calibration.vcpus_at(10240) == pytest.approx(10240 / 1769)
+    assert calibration.vcpus_at(10240) < calibration.max_vcpus == 6
+    assert calibration.vcpus_at(20000) == 6
+
+
+def test_measured_compute_times_load(tmp_path: Path, default_raw: Raw) -> None:
+    raw = copy.deepcopy(default_raw)
+    times = [0.001 * (14 - j) for j in range(14)]
+    _set("expert_token_compute_s", times)(raw)
+    assert load_calibration(_write(tmp_path, raw)).expert_token_compute_s == tuple(times)
+
+
+def _drop(name: str) -> Callable[[Raw], None]:
+    def edit(raw: Raw) -> None:
+        del raw["parameters"][name]
+
+    return edit
+
+
+def _drop_unit(raw: Raw) -> None:
+    del raw["parameters"]["warm_start_s"]["unit"]
+
+
+def _misspell(raw: Raw) -> None:
+    raw["parameters"]["max_replica"] = raw["parameters"].pop("max_replicas")
+
+
+def _version(raw: Raw) -> None:
+    raw["schema_version"] = 2
+
+
+def _arm_price(raw: Raw) -> None:
+    raw["parameters"]["lambda_prices"]["value"]["arm64"]["gb_second_usd"] = 0
+
+
+INVALID_EDITS = {
+    "unknown schema_version": (_version, "schema_version"),
+    "missing parameter": (_drop("warm_start_s"), "parameters.warm_start_s"),
+    "missing unit": (_drop_unit, "parameters.warm_start_s.unit"),
+    "misspelled parameter": (_misspell, "Did you mean 'max_replicas'?"),
+    "options not increasing": (
+        _set("memory_options_mb", [128, 960, 768]),
+        "parameters.memory_options_mb",
+    ),
+    "option above Lambda": (_set("memory_options_mb", [128, 10241]), "memory_options_mb"),
+    "option below Lambda": (_set("memory_options_mb", [64, 768]), "memory_options_mb"),
+    "no options": (_set("memory_options_mb", []), "memory_options_mb"),
+    "G below 1": (_set("max_replicas", 0), "parameters.max_replicas"),
+    "zero S3 bandwidth": (_set("s3_bandwidth_bytes_per_s", 0), "s3_bandwidth_bytes_per_s"),
+    "negative invoke bandwidth": (
+        _set("invoke_bandwidth_bytes_per_s", -1),
+        "invoke_bandwidth_bytes_per_s",
+    ),
+    "negative S3 delay": (_set("s3_access_delay_s", -0.02), "s3_access_delay_s"),
+    "zero warm start": (_set("warm_start_s", 0), "warm_start_s"),
+    "zero arm64 price": (_arm_price, "parameters.lambda_prices.value.arm64.gb_second_usd"),
+    "negative S3 PUT price": (_set("s3_put_request_usd", -0.005), "s3_put_request_usd"),
+    "zero transition price": (
+        _set("step_functions_transition_usd", 0),
+        "step_functions_transition_usd",
+    ),
+    "zero payload limit": (_set("invoke_payload_bytes", 0), "invoke_payload_bytes"),
+    "zero timeout": (_set("max_timeout_s", 0), "max_timeout_s"),
+    "U_j too short": (_set("expert_token_compute_s", [0.01] * 13), "expert_token_compute_s"),
+    "U_j non-positive": (
+        _set("expert_token_compute_s", [0.01] * 13 + [0.0]),
+        "parameters.expert_token_compute_s.value.13",
+    ),
+}
+
+
+@pytest.mark.parametrize(("edit", "field"), INVALID_EDITS.values(), ids=INVALID_EDITS.keys())
+def test_invalid_file_names_the_field(
+    tmp_path: Path, default_raw: Raw, edit: Callable[[Raw], None], field: str
+) -> None:
+    raw = copy.deepcopy(default_raw)
+    edit(raw)
+    path = _write(tmp_path, raw)
+    with pytest.raises(CalibrationError) as caught:
+        load_calibration(path)
+    message = str(caught.value)
+    assert field in caught.value.problem
+    assert "To fix:" in message
+    assert str(path) in (caught.value.fix or "")
+
+
+def test_invalid_json_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "calibration.json"
+    path.write_text('{"schema_version": 1,\n "region": }', encoding="utf-8")
+    with pytest.raises(CalibrationError, match="not valid JSON") as caught:
+        load_calibration(path)
+    assert "line 2" in (caught.value.fix or "")
+    assert str(path) in (caught.value.fix or "")
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(CalibrationError, match="Cannot read calibration file"):
+        load_calibration(tmp_path / "absent.json")
+
+
+@pytest.mark.parametrize(("arch", "suggestion"), [("arm", "arm64"), ("x86", "x86_64")])
+def test_unknown_architecture_suggests_a_close_name(
+    calibration: Calibration, arch: str, suggestion: str
+) -> None:
+    with pytest.raises(CalibrationError, match="lambda_prices") as caught:
+        calibration.price(arch)
+    assert f"Did you mean '{suggestion}'?" in caught.value.problem
+    assert "To fix:" in str(caught.value)
