@@ -8,7 +8,8 @@ compare both against it.
 
 from __future__ import annotations
 
-import os
+import contextlib
+import io
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -143,18 +144,19 @@ def load_hf(source: ModelSource) -> tuple[nn.Module, Any]:
     kwargs: dict[str, Any] = {}
     if source.gguf_file:
         kwargs["gguf_file"] = source.gguf_file
-        # The GGUF reader draws its own tqdm bar, which transformers' switch does not reach.
-        os.environ.setdefault("TQDM_DISABLE", "1")
     auto = (
         transformers.AutoModel
         if source.model_type == "bert"
         else transformers.AutoModelForCausalLM
     )
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(source.path, **kwargs)
-        hf = auto.from_pretrained(
-            source.path, attn_implementation="eager", dtype=torch.float32, **kwargs
-        )
+        # The GGUF reader draws its own tqdm bar, which transformers' switch does not reach;
+        # it would garble our progress display, so its stderr is dropped (errors still raise).
+        with contextlib.redirect_stderr(io.StringIO()):
+            tokenizer = transformers.AutoTokenizer.from_pretrained(source.path, **kwargs)
+            hf = auto.from_pretrained(
+                source.path, attn_implementation="eager", dtype=torch.float32, **kwargs
+            )
     except (OSError, ValueError, KeyError, ImportError) as err:
         raise ModelError(
             f"cannot load the model in {source.path}: {err}",

@@ -33,7 +33,7 @@ def profile_windows(
     windows: np.ndarray,
     *,
     tokens: int,
-    batch_size: int = 16,
+    batch_size: int = 32,
     meta: dict[str, object] | None = None,
     advance: Callable[[int], None] | None = None,
 ) -> ProfileResult:
@@ -43,7 +43,8 @@ def profile_windows(
         model: The MoE model.
         windows: Token-ID windows from `make_windows`.
         tokens: How many tokens to keep (the windows may hold a few more).
-        batch_size: Windows per forward pass. Defaults to 16 (2,048 tokens of 128).
+        batch_size: Windows per forward pass. Defaults to 32 (4,096 tokens of 128), the
+            fastest on 2 cores.
         meta: Extra metadata for the trace (corpus, seed, window).
         advance: Called with the number of tokens done after each batch (progress bars).
     """

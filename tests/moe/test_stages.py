@@ -137,3 +137,16 @@ def test_cached_model_is_the_built_model(
     monkeypatch.undo()
     other_seed = load_model("minilm", experts=4, top_k=2, seed=1, cache=False)
     assert not torch.equal(other_seed.routers[0].linear.weight, minilm.routers[0].linear.weight)
+
+
+def test_smollm2_gguf_stages_equal_monolithic(tmp_path: Path) -> None:
+    """The decoder default: GGUF weights, tied LM head exported as its own tensor, 30 layers."""
+    model = load_model("smollm2", experts=4, top_k=2, fit_tokens=512, cache=False)
+    assert (model.num_layers, model.hidden_size, model.family.name) == (30, 576, "decoder")
+    ids = torch.tensor([model.tokenizer("The capital of France is Paris.")["input_ids"]])
+    reference = model.forward(ids, reference=True)
+    assert reference.shape == (1, ids.shape[1], 49152)
+    export_model(model, tmp_path / "w")
+    # 30 layers and logits near 20: fp32 rounding is relative here, so the bound is too.
+    difference = (run_staged(tmp_path / "w", ids) - reference).abs().max()
+    assert difference <= TOL * reference.abs().max()
