@@ -211,6 +211,39 @@ def _collect_ffn_inputs(
     return [torch.cat(chunks) for chunks in per_layer]
 
 
+def _assemble(
+    name: str,
+    family: Family,
+    parts: dict[str, Any],
+    tokenizer: Any,
+    banks: list[ExpertBank],
+    routers: list[Router],
+    experts: int,
+    top_k: int,
+    *,
+    moefied: bool,
+    seed: int,
+    fits: list[LayerFit] | None = None,
+) -> MoEModel:
+    """The model from the Hugging Face parts plus the MoE parts (native or MoEfied)."""
+    return MoEModel(
+        name=name,
+        family=family,
+        experts=experts,
+        top_k=top_k,
+        moefied=moefied,
+        seed=seed,
+        head=parts["head"],
+        blocks=parts["blocks"],
+        routers=routers,
+        banks=banks,
+        combines=parts["combines"],
+        tail=parts["tail"],
+        tokenizer=tokenizer,
+        fits=fits or [],
+    )
+
+
 def build_model(
     model: str,
     *,
@@ -260,20 +293,17 @@ def build_model(
                     f"{source.name} is a native MoE model with {flag} {actual}, not {asked}.",
                     f"omit {flag} or pass {flag} {actual}.",
                 )
-        return MoEModel(
+        return _assemble(
             source.name,
             family,
+            parts,
+            tokenizer,
+            banks,
+            routers,
             n_experts,
             n_top_k,
-            False,
-            seed,
-            parts["head"],
-            parts["blocks"],
-            routers,
-            banks,
-            parts["combines"],
-            parts["tail"],
-            tokenizer,
+            moefied=False,
+            seed=seed,
         )
 
     if experts is None or top_k is None:
@@ -310,19 +340,16 @@ def build_model(
         banks.append(bank)
         routers.append(router)
         fits.append(fit)
-    return MoEModel(
+    return _assemble(
         source.name,
         family,
+        parts,
+        tokenizer,
+        banks,
+        routers,
         experts,
         top_k,
-        True,
-        seed,
-        parts["head"],
-        parts["blocks"],
-        routers,
-        banks,
-        parts["combines"],
-        parts["tail"],
-        tokenizer,
-        fits,
+        moefied=True,
+        seed=seed,
+        fits=fits,
     )
