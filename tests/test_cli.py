@@ -147,3 +147,32 @@ def test_calibration_command(tmp_path: Path) -> None:
     bad.write_text("{not json")
     result = _run("calibration", "--file", str(bad))
     assert result.exit_code == 2 and "not valid JSON" in result.stderr
+
+
+def test_profile_native_moe_directory(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """A local Mixtral directory keeps its own 4 experts and top-2 without --experts/--top-k."""
+    result = _run(
+        "profile",
+        "--model",
+        str(tiny_dirs["mixtral"]),
+        "--tokens",
+        "256",
+        "--out",
+        str(tmp_path / "t"),
+        "--json",
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert (summary["layers"], summary["experts"], summary["top_k"]) == (2, 4, 2)
+    assert [sum(layer) for layer in summary["popularity"]] == [512, 512]
+    mismatch = _run(
+        "profile",
+        "--model",
+        str(tiny_dirs["mixtral"]),
+        "--experts",
+        "8",
+        "--out",
+        str(tmp_path / "u"),
+    )
+    assert mismatch.exit_code == 2 and "native MoE model with --experts 4" in mismatch.stderr
+    assert not (tmp_path / "u").exists()
