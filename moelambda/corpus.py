@@ -150,7 +150,7 @@ def make_windows(
     stream: list[int] = []
     for start in range(0, len(order), _TOKENIZE_BATCH):
         batch = [corpus.documents[i] for i in order[start : start + _TOKENIZE_BATCH]]
-        for ids in tokenizer(batch, add_special_tokens=False)["input_ids"]:
+        for ids in tokenizer(batch, add_special_tokens=False, verbose=False)["input_ids"]:
             stream.extend(ids)
             if joiner is not None:
                 stream.append(joiner)

@@ -80,3 +80,12 @@ def pytest_configure(config: pytest.Config) -> None:
     from moe._cache import CACHE_ENV
 
     os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="moelambda-test-cache-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import os
+    import shutil
+
+    from moe._cache import CACHE_ENV
+
+    shutil.rmtree(os.environ.pop(CACHE_ENV, ""), ignore_errors=True)
