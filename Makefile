@@ -19,13 +19,16 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: setup
-	$(BIN)/moelambda profile --out out/profile --force
+	$(BIN)/moelambda profile --out out/profile --tokens 51200 --force
+	$(BIN)/moelambda predict --traces out/profile --counts-out out/counts.json \
+		--plot out/prediction.png --force
 
 test: setup
 	$(BIN)/python -m pytest -q
 
 bench: setup
 	$(BIN)/moelambda bench profiler
+	$(BIN)/moelambda bench predictor
 
 clean:
 	rm -rf out build *.egg-info

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from moelambda.exceptions import OutputExistsError
 
-__all__ = ["write_atomically"]
+__all__ = ["write_atomically", "write_file_atomically"]
 
 
 def write_atomically(out: Path, write: Callable[[Path], None], *, force: bool) -> None:
@@ -34,4 +34,28 @@ def write_atomically(out: Path, write: Callable[[Path], None], *, force: bool) -
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_file_atomically(path: Path, write: Callable[[Path], None], *, force: bool) -> None:
+    """Let `write(tmp_file)` fill a temporary sibling of the file `path`, then move it into place.
+
+    The temporary name keeps `path`'s suffix, so writers that pick a format from it (matplotlib)
+    still do.
+    """
+    if path.exists() and not force:
+        raise OutputExistsError(
+            f"'{path}' already exists.", "pick another file name or pass --force."
+        )
+    if path.is_dir():
+        raise OutputExistsError(f"'{path}' is a directory.", "pass a file name.")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
         raise

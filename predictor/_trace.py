@@ -61,6 +61,23 @@ class RoutingTrace:
     def top_k(self) -> int:
         return int(self.experts.shape[2])
 
+    def take(self, index: np.ndarray) -> RoutingTrace:
+        """The tokens at `index` (integer indices or a boolean mask), in that order."""
+        token_ids = self.token_ids[index]
+        return RoutingTrace(
+            meta={**self.meta, "tokens": int(token_ids.shape[0])},
+            token_ids=token_ids,
+            position_ids=self.position_ids[index],
+            window_ids=self.window_ids[index],
+            attention_ids=self.attention_ids[:, index],
+            experts=self.experts[:, index],
+            probs=self.probs[:, index],
+        )
+
+    def select_windows(self, windows: np.ndarray) -> RoutingTrace:
+        """The tokens of the given windows (requests) only, in trace order."""
+        return self.take(np.isin(self.window_ids, windows))
+
     def popularity(self) -> np.ndarray:
         """(L, E) tokens routed to each expert; a token counts once for each of its k experts."""
         layers, n, k = self.experts.shape

@@ -1,114 +1,36 @@
-"""The `moelambda` command line.
-
-Every command that a script may read takes `--json` and then prints exactly one JSON object on
-stdout; progress and messages go to stderr. Errors the user can fix exit with code 2 and a message
-ending in "To fix: ...", without a traceback.
-"""
+"""Commands on the model: profile its routing, export stage weights, benchmark the profiler."""
 
 from __future__ import annotations
 
-import functools
 import json
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from moelambda.exceptions import MoelambdaError, UsageError
-
-app = typer.Typer(
-    help="Serve Mixture-of-Experts models on serverless functions at the lowest bill.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
+from moelambda.cli._app import (
+    DEFAULT_BATCH,
+    CacheOpt,
+    ExpertsOpt,
+    ForceOpt,
+    JsonOpt,
+    ModelOpt,
+    SeedOpt,
+    TopKOpt,
+    app,
+    bench_app,
+    check_out,
+    err,
+    load_with_status,
+    user_errors,
 )
-bench_app = typer.Typer(help="Benchmarks that print measured numbers.", no_args_is_help=True)
-app.add_typer(bench_app, name="bench")
-
-err = Console(stderr=True)
-DEFAULT_BATCH = 32  # windows per forward pass: 4,096 tokens, the fastest on 2 cores
-F = TypeVar("F", bound=Callable[..., Any])
-
-ModelOpt = Annotated[
-    str, typer.Option(help="'minilm', 'smollm2', or a local Hugging Face model directory.")
-]
-ExpertsOpt = Annotated[
-    int | None,
-    typer.Option(
-        help="Experts per MoE layer for MoEfication (2, 4, 8, 16). Native MoE models "
-        "keep their own; leave it out for them."
-    ),
-]
-TopKOpt = Annotated[int | None, typer.Option("--top-k", help="Experts per token (1 or 2).")]
-SeedOpt = Annotated[int, typer.Option(help="Seeds the corpus shuffle and the MoEfication.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
-ForceOpt = Annotated[bool, typer.Option(help="Replace a non-empty --out directory.")]
-CacheOpt = Annotated[
-    bool,
-    typer.Option(
-        help="Reuse a model MoEfied before (cache in $MOELAMBDA_CACHE_DIR, else "
-        "~/.cache/moelambda)."
-    ),
-]
+from moelambda.exceptions import UsageError
 
 
-def user_errors(fn: F) -> F:
-    """Turn a `MoelambdaError` into its message on stderr and exit code 2."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except MoelambdaError as error:
-            err.print(f"[bold red]error:[/] {error.problem}", highlight=False, soft_wrap=True)
-            if error.fix:
-                err.print(f"To fix: {error.fix}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _defaults(model: str, experts: int | None, top_k: int | None) -> tuple[int | None, int | None]:
-    """Built-in dense models default to E=4, k=2; a local directory may be native MoE."""
-    from moe import resolve_model
-    from moe._families import NATIVE_MOE_TYPES
-
-    if resolve_model(model).model_type in NATIVE_MOE_TYPES:
-        return experts, top_k
-    return (4 if experts is None else experts), (2 if top_k is None else top_k)
-
-
-def _load(model: str, experts: int | None, top_k: int | None, seed: int, cache: bool) -> Any:
-    from moe import load_model
-
-    experts, top_k = _defaults(model, experts, top_k)
-    with err.status("loading the model") as status:
-        return load_model(
-            model,
-            experts=experts,
-            top_k=top_k,
-            seed=seed,
-            cache=cache,
-            progress=lambda msg: status.update(msg),
-        )
-
-
-def _check_out(out: Path, force: bool) -> None:
-    """Fail before any slow work when the output would overwrite data."""
-    from moelambda.exceptions import OutputExistsError
-
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise OutputExistsError(
-            f"'{out}' already exists and is not empty.", "pick a new --out or pass --force."
-        )
-
-
-def _run_profile(
+def run_profile(
     *,
     model: str,
     experts: int | None,
@@ -135,7 +57,7 @@ def _run_profile(
         )
     text = load_corpus(corpus)
     started = time.perf_counter()
-    moe_model = _load(model, experts, top_k, seed, cache)
+    moe_model = load_with_status(model, experts, top_k, seed, cache)
     load_s = time.perf_counter() - started
     windows = make_windows(text, moe_model.tokenizer, tokens=tokens, window=window, seed=seed)
     with Progress(
@@ -177,8 +99,8 @@ def profile(
     as_json: JsonOpt = False,
 ) -> None:
     """Record which experts every token picks (routing trace) on real text."""
-    _check_out(out, force)
-    moe_model, result, load_s = _run_profile(
+    check_out(out, force)
+    moe_model, result, load_s = run_profile(
         model=model,
         experts=experts,
         top_k=top_k,
@@ -263,8 +185,8 @@ def export(
     """Write each stage's weights to safetensors, laid out as the functions read them from S3."""
     from moe import export_model
 
-    _check_out(out, force)
-    manifest = export_model(_load(model, experts, top_k, seed, cache), out, force=force)
+    check_out(out, force)
+    manifest = export_model(load_with_status(model, experts, top_k, seed, cache), out, force=force)
     sizes = manifest.expert_bytes()
     summary = {
         "model": manifest.model,
@@ -281,40 +203,6 @@ def export(
         f"Exported {summary['stages']} stages ({summary['total_bytes'] / 1e6:.1f} MB) to {out}; "
         f"each expert is {sizes[0][0] / 1e6:.2f} MB (layer 0)."
     )
-
-
-@app.command()
-@user_errors
-def calibration(
-    file: Annotated[
-        Path | None, typer.Option(help="Calibration JSON to check (default: the packaged one).")
-    ] = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Show (and validate) the platform parameters the planner uses, with units and sources."""
-    from planner import load_calibration
-
-    cal = load_calibration(file)
-    rows = cal.describe()
-    if as_json:
-        print(
-            json.dumps(
-                {
-                    "file": str(cal.source_path),
-                    "region": cal.region,
-                    "parameters": {
-                        n: {"value": v, "unit": u, "source": src} for n, v, u, src in rows
-                    },
-                }
-            )
-        )
-        return
-    table = Table(title=f"Calibration ({cal.region}): {cal.source_path}")
-    for column in ("parameter", "value", "unit", "source"):
-        table.add_column(column, overflow="fold")
-    for name, value, unit, source in rows:
-        table.add_row(name, json.dumps(value), unit, source)
-    Console().print(table)
 
 
 @bench_app.command("profiler")
@@ -340,7 +228,7 @@ def bench_profiler(
     if repeats < 1:
         raise UsageError(f"--repeats {repeats} is not positive.", "pass --repeats 1 or more.")
     started = time.perf_counter()
-    model = _load("minilm", experts, 2, 0, True)
+    model = load_with_status("minilm", experts, 2, 0, True)
     load_s = time.perf_counter() - started
     windows = make_windows(load_corpus("wiki"), model.tokenizer, tokens=tokens, window=128, seed=0)
     profile_windows(model, windows[:DEFAULT_BATCH], tokens=DEFAULT_BATCH * 128)
@@ -363,12 +251,3 @@ def bench_profiler(
         print(json.dumps(summary))
     else:
         Console().print_json(json.dumps(summary))
-
-
-def main() -> None:
-    """Console-script entry point."""
-    app(prog_name="moelambda")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

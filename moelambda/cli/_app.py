@@ -1,0 +1,101 @@
+"""What every command shares: the Typer apps, common options, error handling, model loading."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from moelambda.exceptions import MoelambdaError
+
+app = typer.Typer(
+    help="Serve Mixture-of-Experts models on serverless functions at the lowest bill.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+bench_app = typer.Typer(help="Benchmarks that print measured numbers.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+err = Console(stderr=True)
+DEFAULT_BATCH = 32  # windows per forward pass: 4,096 tokens, the fastest on 2 cores
+F = TypeVar("F", bound=Callable[..., Any])
+
+ModelOpt = Annotated[
+    str, typer.Option(help="'minilm', 'smollm2', or a local Hugging Face model directory.")
+]
+ExpertsOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="Experts per MoE layer for MoEfication (2, 4, 8, 16). Native MoE models "
+        "keep their own; leave it out for them."
+    ),
+]
+TopKOpt = Annotated[int | None, typer.Option("--top-k", help="Experts per token (1 or 2).")]
+SeedOpt = Annotated[int, typer.Option(help="Seeds the corpus shuffle and the MoEfication.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+ForceOpt = Annotated[bool, typer.Option(help="Replace a non-empty --out directory.")]
+CacheOpt = Annotated[
+    bool,
+    typer.Option(
+        help="Reuse a model MoEfied before (cache in $MOELAMBDA_CACHE_DIR, else "
+        "~/.cache/moelambda)."
+    ),
+]
+
+
+def user_errors(fn: F) -> F:
+    """Turn a `MoelambdaError` into its message on stderr and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except MoelambdaError as error:
+            err.print(f"[bold red]error:[/] {error.problem}", highlight=False, soft_wrap=True)
+            if error.fix:
+                err.print(f"To fix: {error.fix}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _defaults(model: str, experts: int | None, top_k: int | None) -> tuple[int | None, int | None]:
+    """Built-in dense models default to E=4, k=2; a local directory may be native MoE."""
+    from moe import resolve_model
+    from moe._families import NATIVE_MOE_TYPES
+
+    if resolve_model(model).model_type in NATIVE_MOE_TYPES:
+        return experts, top_k
+    return (4 if experts is None else experts), (2 if top_k is None else top_k)
+
+
+def load_with_status(
+    model: str, experts: int | None, top_k: int | None, seed: int, cache: bool
+) -> Any:
+    from moe import load_model
+
+    experts, top_k = _defaults(model, experts, top_k)
+    with err.status("loading the model") as status:
+        return load_model(
+            model,
+            experts=experts,
+            top_k=top_k,
+            seed=seed,
+            cache=cache,
+            progress=lambda msg: status.update(msg),
+        )
+
+
+def check_out(out: Path, force: bool) -> None:
+    """Fail before any slow work when the output would overwrite data."""
+    from moelambda.exceptions import OutputExistsError
+
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise OutputExistsError(
+            f"'{out}' already exists and is not empty.", "pick a new --out or pass --force."
+        )

@@ -1,0 +1,92 @@
+"""The predicted-counts file: the hand-over from the predictor to the planner.
+
+A small JSON document (pydantic, versioned) with the predicted tokens per expert of every MoE
+layer for one batch, the method that predicted them, and the model identity the planner checks
+against its weight sizes. When the batch came from a trace, the real counts ride along so the
+planner and the BO loop can measure the prediction error without the trace.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from moelambda._io import write_file_atomically
+from moelambda.exceptions import TraceError
+
+__all__ = ["COUNTS_VERSION", "PredictedCounts"]
+
+COUNTS_VERSION = 1
+
+
+class PredictedCounts(BaseModel):
+    """Tokens per (layer, expert) predicted for a batch of `tokens` tokens."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format_version: Literal[1] = COUNTS_VERSION
+    model: str
+    experts: int = Field(ge=1)
+    top_k: int = Field(ge=1)
+    tokens: int = Field(ge=1, description="Tokens in the predicted batch.")
+    method: str
+    counts: list[list[float]] = Field(description="(layers, experts) predicted tokens.")
+    real: list[list[int]] | None = Field(
+        default=None, description="(layers, experts) real tokens, when the batch was traced."
+    )
+
+    @model_validator(mode="after")
+    def _shapes(self) -> PredictedCounts:
+        if self.top_k > self.experts:
+            raise ValueError(f"top_k {self.top_k} exceeds experts {self.experts}")
+        for name in ("counts", "real"):
+            rows = getattr(self, name)
+            if rows is None:
+                continue
+            if not rows or any(len(row) != self.experts for row in rows):
+                raise ValueError(f"'{name}' must be {self.experts} numbers per layer")
+            if any(v < 0 for row in rows for v in row):
+                raise ValueError(f"'{name}' has a negative count")
+        if self.real is not None and len(self.real) != len(self.counts):
+            raise ValueError("'real' and 'counts' have different numbers of layers")
+        return self
+
+    @property
+    def layers(self) -> int:
+        return len(self.counts)
+
+    def array(self) -> np.ndarray:
+        return np.asarray(self.counts, dtype=float)
+
+    def save(self, path: str | Path, *, force: bool = False) -> Path:
+        path = Path(path)
+        write_file_atomically(
+            path, lambda tmp: tmp.write_text(self.model_dump_json(indent=1)), force=force
+        )
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> PredictedCounts:
+        """Read and validate a counts file.
+
+        Raises:
+            TraceError: The file is missing, not JSON, or not a valid counts document.
+        """
+        path = Path(path)
+        try:
+            return cls.model_validate_json(path.read_bytes())
+        except OSError as err:
+            raise TraceError(
+                f"cannot read the counts file '{path}': {err.strerror}.",
+                "write one with `moelambda predict --traces DIR --counts-out FILE`.",
+            ) from err
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "the document"
+            raise TraceError(
+                f"'{path}' is not a valid counts file ({where}: {first['msg']}).",
+                "write it again with `moelambda predict --traces DIR --counts-out FILE`.",
+            ) from err

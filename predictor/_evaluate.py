@@ -1,0 +1,208 @@
+"""Held-out evaluation of the predictors: the paper's metric and two more, over several splits.
+
+Each repeat holds out whole windows (requests) worth `eval_tokens` tokens, chosen with the seed,
+profiles on every other window, and compares each method's prediction with the real routing of
+the held-out batch:
+
+* ``mean_abs_diff``: mean over layers and experts of |real - predicted| tokens (paper §V-B);
+* ``topk_accuracy``: share of the k predicted experts of a token that are among its real k;
+* ``underestimate_rate``: share of (layer, expert) whose predicted count is below the real one
+  (an underestimated expert is the one that runs out of memory).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from moelambda.exceptions import UsageError
+from predictor._methods import Prediction, make_predictor
+from predictor._tables import CountTable, build_tables
+from predictor._trace import RoutingTrace
+
+__all__ = [
+    "Evaluation",
+    "MethodScore",
+    "Split",
+    "evaluate_methods",
+    "sample_batches",
+    "score",
+    "split_windows",
+]
+
+
+@dataclass(frozen=True)
+class Split:
+    """One repeat: the held-out batch, and the trace to profile on (None: saved tables)."""
+
+    profile: RoutingTrace | None
+    held_out: RoutingTrace
+
+
+def _held_windows(trace: RoutingTrace, eval_tokens: int, repeats: int) -> tuple[np.ndarray, int]:
+    """All window ids of the trace and how many make up `eval_tokens`, after checking both."""
+    windows = np.unique(trace.window_ids)
+    window = int(trace.meta.get("window", 128))
+    if eval_tokens < window:
+        raise UsageError(
+            f"--eval-tokens {eval_tokens} is less than one {window}-token window.",
+            f"pass at least {window} (the paper's batch is 10240).",
+        )
+    if eval_tokens % window:
+        raise UsageError(
+            f"--eval-tokens {eval_tokens} is not a whole number of {window}-token windows.",
+            f"pass a multiple of {window}, e.g. {eval_tokens // window * window}.",
+        )
+    if repeats < 1:
+        raise UsageError(f"--repeats {repeats} is not positive.", "pass --repeats 1 or more.")
+    held = eval_tokens // window
+    if held > windows.size:
+        raise UsageError(
+            f"--eval-tokens {eval_tokens} is more than the trace holds ({trace.num_tokens}).",
+            f"pass --eval-tokens {windows.size * window} or less, or profile more tokens.",
+        )
+    return windows, held
+
+
+def split_windows(
+    trace: RoutingTrace,
+    *,
+    eval_tokens: int,
+    repeats: int,
+    seed: int,
+    profile_tokens: int | None = None,
+) -> list[Split]:
+    """`repeats` random held-out batches of whole windows, each with the rest for profiling.
+
+    Args:
+        profile_tokens: Profile on this many tokens of the rest (a random subset of windows),
+            to measure how accuracy grows with profiling data. None: all of the rest.
+
+    Raises:
+        UsageError: `eval_tokens` is not a positive whole number of windows, exceeds the trace,
+            or leaves fewer profiling windows than held-out ones.
+    """
+    windows, held = _held_windows(trace, eval_tokens, repeats)
+    window = int(trace.meta.get("window", 128))
+    if held > windows.size - held:
+        raise UsageError(
+            f"the trace holds {trace.num_tokens} tokens ({windows.size} windows): too few to "
+            f"hold out {eval_tokens} and still profile on at least as many.",
+            f"profile at least {2 * eval_tokens} tokens (e.g. `moelambda profile --tokens "
+            f"{10 * eval_tokens}`) or pass a smaller --eval-tokens.",
+        )
+    profile_windows = windows.size - held
+    if profile_tokens is not None:
+        wanted = profile_tokens // window
+        if not 1 <= wanted <= profile_windows:
+            raise UsageError(
+                f"--profile-tokens {profile_tokens} is not between one window ({window}) and "
+                f"the {profile_windows * window} tokens left after holding out {eval_tokens}.",
+                "pass a value in that range, or leave it out to profile on all the rest.",
+            )
+        profile_windows = wanted
+    rng = np.random.default_rng(seed)
+    splits = []
+    for _ in range(repeats):
+        chosen = rng.choice(windows, size=held, replace=False)
+        rest = np.setdiff1d(windows, chosen)
+        rest = rng.choice(rest, size=profile_windows, replace=False)
+        splits.append(Split(trace.select_windows(rest), trace.select_windows(chosen)))
+    return splits
+
+
+def sample_batches(
+    trace: RoutingTrace, *, eval_tokens: int, repeats: int, seed: int
+) -> list[Split]:
+    """`repeats` random batches of whole windows to predict with tables profiled elsewhere."""
+    windows, held = _held_windows(trace, eval_tokens, repeats)
+    rng = np.random.default_rng(seed)
+    return [
+        Split(None, trace.select_windows(rng.choice(windows, size=held, replace=False)))
+        for _ in range(repeats)
+    ]
+
+
+def score(prediction: Prediction, real: RoutingTrace) -> dict[str, np.ndarray]:
+    """Per-layer metrics of one prediction against the real routing of the same batch."""
+    actual = real.popularity()
+    hits = (prediction.topk[:, :, :, None] == real.experts[:, :, None, :]).any(axis=3)
+    return {
+        "mean_abs_diff": np.abs(actual - prediction.counts).mean(axis=1),
+        "topk_accuracy": hits.mean(axis=(1, 2)),
+        "underestimate_rate": (prediction.counts < actual - 1e-9).mean(axis=1),
+    }
+
+
+@dataclass(frozen=True)
+class MethodScore:
+    """One method's metrics over all repeats: per repeat and layer, and timings."""
+
+    name: str
+    per_repeat: dict[str, np.ndarray]  # metric -> (repeats, layers)
+    profile_s: float
+    predict_s: float
+
+    def summary(self) -> dict[str, object]:
+        out: dict[str, object] = {}
+        for metric, values in self.per_repeat.items():
+            overall = values.mean(axis=1)
+            out[metric] = round(float(overall.mean()), 4)
+            out[f"{metric}_std"] = round(float(overall.std()), 4)
+            out[f"{metric}_per_layer"] = [round(float(v), 4) for v in values.mean(axis=0)]
+        out["profile_s"] = round(self.profile_s, 4)
+        out["predict_s"] = round(self.predict_s, 4)
+        return out
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Every method's scores, and its prediction of the first held-out batch (for plots)."""
+
+    scores: dict[str, MethodScore]
+    first_batch: RoutingTrace
+    first_predictions: dict[str, Prediction]
+
+
+def evaluate_methods(
+    splits: Sequence[Split], methods: Sequence[str], *, tables: CountTable | None = None
+) -> Evaluation:
+    """Fit every method on each split's profiling part and score it on the held-out part.
+
+    With `tables`, every split is predicted from those saved tables instead of its own
+    profiling part. `profile_s` is the mean time to build the count tables plus the method's
+    own fitting; `predict_s` the mean time to predict one held-out batch.
+    """
+    predictors = {name: make_predictor(name) for name in methods}  # re-fitted on each split
+    results: dict[str, list[dict[str, np.ndarray]]] = {m: [] for m in methods}
+    fit_s = dict.fromkeys(methods, 0.0)
+    predict_s = dict.fromkeys(methods, 0.0)
+    first: dict[str, Prediction] = {}
+    for split in splits:
+        started = time.perf_counter()
+        split_tables = tables if split.profile is None else build_tables(split.profile)
+        assert split_tables is not None, "a split without a profile trace needs saved tables"
+        table_s = time.perf_counter() - started
+        for name in methods:
+            started = time.perf_counter()
+            predictor = predictors[name].fit(split_tables, split.profile)
+            fit_s[name] += table_s + time.perf_counter() - started
+            started = time.perf_counter()
+            prediction = predictor.predict(split.held_out)
+            predict_s[name] += time.perf_counter() - started
+            results[name].append(score(prediction, split.held_out))
+            first.setdefault(name, prediction)
+    n = len(splits)
+    scores = {
+        name: MethodScore(
+            name,
+            {metric: np.stack([r[metric] for r in runs]) for metric in runs[0]},
+            fit_s[name] / n,
+            predict_s[name] / n,
+        )
+        for name, runs in results.items()
+    }
+    return Evaluation(scores, splits[0].held_out, first)
