@@ -27,7 +27,15 @@ from safetensors.torch import save_file
 from moe._model import MoEModel
 from moelambda._io import write_atomically
 
-__all__ = ["MANIFEST_VERSION", "Manifest", "StageEntry", "export_model", "expert_key", "layer_key"]
+__all__ = [
+    "MANIFEST_VERSION",
+    "Manifest",
+    "StageEntry",
+    "describe_model",
+    "export_model",
+    "expert_key",
+    "layer_key",
+]
 
 MANIFEST_VERSION = 1
 HEAD_KEY = "head.safetensors"
@@ -127,6 +135,43 @@ def _entry(key: str, size: int) -> StageEntry:
     )
 
 
+def _manifest(model: MoEModel, entries: list[StageEntry]) -> Manifest:
+    dtype_bytes = torch.finfo(torch.float32).bits // 8
+    return Manifest(
+        format_version=MANIFEST_VERSION,
+        model=model.name,
+        model_type=model.family.config.model_type,
+        family=model.family.name,
+        classes=model.family.classes,
+        moefied=model.moefied,
+        seed=model.seed,
+        num_layers=model.num_layers,
+        experts=model.experts,
+        top_k=model.top_k,
+        weighting=model.routers[0].weighting,
+        expert_kind=model.banks[0].kind,
+        activation=model.banks[0].act,
+        hidden_size=model.hidden_size,
+        dtype="float32",
+        token_bytes_in=model.hidden_size * dtype_bytes,
+        token_bytes_out=model.hidden_size * dtype_bytes,
+        stages=entries,
+        router_fit=[asdict(fit) for fit in model.fits],
+    )
+
+
+def describe_model(model: MoEModel) -> Manifest:
+    """The manifest `export_model` would write, without writing: what the planner needs.
+
+    Sizes count tensor bytes; the files add a safetensors header of well under 1 KB each.
+    """
+    entries = [
+        _entry(key, sum(t.numel() * t.element_size() for t in tensors.values()))
+        for key, tensors in _stage_tensors(model).items()
+    ]
+    return _manifest(model, entries)
+
+
 def export_model(model: MoEModel, out: str | Path, *, force: bool = False) -> Manifest:
     """Write every stage's weights and the manifest to `out`, atomically.
 
@@ -148,28 +193,7 @@ def export_model(model: MoEModel, out: str | Path, *, force: bool = False) -> Ma
             entries.append(_entry(key, path.stat().st_size))
         model.family.config.save_pretrained(tmp / "config")
         model.tokenizer.save_pretrained(tmp / "config")
-        dtype_bytes = torch.finfo(torch.float32).bits // 8
-        manifest = Manifest(
-            format_version=MANIFEST_VERSION,
-            model=model.name,
-            model_type=model.family.config.model_type,
-            family=model.family.name,
-            classes=model.family.classes,
-            moefied=model.moefied,
-            seed=model.seed,
-            num_layers=model.num_layers,
-            experts=model.experts,
-            top_k=model.top_k,
-            weighting=model.routers[0].weighting,
-            expert_kind=model.banks[0].kind,
-            activation=model.banks[0].act,
-            hidden_size=model.hidden_size,
-            dtype="float32",
-            token_bytes_in=model.hidden_size * dtype_bytes,
-            token_bytes_out=model.hidden_size * dtype_bytes,
-            stages=entries,
-            router_fit=[asdict(fit) for fit in model.fits],
-        )
+        manifest = _manifest(model, entries)
         (tmp / "manifest.json").write_text(json.dumps(manifest.model_dump(), indent=2) + "\n")
 
     write_atomically(Path(out), write, force=force)

@@ -31,6 +31,7 @@ class PredictedCounts(BaseModel):
     model: str
     experts: int = Field(ge=1)
     top_k: int = Field(ge=1)
+    seed: int = Field(default=0, ge=0, description="The seed the model was MoEfied with.")
     tokens: int = Field(ge=1, description="Tokens in the predicted batch.")
     method: str
     counts: list[list[float]] = Field(description="(layers, experts) predicted tokens.")

@@ -158,6 +158,7 @@ def predict(
             model=trace.meta["model"],
             experts=trace.num_experts,
             top_k=trace.top_k,
+            seed=int(trace.meta.get("moefy_seed", 0)),
             tokens=batch.num_tokens,
             method=chosen,
             counts=evaluation.first_predictions[chosen].counts.round(4).tolist(),
