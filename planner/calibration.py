@@ -31,6 +31,7 @@ from moelambda.exceptions import CalibrationError, did_you_mean
 __all__ = [
     "SCHEMA_VERSION",
     "Calibration",
+    "ExpertComputeReference",
     "LambdaPrice",
     "Parameter",
     "default_calibration_path",
@@ -72,6 +73,26 @@ class LambdaPrice(BaseModel):
     request_usd: PositiveFloat
 
 
+class ExpertComputeReference(BaseModel):
+    """The expert on which U_j was measured, so the planner can scale U_j to other experts.
+
+    U_j is only meaningful with the size of the expert it was timed on: `flops_per_token` lets
+    `planner.compute.expert_compute_s` scale it to another expert, and the machine and torch
+    version say whether the numbers still apply after an upgrade.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hidden: PositiveInt
+    width: PositiveInt
+    flops_per_token: PositiveInt
+    threads_efficiency: float = Field(gt=0, le=1)
+    t1_s_per_token: PositiveFloat
+    batch_tokens: PositiveInt
+    torch_version: str = Field(min_length=1)
+    cpu_model: str = Field(min_length=1)
+
+
 class Calibration(BaseModel):
     """Validated platform parameters, as plain numbers whose names carry their units.
 
@@ -79,7 +100,8 @@ class Calibration(BaseModel):
     `warm_start_s` is T^str, `s3_access_delay_s` is T^dl, `s3_bandwidth_bytes_per_s` is B^s,
     `invoke_bandwidth_bytes_per_s` is B^f, `invoke_payload_bytes` and
     `step_functions_payload_bytes` are D^p, and `expert_token_compute_s` is U_j (one entry per
-    memory option; None until `moelambda calibrate` has measured it).
+    memory option; None until `moelambda calibrate` has measured it) on the expert that
+    `expert_compute_reference` describes.
 
     Example:
         >>> calibration = load_calibration()
@@ -113,6 +135,7 @@ class Calibration(BaseModel):
     s3_get_request_usd: PositiveFloat
     step_functions_transition_usd: PositiveFloat
     expert_token_compute_s: tuple[PositiveFloat, ...] | None
+    expert_compute_reference: ExpertComputeReference | None = None
     provenance: dict[str, Parameter] = Field(default_factory=dict, repr=False)
     source_path: Path | None = None
 

@@ -68,8 +68,11 @@ def test_default_prices_and_limits(calibration: Calibration) -> None:
     assert calibration.max_timeout_s == 900
 
 
-def test_compute_times_are_unmeasured_by_default(calibration: Calibration) -> None:
-    assert calibration.expert_token_compute_s is None
+def test_packaged_compute_times_are_measured_and_monotone(calibration: Calibration) -> None:
+    times = calibration.expert_token_compute_s
+    assert times is not None and len(times) == len(calibration.memory_options_mb)
+    assert all(a >= b for a, b in zip(times, times[1:], strict=False))
+    assert calibration.expert_compute_reference is not None
 
 
 def test_describe_gives_a_source_for_every_value(calibration: Calibration) -> None:
