@@ -22,6 +22,8 @@ demo: setup
 	$(BIN)/moelambda profile --out out/profile --tokens 51200 --force
 	$(BIN)/moelambda predict --traces out/profile --counts-out out/counts.json \
 		--plot out/prediction.png --force
+	$(BIN)/moelambda plan --counts out/counts.json --out out/plan.json \
+		--pareto out/pareto.csv --force
 
 test: setup
 	$(BIN)/python -m pytest -q
@@ -29,6 +31,7 @@ test: setup
 bench: setup
 	$(BIN)/moelambda bench profiler
 	$(BIN)/moelambda bench predictor
+	$(BIN)/moelambda bench planner
 
 clean:
 	rm -rf out build *.egg-info

@@ -1,12 +1,46 @@
 """Planning: calibration, cost model, solvers and the `Plan` they produce.
 
-Only the calibration exists so far: the validated platform parameters (Lambda memory options
-and limits, transfer timings, prices) that every later planning step reads instead of
-hard-coding a number.
+`instance_for` turns a model's manifest, predicted counts and the calibration into an `Instance`;
+`solve_exact` (per-layer Pareto frontiers merged by a knapsack), `solve_ods` (the paper's
+Algorithm 1) and `solve_milp` / `solve_milp_mixed` (HiGHS, or Gurobi when licensed) choose the
+methods, memory sizes and replicas; `make_plan` writes the result as a validated `Plan`.
 """
 
 from __future__ import annotations
 
+from planner.baselines import lambdaml, random_methods, uniform
+from planner.build import instance_for, make_plan
 from planner.calibration import Calibration, default_calibration_path, load_calibration
+from planner.costmodel import Choice, Evaluation, Solution, bill, evaluate, expert_options
+from planner.exact import Frontier, solve_exact, solve_frontier
+from planner.instance import Instance, Method
+from planner.milp import solve_milp, solve_milp_mixed
+from planner.ods import solve_ods
+from planner.plan import Plan, PlanError
 
-__all__ = ["Calibration", "default_calibration_path", "load_calibration"]
+__all__ = [
+    "Calibration",
+    "Choice",
+    "Evaluation",
+    "Frontier",
+    "Instance",
+    "Method",
+    "Plan",
+    "PlanError",
+    "Solution",
+    "bill",
+    "default_calibration_path",
+    "evaluate",
+    "expert_options",
+    "instance_for",
+    "lambdaml",
+    "load_calibration",
+    "make_plan",
+    "random_methods",
+    "solve_exact",
+    "solve_frontier",
+    "solve_milp",
+    "solve_milp_mixed",
+    "solve_ods",
+    "uniform",
+]

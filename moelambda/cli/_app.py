@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -22,6 +23,14 @@ bench_app = typer.Typer(help="Benchmarks that print measured numbers.", no_args_
 app.add_typer(bench_app, name="bench")
 
 err = Console(stderr=True)
+
+
+def _show_warning(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
+    """Library warnings (e.g. Gurobi's licence fallback) as one line, not a source excerpt."""
+    err.print(f"[yellow]note:[/] {message}", highlight=False, soft_wrap=True)
+
+
+warnings.showwarning = _show_warning
 DEFAULT_BATCH = 32  # windows per forward pass: 4,096 tokens, the fastest on 2 cores
 F = TypeVar("F", bound=Callable[..., Any])
 

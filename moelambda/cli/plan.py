@@ -1,0 +1,463 @@
+"""Commands on planning: the cheapest deployment meeting an SLO, and the planner benchmark."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from moelambda.cli._app import (
+    ForceOpt,
+    JsonOpt,
+    app,
+    bench_app,
+    err,
+    load_with_status,
+    user_errors,
+)
+from moelambda.exceptions import MoelambdaError, UsageError
+
+SOLVERS = ("exact", "ods", "milp")
+
+
+class InfeasibleError(MoelambdaError):
+    """No plan meets the constraints."""
+
+
+def _counts(
+    traces: Path | None, counts: Path | None, tokens: int, seed: int
+) -> tuple[np.ndarray, dict[str, Any], dict[str, Any]]:
+    """Predicted counts scaled to `tokens`, the model identity, and where the counts came from."""
+    from predictor import (
+        DEFAULT_METHOD,
+        PredictedCounts,
+        RoutingTrace,
+        build_tables,
+        make_predictor,
+        split_windows,
+    )
+
+    if (traces is None) == (counts is None):
+        raise UsageError(
+            "pass exactly one of --traces and --counts.",
+            "use --counts FILE from `moelambda predict --counts-out`, or --traces DIR.",
+        )
+    if counts is not None:
+        doc = PredictedCounts.load(counts)
+        model = {"model": doc.model, "experts": doc.experts, "top_k": doc.top_k, "seed": doc.seed}
+        source = {"counts": str(counts), "method": doc.method, "tokens": doc.tokens}
+        return doc.array() * tokens / doc.tokens, model, source
+    assert traces is not None
+    trace = RoutingTrace.load(traces)
+    window = int(trace.meta.get("window", 128))
+    batch = max(window, tokens // window * window)
+    split = split_windows(trace, eval_tokens=batch, repeats=1, seed=seed)[0]
+    predictor = make_predictor(DEFAULT_METHOD).fit(build_tables(split.profile), split.profile)
+    predicted = predictor.predict(split.held_out).counts
+    model = {
+        "model": trace.meta["model"],
+        "experts": trace.num_experts,
+        "top_k": trace.top_k,
+        "seed": int(trace.meta.get("moefy_seed", 0)),
+    }
+    source = {"traces": str(traces), "method": DEFAULT_METHOD, "tokens": batch, "seed": seed}
+    return predicted * tokens / batch, model, source
+
+
+def _slo(slo: float | None, throughput: float | None, tokens: int) -> float | None:
+    if slo is not None and throughput is not None:
+        raise UsageError("--slo and --throughput both set the SLO.", "pass only one of them.")
+    for name, value in (("--slo", slo), ("--throughput", throughput)):
+        if value is not None and not value > 0:
+            raise UsageError(f"{name} {value} is not positive.", f"pass a positive {name}.")
+    return tokens / throughput if throughput is not None else slo
+
+
+def _why_empty(inst: Any, methods: tuple[Any, ...]) -> InfeasibleError:
+    """No option at all: name the payload limit if only direct was allowed, else memory."""
+    from planner.instance import MB, Method
+
+    if methods == (Method.DIRECT,):
+        shard = math.ceil(float(inst.counts.max()) / inst.max_replicas)
+        payload = shard * max(inst.token_bytes_in, inst.token_bytes_out)
+        return InfeasibleError(
+            f"direct transfer cannot carry this batch: the busiest expert's shard of {shard:,} "
+            f"tokens ({payload:,.0f} bytes, split over {inst.max_replicas} replicas) exceeds the "
+            f"{inst.direct_payload_bytes:,}-byte payload limit.",
+            "drop --method direct (the S3 methods have no payload limit), or plan for fewer "
+            "--tokens.",
+        )
+    need = inst.expert_bytes.max() / MB + inst.runtime_mb
+    return InfeasibleError(
+        f"no memory option holds the largest expert ({need:,.0f} MB with the runtime, before "
+        f"tokens) with its tokens, even over {inst.max_replicas} replicas (largest option "
+        f"{inst.memory_mb.max():,.0f} MB).",
+        "add a larger memory option or raise max_replicas in the calibration file, or plan "
+        "for fewer --tokens.",
+    )
+
+
+def _infeasible(
+    inst: Any, frontier: Any, slo_s: float | None, methods: tuple[Any, ...]
+) -> InfeasibleError:
+    """Name the binding constraint and the smallest SLO that can be met."""
+    if not frontier.cost_usd.size:
+        return _why_empty(inst, methods)
+    fastest = frontier.min_latency()
+    return InfeasibleError(
+        f"no plan meets the SLO of {slo_s:.3f} s: the binding constraint is latency. The "
+        f"fastest plan takes {fastest:.3f} s, of which {inst.fixed_s():.3f} s are the head, "
+        "tail and non-MoE layer functions that no MoE decision changes.",
+        f"pass --slo {math.ceil(fastest * 1000) / 1000:.3f} or more (or a --throughput of at "
+        f"most {inst.tokens / fastest:,.0f} tokens/s), or plan for fewer --tokens.",
+    )
+
+
+def _solve(inst: Any, solver: str, methods: tuple[Any, ...], slo_s: float | None) -> Any:
+    from planner.exact import solve_frontier
+    from planner.milp import solve_milp, solve_milp_mixed
+    from planner.ods import solve_ods
+
+    frontier = solve_frontier(inst, methods)
+    if solver == "exact":
+        solution = frontier.best(slo_s)
+    elif solver == "milp":
+        solution = (
+            solve_milp(inst, methods[0], slo_s)
+            if len(methods) == 1
+            else solve_milp_mixed(inst, slo_s)
+        )
+    else:
+        solution = (
+            solve_milp(inst, methods[0], slo_s) if len(methods) == 1 else solve_ods(inst, slo_s)
+        )
+    if solution is None:
+        raise _infeasible(inst, frontier, slo_s, methods)
+    return solution, frontier
+
+
+def _write_pareto(path: Path, frontier: Any, title: str, force: bool) -> list[str]:
+    """The cost-vs-SLO curve as CSV and, beside it, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from moelambda._io import write_file_atomically
+
+    latency, cost = frontier.latency_s, frontier.cost_usd
+    rows = "slo_s,moe_cost_usd\n" + "".join(
+        f"{lat:.9f},{c:.9g}\n" for lat, c in zip(latency, cost, strict=True)
+    )
+    write_file_atomically(path, lambda tmp: tmp.write_text(rows), force=force)
+    png = path.with_suffix(".png")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.step(latency, cost * 1e6, where="post")
+    ax.set_xlabel("SLO (s)")
+    ax.set_ylabel("cost of the MoE layers per batch (µ$)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    try:
+        write_file_atomically(png, lambda tmp: fig.savefig(tmp, dpi=110), force=force)
+    finally:
+        plt.close(fig)
+    return [str(path), str(png)]
+
+
+@app.command()
+@user_errors
+def plan(
+    out: Annotated[Path, typer.Option(help="Plan JSON to write.")] = Path("out/plan.json"),
+    traces: Annotated[
+        Path | None,
+        typer.Option(
+            help="Trace directory: counts from the default predictor on a held-out batch."
+        ),
+    ] = None,
+    counts: Annotated[
+        Path | None, typer.Option(help="Counts file from `moelambda predict --counts-out`.")
+    ] = None,
+    tokens: Annotated[int, typer.Option(help="Tokens per batch to plan for.")] = 10240,
+    slo: Annotated[float | None, typer.Option(help="Latency SLO of one batch, seconds.")] = None,
+    throughput: Annotated[
+        float | None, typer.Option(help="Required tokens/s instead of --slo (SLO = tokens/it).")
+    ] = None,
+    solver: Annotated[str, typer.Option(help="exact (default), ods or milp.")] = "exact",
+    method: Annotated[
+        str | None, typer.Option(help="Force one method on every layer: pipelined, s3, direct.")
+    ] = None,
+    arch: Annotated[str, typer.Option(help="Lambda architecture: x86_64 or arm64.")] = "x86_64",
+    calibration: Annotated[
+        Path | None, typer.Option(help="Calibration JSON (default: the packaged one).")
+    ] = None,
+    pareto: Annotated[
+        Path | None, typer.Option(help="Also write the cost-vs-SLO curve: CSV here, PNG beside.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seeds the held-out batch drawn from --traces.")] = 0,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Plan the cheapest deployment that meets the SLO (no SLO: the cheapest plan).
+
+    Per MoE layer a scatter-gather method and pipeline degree, per expert a Lambda memory size and
+    replica count, for a batch of --tokens tokens with the predicted expert popularity.
+    """
+    from moe import describe_model
+    from planner import load_calibration
+    from planner.build import instance_for, make_plan
+    from planner.instance import Method
+
+    if solver not in SOLVERS:
+        raise UsageError(f"unknown --solver '{solver}'.", f"use one of: {', '.join(SOLVERS)}.")
+    if arch not in ("x86_64", "arm64"):
+        raise UsageError(f"unknown --arch '{arch}'.", "use x86_64 or arm64.")
+    if tokens < 1:
+        raise UsageError(f"--tokens {tokens} is not positive.", "pass --tokens 1 or more.")
+    methods = tuple(Method) if method is None else (Method.parse(method),)
+    slo_s = _slo(slo, throughput, tokens)
+    for path in (out, pareto):
+        if path is not None and path.exists() and not force:
+            raise UsageError(f"'{path}' already exists.", "pick another name or pass --force.")
+    cal = load_calibration(calibration)
+    predicted, model, source = _counts(traces, counts, tokens, seed)
+    manifest = describe_model(
+        load_with_status(model["model"], model["experts"], model["top_k"], model["seed"], True)
+    )
+    inst = instance_for(manifest, predicted, cal, tokens=tokens, arch=arch)
+    started = time.perf_counter()
+    solution, frontier = _solve(inst, solver, methods, slo_s)
+    seconds = time.perf_counter() - started
+    document = make_plan(inst, solution, manifest, cal, slo_s=slo_s, counts_source=source)
+    document.save(out, force=force)
+    summary: dict[str, Any] = {
+        "plan": str(out),
+        "solver": solution.solver,
+        "optimal": solution.optimal,
+        "seconds": round(seconds, 4),
+        "note": solution.note,
+        "model": manifest.model,
+        "tokens": tokens,
+        "slo_s": slo_s,
+        "latency_s": round(solution.latency, 6),
+        "moe_cost_usd": solution.cost,
+        "bill_usd": document.totals.bill_usd,
+        "smallest_slo_s": round(frontier.min_latency(), 6),
+        "layers": [
+            {
+                "method": layer.method,
+                "beta": layer.beta,
+                "memory_mb": [e.memory_mb for e in layer.experts],
+                "replicas": [e.replicas for e in layer.experts],
+            }
+            for layer in document.layers
+        ],
+    }
+    if pareto is not None:
+        summary["pareto"] = _write_pareto(
+            pareto, frontier, f"{manifest.model}, E={manifest.experts}, {tokens:,} tokens", force
+        )
+    if as_json:
+        print(json.dumps(summary))
+        return
+    _print_plan(summary)
+
+
+def _print_plan(summary: dict[str, Any]) -> None:
+    out = Console()
+    slo = "no SLO (cheapest)" if summary["slo_s"] is None else f"SLO {summary['slo_s']:.3f} s"
+    table = Table(
+        title=f"Plan for {summary['model']}: {summary['tokens']:,} tokens per batch, {slo}"
+    )
+    for column in ("layer", "method", "beta", "memory MB per expert", "replicas"):
+        table.add_column(column, justify="right" if column != "method" else "left")
+    for i, layer in enumerate(summary["layers"]):
+        beta = str(layer["beta"]) if layer["method"] == "pipelined" else "-"
+        table.add_row(
+            str(i),
+            layer["method"],
+            beta,
+            " ".join(str(m) for m in layer["memory_mb"]),
+            " ".join(str(r) for r in layer["replicas"]),
+        )
+    out.print(table)
+    bill = summary["bill_usd"]
+    out.print(
+        f"Latency {summary['latency_s']:.3f} s (smallest feasible "
+        f"{summary['smallest_slo_s']:.3f} s). "
+        f"Expert functions ${summary['moe_cost_usd']:.6f} per batch; full bill "
+        f"${bill['total_usd']:.6f} (non-MoE ${bill['nonmoe_usd']:.6f}, requests "
+        f"${bill['requests_usd']:.6f}, S3 ${bill['s3_usd']:.6f}, Step Functions "
+        f"${bill['transitions_usd']:.6f}). Solver {summary['solver']} in "
+        f"{summary['seconds']:.3f} s. "
+        f"Wrote {summary['plan']}"
+        + (f", {', '.join(summary['pareto'])}" if "pareto" in summary else "")
+    )
+
+
+def _paper_instance(traces: Path | None, tokens: int) -> tuple[Any, dict[str, Any]]:
+    """12 MoE layers x 16 experts of a BERT-base-sized model, with real skewed popularity.
+
+    The popularity shares come from real MiniLM routing with 16 experts (its 6 layers, then the
+    same 6 with the expert order reversed, for 12); the sizes from BERT-base (hidden 768, FFN
+    3,072 in 16 experts of 192 neurons).
+    """
+    from planner import load_calibration
+    from planner.compute import expert_compute_s
+    from planner.instance import Instance
+    from predictor import RoutingTrace
+
+    if traces is None:
+        from moelambda.cli.model import run_profile
+
+        _, result, _ = run_profile(
+            model="minilm",
+            experts=16,
+            top_k=2,
+            corpus="wiki",
+            tokens=10240,
+            window=128,
+            seed=0,
+            batch_size=32,
+        )
+        trace = result.trace
+    else:
+        trace = RoutingTrace.load(traces)
+    if trace.num_experts != 16:
+        raise UsageError(
+            f"the benchmark needs a 16-expert trace; '{traces}' has {trace.num_experts}.",
+            "profile with --experts 16, or leave --traces out.",
+        )
+    shares = trace.popularity() / (trace.num_tokens * trace.top_k)
+    shares = np.vstack([shares, shares[:, ::-1]])[:12]
+    counts = np.round(shares * tokens * 2)
+    hidden, width = 768, 3072 // 16
+    expert_bytes = (2 * hidden * width + width + hidden) * 4
+    layer_bytes = (4 * hidden * hidden + 4 * hidden + 4 * hidden + hidden * 16) * 4
+    cal = load_calibration()
+    compute = expert_compute_s(cal, 2.0 * expert_bytes / 4)
+    layer_compute = expert_compute_s(cal, 2.0 * layer_bytes / 4)
+    nonmoe = float(np.interp(1769, np.asarray(cal.memory_options_mb, float), layer_compute))
+    inst = Instance.build(
+        counts,
+        cal,
+        expert_bytes=np.full(counts.shape, float(expert_bytes)),
+        token_bytes=hidden * 4,
+        compute_s=compute,
+        nonmoe_compute_s=nonmoe,
+        layer_bytes=np.full(12, float(layer_bytes)),
+        head_bytes=(30522 + 512 + 2) * hidden * 4,
+        tail_bytes=2 * hidden * 4,
+        tokens=tokens,
+    )
+    facts = {
+        "layers": 12,
+        "experts": 16,
+        "memory_options": len(cal.memory_options_mb),
+        "max_replicas": cal.max_replicas,
+        "tokens": tokens,
+        "betas": len(inst.betas),
+        "expert_bytes": expert_bytes,
+        "busiest_expert_share": round(float(shares.max()), 4),
+        "counts_from": trace.meta.get("corpus"),
+    }
+    return inst, facts
+
+
+def _baselines(inst: Any, slo_s: float) -> dict[str, float | None]:
+    """Costs of LambdaML and of each uniform method (exact, so fast) at one SLO."""
+    from planner import lambdaml
+    from planner.exact import solve_exact
+    from planner.instance import Method
+
+    found = {"lambdaml": lambdaml(inst, slo_s)}
+    for method in Method:
+        found[f"uniform-{method.label}"] = solve_exact(inst, slo_s, (method,))
+    return {name: None if s is None else s.cost for name, s in found.items()}
+
+
+@bench_app.command("planner")
+@user_errors
+def bench_planner(
+    traces: Annotated[
+        Path | None, typer.Option(help="A 16-expert trace for the popularity (default: profile).")
+    ] = None,
+    tokens: Annotated[int, typer.Option(help="Tokens per batch.")] = 10240,
+    time_limit: Annotated[float, typer.Option(help="Seconds per MILP solve.")] = 60.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Solve a paper-scale instance at a loose, a medium and a tight SLO with every solver.
+
+    Targets: the exact solver <= 1 s for all three SLOs together (goal 0.25 s), never costlier
+    than ODS, and equal to the MILP wherever the MILP proves optimality. Paper: ODS 2.27 s.
+    """
+    from planner.exact import solve_exact, solve_frontier
+    from planner.milp import solve_milp_mixed
+    from planner.ods import solve_ods
+
+    inst, facts = _paper_instance(traces, tokens)
+    with err.status("building the frontier"):
+        frontier = solve_frontier(inst)
+    cheapest = frontier.best(None)
+    fastest = frontier.min_latency()
+    slos = {
+        "loose": cheapest.latency,
+        "medium": (cheapest.latency + fastest) / 2,
+        "tight": fastest * 1.02,
+    }
+    results = []
+    exact_total = 0.0
+    for label, slo_s in slos.items():
+        entry: dict[str, Any] = {"label": label, "slo_s": round(slo_s, 6), "solvers": {}}
+        with err.status(f"{label} SLO {slo_s:.3f} s: exact, ODS, MILP"):
+            for name, solve in (
+                ("exact", lambda s=slo_s: solve_exact(inst, s)),
+                ("ods", lambda s=slo_s: solve_ods(inst, s, time_limit_s=time_limit)),
+                ("milp", lambda s=slo_s: solve_milp_mixed(inst, s, time_limit_s=time_limit)),
+            ):
+                started = time.perf_counter()
+                solution = solve()
+                seconds = time.perf_counter() - started
+                row: dict[str, Any] = {
+                    "seconds": round(seconds, 4),
+                    "feasible": solution is not None,
+                }
+                if solution is not None:
+                    row["cost_usd"] = solution.cost
+                    row["latency_s"] = round(solution.latency, 6)
+                if name == "milp":
+                    row["optimal"] = bool(solution is not None and solution.optimal)
+                if name == "exact":
+                    exact_total += seconds
+                entry["solvers"][name] = row
+        solvers = entry["solvers"]
+        entry["baselines_usd"] = _baselines(inst, slo_s)
+        exact_cost = solvers["exact"].get("cost_usd")
+        if exact_cost is not None:
+            ods = solvers["ods"].get("cost_usd")
+            entry["exact_vs_ods"] = None if ods is None else round(exact_cost / ods, 6)
+            milp = solvers["milp"]
+            if milp.get("optimal"):
+                entry["exact_equals_milp"] = (
+                    abs(milp["cost_usd"] - exact_cost) <= 1e-6 * exact_cost
+                )
+        results.append(entry)
+    summary = {
+        "instance": facts,
+        "frontier_points": int(frontier.cost_usd.size),
+        "slos": results,
+        "exact_total_s": round(exact_total, 4),
+        "exact_target_s": 1.0,
+        "paper_ods_s": 2.27,
+    }
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        Console().print_json(json.dumps(summary))

@@ -1,0 +1,123 @@
+"""From a model and predicted counts to a planning instance, and from a solution to a Plan.
+
+The model's facts come from its manifest (`moe.describe_model`): stage sizes in bytes (the
+expert sizes P_{e,i}, the layer and head/tail sizes for the non-MoE functions) and the bytes per
+token. Compute times scale the calibrated reference expert by FLOPs, counting two FLOPs per
+weight per token (one multiply-add), which holds for the matmul-dominated stages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from moe import Manifest
+from planner.calibration import Calibration
+from planner.compute import expert_compute_s
+from planner.costmodel import Solution, bill
+from planner.instance import Instance, Method
+from planner.plan import ExpertPlan, LayerPlan, ModelRef, Plan, Totals
+
+__all__ = ["instance_for", "make_plan"]
+
+NONMOE_MEMORY_MB = 1769  # one full vCPU for the head, gate and tail functions
+
+
+def _flops_per_token(weight_bytes: float, dtype_bytes: int = 4) -> float:
+    return 2.0 * weight_bytes / dtype_bytes
+
+
+def instance_for(
+    manifest: Manifest,
+    counts: np.ndarray,
+    calibration: Calibration,
+    *,
+    tokens: int,
+    arch: str = "x86_64",
+    payload: str = "step-functions",
+    pipelined_residency: bool = False,
+) -> Instance:
+    """The planning instance of `manifest`'s model serving a batch with `counts` per expert."""
+    sizes = {(s.role, s.layer, s.expert): s.bytes for s in manifest.stages}
+    layers, experts = manifest.num_layers, manifest.experts
+    expert_bytes = np.array(manifest.expert_bytes(), dtype=float)
+    layer_bytes = np.array([sizes[("layer", layer, None)] for layer in range(layers)], float)
+    expert_u = expert_compute_s(calibration, _flops_per_token(float(expert_bytes.mean())))
+    options = np.asarray(calibration.memory_options_mb, dtype=float)
+    layer_u_ref = expert_compute_s(calibration, _flops_per_token(float(layer_bytes.mean())))
+    nonmoe_u = float(np.interp(NONMOE_MEMORY_MB, options, layer_u_ref))
+    if counts.shape != (layers, experts):
+        raise ValueError(f"counts have shape {counts.shape}, the model ({layers}, {experts})")
+    return Instance.build(
+        counts,
+        calibration,
+        expert_bytes=expert_bytes,
+        token_bytes=manifest.token_bytes_in,
+        compute_s=expert_u,
+        nonmoe_compute_s=nonmoe_u,
+        layer_bytes=layer_bytes,
+        head_bytes=sizes[("head", None, None)],
+        tail_bytes=sizes[("tail", None, None)],
+        tokens=tokens,
+        arch=arch,
+        nonmoe_memory_mb=NONMOE_MEMORY_MB,
+        payload=payload,
+        pipelined_residency=pipelined_residency,
+        meta={"model": manifest.model},
+    )
+
+
+def make_plan(
+    inst: Instance,
+    solution: Solution,
+    manifest: Manifest,
+    calibration: Calibration,
+    *,
+    slo_s: float | None,
+    counts_source: dict[str, Any],
+) -> Plan:
+    """The Plan document of a solver's solution."""
+    choice, ev = solution.choice, solution.evaluation
+    layers = []
+    for layer in range(inst.layers):
+        method = Method(int(choice.method[layer]))
+        experts = [
+            ExpertPlan(
+                expert=e,
+                memory_mb=int(inst.memory_mb[choice.memory[layer, e]]),
+                replicas=int(choice.replicas[layer, e]),
+                tokens=float(inst.counts[layer, e]),
+                time_s=float(ev.expert_time[layer, e]),
+                cost_usd=float(ev.expert_cost[layer, e]),
+            )
+            for e in range(inst.experts)
+        ]
+        layers.append(
+            LayerPlan(
+                layer=layer,
+                method=method.label,
+                beta=int(choice.beta[layer]) if method is Method.PIPELINED else 1,
+                latency_s=float(ev.layer_latency[layer]),
+                cost_usd=float(ev.layer_cost[layer]),
+                experts=experts,
+            )
+        )
+    keep = set(ModelRef.model_fields)
+    return Plan(
+        solver=solution.solver,
+        optimal=solution.optimal,
+        arch=inst.arch,  # type: ignore[arg-type]
+        direct_payload_bytes=inst.direct_payload_bytes,
+        counts_source=counts_source,
+        model=ModelRef(**{k: v for k, v in manifest.model_dump().items() if k in keep}),
+        calibration=calibration.model_dump(mode="json", exclude={"provenance"}),
+        layers=layers,
+        totals=Totals(
+            tokens=inst.tokens,
+            moe_cost_usd=ev.cost,
+            bill_usd=bill(inst, choice, ev),
+            latency_s=ev.latency,
+            slo_s=slo_s,
+        ),
+    )

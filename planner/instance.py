@@ -1,0 +1,188 @@
+"""The planning instance: every number the cost model needs for one model, batch and platform.
+
+An `Instance` is plain numpy arrays and floats, built once from the predicted counts, the
+model's stage sizes and the calibration, so the cost model and all solvers read the same facts
+and none of them re-derives a price or a bandwidth.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+from moelambda.exceptions import UsageError
+from planner.calibration import Calibration
+
+__all__ = ["Method", "Instance", "MB", "default_betas"]
+
+MB = 1024.0 * 1024.0  # bytes per MB as Lambda counts memory (MiB)
+
+
+class Method(IntEnum):
+    """Scatter-gather method of one MoE layer (the paper's a = 1, 2, 3)."""
+
+    PIPELINED = 1  # indirect via S3, minibatches of beta tokens, overlapped
+    S3 = 2  # indirect via S3, one object per shard
+    DIRECT = 3  # the payload travels inline with the invocation
+
+    @property
+    def label(self) -> str:
+        return {1: "pipelined", 2: "s3", 3: "direct"}[int(self)]
+
+    @classmethod
+    def parse(cls, name: str) -> Method:
+        for method in cls:
+            if method.label == name:
+                return method
+        raise UsageError(
+            f"unknown scatter-gather method '{name}'.", "use pipelined, s3 or direct."
+        )
+
+
+def default_betas(counts: np.ndarray) -> tuple[int, ...]:
+    """Pipeline degrees to choose from: powers of two below the largest shard, and that shard.
+
+    (12e) allows any 1 <= beta <= max r; the candidates cover that range geometrically, and every
+    solver chooses from the same set, so "optimal" means optimal over this set.
+    """
+    largest = max(1, math.ceil(float(np.max(counts, initial=1.0))))
+    powers = [2**p for p in range(largest.bit_length()) if 2**p < largest]
+    return (*powers, largest)
+
+
+@dataclass(frozen=True, eq=False)
+class Instance:
+    """One planning problem (symbols of serverless-model.md §3-§5 in the comments).
+
+    Times are seconds, sizes bytes unless the name says MB, money US dollars.
+    """
+
+    counts: np.ndarray  # (L, E) d_{e,i}: predicted tokens per expert
+    expert_bytes: np.ndarray  # (L, E) P_{e,i}
+    token_bytes_in: float  # D^in
+    token_bytes_out: float  # D^o
+    memory_mb: np.ndarray  # (J,) M_j
+    compute_s: np.ndarray  # (J,) U_j for this model's expert, seconds per token
+    max_replicas: int  # G
+    warm_start_s: float  # T^str
+    s3_delay_s: float  # T^dl
+    s3_bandwidth: float  # B^s, bytes/s
+    invoke_bandwidth: float  # B^f, bytes/s
+    direct_payload_bytes: int  # D^p
+    runtime_mb: float  # fixed part of M^itrm
+    price_mb_s: float  # $ per MB-second
+    request_usd: float
+    s3_put_usd: float
+    s3_get_usd: float
+    transition_usd: float
+    nonmoe_memory_mb: float  # memory of the head, layer (gate) and tail functions
+    head_s: float  # T^head
+    tail_s: float  # T^tail
+    layer_s: np.ndarray  # (L,) T^NE_e: non-MoE block + gate of layer e
+    load_s: np.ndarray  # (L,) T^load_e: start of the next non-MoE function + its parameters
+    tokens: int
+    betas: tuple[int, ...] = ()
+    pipelined_residency: bool = False  # [beyond]: only 2*beta tokens resident when pipelining
+    arch: str = "x86_64"
+    meta: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.betas:
+            object.__setattr__(self, "betas", default_betas(self.counts))
+
+    @property
+    def layers(self) -> int:
+        return int(self.counts.shape[0])
+
+    @property
+    def experts(self) -> int:
+        return int(self.counts.shape[1])
+
+    @property
+    def replicas(self) -> np.ndarray:
+        """(G,) the replica counts 1..G."""
+        return np.arange(1, self.max_replicas + 1)
+
+    def fixed_s(self) -> float:
+        """Latency that no MoE decision changes: head, tail and every non-MoE layer function."""
+        return float(self.head_s + self.tail_s + self.layer_s.sum())
+
+    @classmethod
+    def build(
+        cls,
+        counts: np.ndarray,
+        calibration: Calibration,
+        *,
+        expert_bytes: np.ndarray,
+        token_bytes: float,
+        compute_s: np.ndarray,
+        nonmoe_compute_s: float,
+        layer_bytes: np.ndarray,
+        head_bytes: float,
+        tail_bytes: float,
+        tokens: int,
+        arch: str = "x86_64",
+        nonmoe_memory_mb: float = 1769.0,
+        payload: str = "step-functions",
+        betas: tuple[int, ...] = (),
+        pipelined_residency: bool = False,
+        meta: dict[str, object] | None = None,
+    ) -> Instance:
+        """Derive the non-MoE timings from the stage sizes and put everything in one place.
+
+        Args:
+            compute_s: (J,) U_j for one expert of this model, at each memory option.
+            nonmoe_compute_s: seconds per token of a layer function (attention block + gate) at
+                `nonmoe_memory_mb`.
+            payload: "step-functions" when direct payloads pass through a Step Functions state
+                (the emitted workflow: 256 KiB), "invoke" for a synchronous Invoke (6 MB).
+        """
+        counts = np.asarray(counts, dtype=float)
+        price = calibration.price(arch)
+        cal = calibration
+        load = cal.warm_start_s + cal.s3_access_delay_s
+        per_byte = 1.0 / cal.s3_bandwidth_bytes_per_s
+        layer_bytes = np.asarray(layer_bytes, dtype=float)
+        layer_s = load + layer_bytes * per_byte + tokens * nonmoe_compute_s
+        next_bytes = np.r_[layer_bytes[1:], tail_bytes]
+        limit = {
+            "step-functions": cal.step_functions_payload_bytes,
+            "invoke": cal.invoke_payload_bytes,
+        }
+        if payload not in limit:
+            raise UsageError(f"unknown payload path '{payload}'.", "use step-functions or invoke.")
+        return cls(
+            counts=counts,
+            expert_bytes=np.asarray(expert_bytes, dtype=float),
+            token_bytes_in=float(token_bytes),
+            token_bytes_out=float(token_bytes),
+            memory_mb=np.asarray(cal.memory_options_mb, dtype=float),
+            compute_s=np.asarray(compute_s, dtype=float),
+            max_replicas=cal.max_replicas,
+            warm_start_s=cal.warm_start_s,
+            s3_delay_s=cal.s3_access_delay_s,
+            s3_bandwidth=cal.s3_bandwidth_bytes_per_s,
+            invoke_bandwidth=cal.invoke_bandwidth_bytes_per_s,
+            direct_payload_bytes=limit[payload],
+            runtime_mb=float(cal.runtime_overhead_mb),
+            price_mb_s=price.gb_second_usd / cal.billing_mb_per_gb,
+            request_usd=price.request_usd,
+            s3_put_usd=cal.s3_put_request_usd,
+            s3_get_usd=cal.s3_get_request_usd,
+            transition_usd=cal.step_functions_transition_usd,
+            nonmoe_memory_mb=nonmoe_memory_mb,
+            # The head (embedding lookup) and tail (norm, pooling) compute next to nothing; their
+            # time is the start and the parameter download. A decoder's LM head is the exception.
+            head_s=load + head_bytes * per_byte,
+            tail_s=load + tail_bytes * per_byte,
+            layer_s=layer_s,
+            load_s=load + next_bytes * per_byte,
+            tokens=tokens,
+            betas=betas,
+            pipelined_residency=pipelined_residency,
+            arch=arch,
+            meta=dict(meta or {}),
+        )

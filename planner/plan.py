@@ -1,0 +1,150 @@
+"""The Plan: the versioned document the planner writes and the CDK app and local runner read.
+
+It says, per MoE layer, the scatter-gather method and pipeline degree, and per expert the Lambda
+memory, replicas and the predicted tokens and time; the totals (the paper's objective, the full
+bill, the latency against the SLO); the calibration it was computed with; and the model and the
+weight layout (S3 keys and sizes) it refers to. Loading validates what a deployment relies on:
+memory within Lambda's range, replicas within G, direct transfer only where the payload fits.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from moe import StageEntry
+from moelambda._io import write_file_atomically
+from moelambda.exceptions import MoelambdaError
+
+__all__ = ["PLAN_VERSION", "ExpertPlan", "LayerPlan", "ModelRef", "Plan", "PlanError", "Totals"]
+
+PLAN_VERSION = 1
+
+
+class PlanError(MoelambdaError):
+    """A plan file that cannot be used."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ExpertPlan(_Strict):
+    expert: int = Field(ge=0)
+    memory_mb: int
+    replicas: int = Field(ge=1)
+    tokens: float = Field(ge=0, description="Predicted tokens routed to this expert per batch.")
+    time_s: float = Field(ge=0, description="Predicted run time of one replica.")
+    cost_usd: float = Field(ge=0, description="Predicted cost of all replicas per batch.")
+
+
+class LayerPlan(_Strict):
+    layer: int = Field(ge=0)
+    method: Literal["pipelined", "s3", "direct"]
+    beta: int = Field(ge=1, description="Pipeline degree: tokens per minibatch (pipelined).")
+    latency_s: float = Field(ge=0, description="MoE-E2E latency of the layer.")
+    cost_usd: float = Field(ge=0)
+    experts: list[ExpertPlan]
+
+
+class ModelRef(_Strict):
+    """Which model the plan deploys, and where each function finds its weights."""
+
+    model: str
+    model_type: str
+    moefied: bool
+    seed: int
+    num_layers: int
+    experts: int
+    top_k: int
+    hidden_size: int
+    token_bytes_in: int
+    token_bytes_out: int
+    stages: list[StageEntry]
+
+
+class Totals(_Strict):
+    tokens: int = Field(ge=1, description="Tokens per batch the plan is sized for.")
+    moe_cost_usd: float = Field(ge=0, description="The paper's objective: expert functions.")
+    bill_usd: dict[str, float] = Field(description="The full bill per batch, by item.")
+    latency_s: float = Field(ge=0)
+    slo_s: float | None = Field(default=None, gt=0)
+
+
+class Plan(_Strict):
+    """A deployment plan; see the module docstring."""
+
+    format_version: Literal[1] = PLAN_VERSION
+    solver: str
+    optimal: bool | None
+    arch: Literal["x86_64", "arm64"]
+    direct_payload_bytes: int = Field(gt=0)
+    counts_source: dict[str, Any]
+    model: ModelRef
+    calibration: dict[str, Any]
+    layers: list[LayerPlan]
+    totals: Totals
+
+    @model_validator(mode="after")
+    def _deployable(self) -> Plan:
+        cal = self.calibration
+        low, high = cal["lambda_min_memory_mb"], cal["lambda_max_memory_mb"]
+        if len(self.layers) != self.model.num_layers:
+            raise ValueError(
+                f"has {len(self.layers)} layers but the model has {self.model.num_layers}"
+            )
+        for layer in self.layers:
+            if len(layer.experts) != self.model.experts:
+                raise ValueError(
+                    f"layer {layer.layer} does not plan all {self.model.experts} experts"
+                )
+            for e in layer.experts:
+                where = f"layer {layer.layer} expert {e.expert}"
+                if not low <= e.memory_mb <= high:
+                    raise ValueError(f"{where}: memory {e.memory_mb} MB outside {low}-{high} MB")
+                if e.replicas > cal["max_replicas"]:
+                    raise ValueError(
+                        f"{where}: {e.replicas} replicas exceed G = {cal['max_replicas']}"
+                    )
+                if layer.method == "direct":
+                    shard = math.ceil(e.tokens / e.replicas)
+                    payload = shard * max(self.model.token_bytes_in, self.model.token_bytes_out)
+                    if payload > self.direct_payload_bytes:
+                        raise ValueError(
+                            f"{where}: a direct payload of {payload:,} bytes exceeds the "
+                            f"{self.direct_payload_bytes:,}-byte limit"
+                        )
+        return self
+
+    def save(self, path: str | Path, *, force: bool = False) -> Path:
+        path = Path(path)
+        write_file_atomically(
+            path, lambda tmp: tmp.write_text(self.model_dump_json(indent=1)), force=force
+        )
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        """Read and validate a plan.
+
+        Raises:
+            PlanError: Missing, unreadable, or failing a deployment check (named).
+        """
+        path = Path(path)
+        try:
+            return cls.model_validate_json(path.read_bytes())
+        except OSError as err:
+            raise PlanError(
+                f"cannot read the plan '{path}': {err.strerror}.",
+                "write one with `moelambda plan --out plan.json`.",
+            ) from err
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "the plan"
+            raise PlanError(
+                f"'{path}' is not a valid plan ({where}: {first['msg']}).",
+                "make the plan again with `moelambda plan`, or fix that field.",
+            ) from err

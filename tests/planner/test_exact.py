@@ -1,0 +1,141 @@
+"""The exact frontier solver (serverless-model.md §7 [beyond]) against brute force.
+
+Brute force enumerates every complete decision of tiny instances, so agreement on the optimum,
+on infeasibility and on every breakpoint of the cost-vs-SLO curve shows that no Pareto point is
+lost by the threshold enumeration or by the pruning between merges.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from planner.costmodel import evaluate
+from planner.exact import Frontier, solve_exact, solve_frontier
+from planner.instance import Instance, Method
+
+from .small import brute_force, layer_table, small_instance
+
+RTOL = 1e-9
+SHAPES = {"default": {}, "deep": {"layers": 3, "experts": 2, "memories": 2}}
+METHODS = [tuple(Method), (Method.PIPELINED,), (Method.S3,), (Method.DIRECT,)]
+CASES = [(shape, seed) for shape in SHAPES for seed in range(12)]
+
+
+def _instance(shape: str, seed: int) -> Instance:
+    return small_instance(seed, **SHAPES[shape])
+
+
+def _all_plans(inst: Instance, methods: tuple[Method, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(latency including fixed_s, cost) of every complete decision, by exhaustive enumeration."""
+    latency, cost = np.zeros(1), np.zeros(1)
+    for layer in range(inst.layers):
+        rows = layer_table(inst, layer, methods)
+        latency = (latency[:, None] + np.array([r[1] for r in rows] or [np.inf])).ravel()
+        cost = (cost[:, None] + np.array([r[0] for r in rows] or [np.inf])).ravel()
+    return inst.fixed_s() + latency, cost
+
+
+def _check_solution(frontier: Frontier, slo: float | None, expected: tuple | None) -> None:
+    solution = frontier.best(slo)
+    assert (solution is None) == (expected is None)
+    if solution is None:
+        return
+    assert solution.solver == "exact" and solution.optimal is True and solution.seconds > 0
+    assert solution.cost == pytest.approx(expected[0], rel=RTOL, abs=0)
+    assert solution.evaluation.violations == []
+    again = evaluate(frontier.inst, solution.choice, slo)
+    assert again.cost == pytest.approx(solution.cost, rel=RTOL) and again.feasible
+
+
+@pytest.mark.parametrize("methods", METHODS, ids=lambda m: "+".join(x.label for x in m))
+@pytest.mark.parametrize(("shape", "seed"), CASES)
+def test_optimum_matches_brute_force(shape: str, seed: int, methods: tuple[Method, ...]) -> None:
+    inst = _instance(shape, seed)
+    frontier = solve_frontier(inst, methods)
+    latency, _ = _all_plans(inst, methods)
+    fastest = float(latency.min())
+    assert frontier.min_latency() == pytest.approx(fastest, rel=1e-12)
+    cheapest = brute_force(inst, None, methods)
+    _check_solution(frontier, None, cheapest)
+    if cheapest is None:
+        assert not np.isfinite(fastest) and frontier.best(1e6) is None
+        return
+    slowest = evaluate(inst, cheapest[1]).latency
+    for slo in (
+        fastest,
+        (fastest + slowest) / 2,
+        2 * slowest,
+        fastest - 1e-6,
+        0.5 * inst.fixed_s(),
+    ):
+        _check_solution(frontier, slo, brute_force(inst, slo, methods))
+
+
+@pytest.mark.parametrize(("shape", "seed"), CASES[::3])
+def test_every_breakpoint_of_the_curve(shape: str, seed: int) -> None:
+    """At each curve latency brute force finds that point's cost; just below, the previous's."""
+    inst = _instance(shape, seed)
+    frontier = solve_frontier(inst)
+    latency, cost = _all_plans(inst, tuple(Method))
+    slos = frontier.latency_s
+    at = np.array([cost[latency <= slo * (1 + RTOL)].min() for slo in slos])
+    np.testing.assert_allclose(frontier.cost_usd, at, rtol=RTOL)
+    below = [cost[latency < slo * (1 - 1e-7)] for slo in slos]
+    assert below[0].size == 0
+    np.testing.assert_allclose([b.min() for b in below[1:]], frontier.cost_usd[:-1], rtol=RTOL)
+    assert frontier.cost_usd[-1] == pytest.approx(cost.min(), rel=RTOL)
+
+
+@pytest.mark.parametrize(("shape", "seed"), CASES[::4])
+def test_curve_is_monotone_and_each_point_re_evaluates(shape: str, seed: int) -> None:
+    inst = _instance(shape, seed)
+    frontier = solve_frontier(inst)
+    assert np.all(np.diff(frontier.latency_s) > 0) and np.all(np.diff(frontier.cost_usd) < 0)
+    assert frontier.points() == list(zip(frontier.latency_s, frontier.cost_usd, strict=True))
+    for point, (slo, cost) in enumerate(frontier.points()):
+        evaluation = evaluate(inst, frontier.choice(point), slo)
+        assert evaluation.cost == pytest.approx(cost, rel=RTOL) and evaluation.feasible
+        assert evaluation.latency == pytest.approx(slo, rel=1e-12)
+    grid = np.linspace(frontier.min_latency(), 1.2 * frontier.latency_s[-1], 40)
+    costs = [frontier.best(float(slo)).cost for slo in grid]
+    assert np.all(np.diff(costs) <= 0)
+
+
+def test_forced_method_and_pipeline_degree() -> None:
+    inst = small_instance(3, layers=3)
+    for method in Method:
+        solution = solve_exact(inst, None, (method,))
+        if solution is None:
+            continue
+        assert set(solution.choice.method) == {int(method)}
+        allowed = set(inst.betas) if method is Method.PIPELINED else {1}
+        assert set(solution.choice.beta) <= allowed
+
+
+def test_idle_layer_and_determinism() -> None:
+    base = small_instance(5)
+    counts = base.counts.copy()
+    counts[1] = 0
+    inst = dataclasses.replace(base, counts=counts)
+    first, second = solve_exact(inst, None), solve_exact(inst, None)
+    expected = brute_force(inst, None)
+    assert first.cost == pytest.approx(expected[0], rel=RTOL)
+    assert first.evaluation.layer_cost[1] == 0
+    for field in ("method", "beta", "memory", "replicas"):
+        np.testing.assert_array_equal(getattr(first.choice, field), getattr(second.choice, field))
+
+
+def test_larger_instance_is_consistent() -> None:
+    """Beyond brute force's reach: the curve still re-evaluates exactly, point by point."""
+    inst = small_instance(7, layers=4, experts=8, memories=6, replicas=8, betas=(1, 4, 16, 64))
+    frontier = solve_frontier(inst)
+    assert frontier.layer_sizes and frontier.merged_sizes[-1] == frontier.cost_usd.size
+    assert max(frontier.merged_sizes) <= np.prod(frontier.layer_sizes)
+    for point in range(0, frontier.cost_usd.size, 7):
+        evaluation = evaluate(inst, frontier.choice(point), float(frontier.latency_s[point]))
+        assert evaluation.cost == pytest.approx(frontier.cost_usd[point], rel=RTOL)
+        assert evaluation.feasible
+    assert solve_exact(inst, frontier.min_latency() * 0.999) is None

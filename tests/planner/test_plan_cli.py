@@ -1,0 +1,146 @@
+"""`moelambda plan`: the contract, solvers agreeing, the Plan's validation, infeasible SLOs."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from moelambda.cli import app
+from planner import Plan, PlanError, load_calibration
+from predictor import PredictedCounts
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def counts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Skewed counts for MiniLM, E = 4, top-2, 10,240 tokens."""
+    rng = np.random.default_rng(0)
+    shares = rng.dirichlet(np.full(4, 0.8), size=6)
+    path = tmp_path_factory.mktemp("plan") / "counts.json"
+    PredictedCounts(
+        model="minilm",
+        experts=4,
+        top_k=2,
+        tokens=10240,
+        method="test",
+        counts=(shares * 20480).round(2).tolist(),
+    ).save(path)
+    return path
+
+
+def _plan(counts: Path, out: Path, *extra: str):  # type: ignore[no-untyped-def]
+    return runner.invoke(app, ["plan", "--counts", str(counts), "--out", str(out), *extra])
+
+
+def _json(result) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_contract_pareto_and_solvers_agree(counts: Path, tmp_path: Path) -> None:
+    cheapest = _json(
+        _plan(counts, tmp_path / "p0.json", "--pareto", str(tmp_path / "c.csv"), "--json")
+    )
+    plan = Plan.load(tmp_path / "p0.json")
+    assert plan.totals.moe_cost_usd == pytest.approx(cheapest["moe_cost_usd"])
+    assert len(plan.layers) == 6 and all(len(layer.experts) == 4 for layer in plan.layers)
+    options = load_calibration().memory_options_mb
+    assert all(e.memory_mb in options for layer in plan.layers for e in layer.experts)
+    assert plan.totals.bill_usd["total_usd"] > plan.totals.moe_cost_usd
+    assert [s.key for s in plan.model.stages if s.role == "expert"][
+        0
+    ] == "layers/00/experts/00.safetensors"
+    with (tmp_path / "c.csv").open() as f:
+        rows = [(float(r["slo_s"]), float(r["moe_cost_usd"])) for r in csv.DictReader(f)]
+    assert rows[0][0] == pytest.approx(cheapest["smallest_slo_s"], rel=1e-5)
+    assert all(a[0] <= b[0] and a[1] > b[1] for a, b in zip(rows, rows[1:], strict=False))
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+    slo = (cheapest["latency_s"] + cheapest["smallest_slo_s"]) / 2
+    results = {}
+    for solver in ("exact", "ods", "milp"):
+        out = tmp_path / f"{solver}.json"
+        results[solver] = _json(
+            _plan(counts, out, "--slo", str(slo), "--solver", solver, "--json")
+        )
+        assert results[solver]["latency_s"] <= slo * (1 + 1e-9)
+        assert Plan.load(out).totals.slo_s == slo
+    exact = results["exact"]["moe_cost_usd"]
+    assert exact > cheapest["moe_cost_usd"]  # the SLO binds
+    assert results["milp"]["moe_cost_usd"] == pytest.approx(exact, rel=1e-6)
+    assert results["ods"]["moe_cost_usd"] >= exact * (1 - 1e-9)
+
+    forced = _json(_plan(counts, tmp_path / "s3.json", "--method", "s3", "--json"))
+    assert {layer["method"] for layer in forced["layers"]} == {"s3"}
+    assert forced["moe_cost_usd"] >= cheapest["moe_cost_usd"] * (1 - 1e-9)
+    throughput = _json(_plan(counts, tmp_path / "t.json", "--throughput", "1000", "--json"))
+    assert throughput["slo_s"] == pytest.approx(10.24)
+
+
+def test_infeasible_slo_names_the_smallest_feasible(counts: Path, tmp_path: Path) -> None:
+    result = _plan(counts, tmp_path / "p.json", "--slo", "0.5")
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "binding constraint is latency" in text
+    assert "pass --slo" in text and not (tmp_path / "p.json").exists()
+    direct = _plan(counts, tmp_path / "p.json", "--method", "direct")
+    assert direct.exit_code == 2 and "payload limit" in " ".join(direct.output.split())
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_bad_input_exits_2_and_writes_nothing(counts: Path, tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    uncalibrated = tmp_path / "cal.json"
+    document = json.loads(load_calibration().source_path.read_text())
+    document["parameters"]["expert_token_compute_s"]["value"] = None
+    uncalibrated.write_text(json.dumps(document))
+    cases = [
+        (["--traces", str(tmp_path), "--counts", str(counts)], "exactly one of"),
+        (["--counts", str(counts), "--slo", "1", "--throughput", "5"], "pass only one"),
+        (["--counts", str(counts), "--slo", "-1"], "not positive"),
+        (["--counts", str(counts), "--solver", "gurobi"], "unknown --solver"),
+        (["--counts", str(counts), "--method", "ftp"], "unknown scatter-gather method"),
+        (["--counts", str(counts), "--arch", "riscv"], "unknown --arch"),
+        (["--counts", str(tmp_path / "missing.json")], "cannot read the counts file"),
+        (["--counts", str(counts), "--calibration", str(uncalibrated)], "moelambda calibrate"),
+    ]
+    for args, message in cases:
+        result = runner.invoke(app, ["plan", *args, "--out", str(out)])
+        assert result.exit_code == 2, (args, result.output)
+        assert message in " ".join(result.output.split()), (args, result.output)
+        assert not out.exists()
+    out.write_text("keep me")
+    refused = runner.invoke(app, ["plan", "--counts", str(counts), "--out", str(out)])
+    assert refused.exit_code == 2 and out.read_text() == "keep me"
+
+
+def test_plan_validation_on_load(counts: Path, tmp_path: Path) -> None:
+    _json(_plan(counts, tmp_path / "p.json", "--json"))
+    good = json.loads((tmp_path / "p.json").read_text())
+
+    def broken(change) -> str:  # type: ignore[no-untyped-def]
+        doc = json.loads(json.dumps(good))
+        change(doc)
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(doc))
+        with pytest.raises(PlanError) as info:
+            Plan.load(path)
+        return str(info.value.problem)
+
+    def memory(doc) -> None:  # type: ignore[no-untyped-def]
+        doc["layers"][0]["experts"][0]["memory_mb"] = 20000
+
+    def replicas(doc) -> None:  # type: ignore[no-untyped-def]
+        doc["layers"][1]["experts"][2]["replicas"] = 9
+
+    def direct(doc) -> None:  # type: ignore[no-untyped-def]
+        doc["layers"][0]["method"] = "direct"
+
+    assert "outside 128-10240 MB" in broken(memory)
+    assert "exceed G = 8" in broken(replicas)
+    assert "direct payload" in broken(direct)
