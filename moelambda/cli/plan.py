@@ -162,6 +162,7 @@ def _write_pareto(path: Path, frontier: Any, title: str, force: bool) -> list[st
     ax.step(latency, cost * 1e6, where="post")
     ax.set_xlabel("SLO (s)")
     ax.set_ylabel("cost of the MoE layers per batch (µ$)")
+    ax.set_yscale("log")  # the cost rises steeply near the smallest feasible SLO
     ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
