@@ -1,5 +1,5 @@
-"""Lambda handlers (head, layer = non-MoE block + gate, expert, tail).
+"""Lambda handlers: head, layer (previous combine + non-MoE block + gate), expert, tail, cleanup.
 
-Empty until the serving-path issue: the stages they will run already exist in `moe`
-(`StageLoader`, `run_staged`).
+Each module exposes `handler(event, context)`; configuration comes from `config.current()`,
+weights from `weights` (downloaded once per warm container), transport from `pipeline`.
 """

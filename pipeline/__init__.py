@@ -1,4 +1,4 @@
-"""Scatter-gather transports (direct, S3, pipelined S3) and the local runtime on moto.
+"""Scatter-gather transports (direct, S3, pipelined S3), the S3 key scheme and the tensor codec.
 
-Empty until the serving-path issue.
+The local runtime that executes the workflow against moto is not written yet.
 """

@@ -1,0 +1,287 @@
+"""One container-image Lambda function per stage of the Plan, each with least-privilege access.
+
+Roles (handler strings select them in the one image built from Dockerfile.expert):
+head, one gate function per layer, one function per expert of every layer, tail, cleanup.
+Every function reads only its own weights (plus `manifest.json` and `config/*`) and only the
+request intermediates; only the tail writes `outputs/`; only the tail and cleanup delete.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from aws_cdk import Duration, IgnoreMode
+from aws_cdk import aws_ecr_assets as ecr_assets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from cdk._bucket import OUTPUTS_PREFIX, REQUESTS_PREFIX
+from planner.plan import Plan
+
+__all__ = [
+    "DEFAULT_WEIGHTS_PREFIX",
+    "DOCKERFILE",
+    "NONMOE_MEMORY_MB",
+    "FunctionOptions",
+    "ServingFunctions",
+    "handler",
+]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DOCKERFILE = "Dockerfile.expert"
+DEFAULT_WEIGHTS_PREFIX = "weights/"
+NONMOE_MEMORY_MB = 1769  # planner.build.NONMOE_MEMORY_MB: one full vCPU for head, gates, tail
+# Only what Dockerfile.expert copies goes into the asset (the repo root has .venv, caches, out/).
+_ASSET_EXCLUDE = [
+    "*",
+    "!Dockerfile.expert",
+    "!moelambda",
+    "!moe",
+    "!functions",
+    "!pipeline",
+    "**/__pycache__",
+    "**/*.pyc",
+]
+
+
+def handler(role: str) -> str:
+    """The handler string of a role (the contract's `functions.<role>.handler`)."""
+    return f"functions.{role}.handler"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FunctionOptions:
+    """Deployment knobs that are not in the Plan.
+
+    Args:
+        expert_timeout_s: Timeout of the expert functions. Defaults to 300 s.
+        stage_timeout_s: Timeout of head, gates, tail and cleanup (a direct gate waits for
+            its experts). Defaults to 600 s.
+        reserve_concurrency: Reserve each expert function's replica count of concurrency.
+            Defaults to True; turn it off on accounts with a small concurrency quota.
+        nonmoe_memory_mb: Memory of head, gates and tail. Defaults to 1,769 MB (one vCPU).
+        cleanup_memory_mb: Memory of the cleanup function. Defaults to 256 MB.
+        weights_prefix: Key prefix of the exported weights. Defaults to "weights/".
+    """
+
+    expert_timeout_s: int = 300
+    stage_timeout_s: int = 600
+    reserve_concurrency: bool = True
+    nonmoe_memory_mb: int = NONMOE_MEMORY_MB
+    cleanup_memory_mb: int = 256
+    weights_prefix: str = DEFAULT_WEIGHTS_PREFIX
+
+
+class ServingFunctions(Construct):
+    """The functions of one Plan, by role; `experts[layer][expert]`, `layers[layer]`."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        plan: Plan,
+        bucket: s3.IBucket,
+        options: FunctionOptions,
+    ) -> None:
+        super().__init__(scope, id_)
+        self._plan, self._bucket, self._options = plan, bucket, options
+        self._architecture = (
+            lambda_.Architecture.ARM_64 if plan.arch == "arm64" else lambda_.Architecture.X86_64
+        )
+        self._platform = (
+            ecr_assets.Platform.LINUX_ARM64
+            if plan.arch == "arm64"
+            else ecr_assets.Platform.LINUX_AMD64
+        )
+        keys = {(s.role, s.layer, s.expert): s.key for s in plan.model.stages}
+        stage_timeout = Duration.seconds(options.stage_timeout_s)
+
+        self.head = self._function(
+            "Head",
+            role="head",
+            memory_mb=options.nonmoe_memory_mb,
+            timeout=stage_timeout,
+            weights=[keys[("head", None, None)]],
+        )
+        self.experts: list[list[lambda_.DockerImageFunction]] = []
+        self.layers: list[lambda_.DockerImageFunction] = []
+        for layer in plan.layers:
+            ll = f"{layer.layer:02d}"
+            experts = []
+            for e in layer.experts:
+                fn = self._function(
+                    f"Layer{ll}Expert{e.expert:02d}",
+                    role="expert",
+                    memory_mb=e.memory_mb,
+                    timeout=Duration.seconds(options.expert_timeout_s),
+                    weights=[keys[("expert", layer.layer, e.expert)]],
+                    environment={
+                        "MOELAMBDA_LAYER": str(layer.layer),
+                        "MOELAMBDA_EXPERT": str(e.expert),
+                        "MOELAMBDA_METHOD": layer.method,
+                        "MOELAMBDA_BETA": str(layer.beta),
+                    },
+                    # A direct expert gets its shard inline and returns its output inline.
+                    requests=layer.method != "direct",
+                    reserved=e.replicas if options.reserve_concurrency else None,
+                )
+                experts.append(fn)
+            layer_plan = {
+                "method": layer.method,
+                "beta": layer.beta,
+                "replicas": [e.replicas for e in layer.experts],
+                "expert_functions": [fn.function_name for fn in experts],
+            }
+            gate = self._function(
+                f"Layer{ll}",
+                role="layer",
+                memory_mb=options.nonmoe_memory_mb,
+                timeout=stage_timeout,
+                weights=[keys[("layer", layer.layer, None)]],
+                environment={
+                    "MOELAMBDA_LAYER": str(layer.layer),
+                    # Function names are tokens; they resolve inside the JSON (an Fn::Join).
+                    "MOELAMBDA_LAYER_PLAN": json.dumps(layer_plan, separators=(",", ":")),
+                },
+                # A direct gate invokes its own experts, and only those.
+                invokes=experts if layer.method == "direct" else None,
+            )
+            self.experts.append(experts)
+            self.layers.append(gate)
+        self.tail = self._function(
+            "Tail",
+            role="tail",
+            memory_mb=options.nonmoe_memory_mb,
+            timeout=stage_timeout,
+            weights=[keys[("tail", None, None)]],
+            delete=True,
+            outputs=True,
+        )
+        self.cleanup = self._function(
+            "Cleanup",
+            role="cleanup",
+            memory_mb=options.cleanup_memory_mb,
+            timeout=stage_timeout,
+            weights=None,
+            requests=False,
+            delete=True,
+        )
+
+    def all(self) -> list[lambda_.DockerImageFunction]:
+        """Every function of the stack."""
+        experts = [fn for layer in self.experts for fn in layer]
+        return [self.head, *self.layers, *experts, self.tail, self.cleanup]
+
+    def _function(
+        self,
+        id_: str,
+        *,
+        role: str,
+        memory_mb: int,
+        timeout: Duration,
+        weights: list[str] | None,
+        environment: dict[str, str] | None = None,
+        requests: bool = True,
+        delete: bool = False,
+        outputs: bool = False,
+        invokes: list[lambda_.IFunction] | None = None,
+        reserved: int | None = None,
+    ) -> lambda_.DockerImageFunction:
+        prefix = self._options.weights_prefix
+        statements = self._statements(
+            weights=weights, requests=requests, delete=delete, outputs=outputs
+        )
+        if invokes:
+            arns = [fn.function_arn for fn in invokes]
+            statements.append(
+                iam.PolicyStatement(
+                    actions=["lambda:InvokeFunction"],
+                    resources=arns + [f"{arn}:*" for arn in arns],
+                )
+            )
+        # One role per function with its policy inline: two resources per function, not three
+        # (a role plus a separate policy), which keeps large plans under the 500-resource quota.
+        execution_role = iam.Role(
+            self,
+            f"{id_}Role",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            managed_policies=[
+                iam.ManagedPolicy.from_aws_managed_policy_name(
+                    "service-role/AWSLambdaBasicExecutionRole"
+                )
+            ],
+            inline_policies={"Access": iam.PolicyDocument(statements=statements)},
+        )
+        return lambda_.DockerImageFunction(
+            self,
+            id_,
+            code=lambda_.DockerImageCode.from_image_asset(
+                str(REPO_ROOT),
+                file=DOCKERFILE,
+                cmd=[handler(role)],
+                platform=self._platform,
+                exclude=_ASSET_EXCLUDE,
+                ignore_mode=IgnoreMode.DOCKER,
+            ),
+            role=execution_role,
+            architecture=self._architecture,
+            memory_size=memory_mb,
+            timeout=timeout,
+            reserved_concurrent_executions=reserved,
+            environment={
+                "MOELAMBDA_BUCKET": self._bucket.bucket_name,
+                "MOELAMBDA_WEIGHTS_PREFIX": prefix,
+                **(environment or {}),
+            },
+            description=f"moelambda {role} {id_}",
+        )
+
+    def _statements(
+        self, *, weights: list[str] | None, requests: bool, delete: bool, outputs: bool
+    ) -> list[iam.PolicyStatement]:
+        """S3 access: own weights, request intermediates, outputs; listing only where needed."""
+        prefix, bucket = self._options.weights_prefix, self._bucket
+        statements = []
+        listed = []  # prefixes this function may list
+        if weights is not None:
+            readable = [f"{prefix}manifest.json", f"{prefix}config/*"]
+            readable += [f"{prefix}{key}" for key in weights]
+            statements.append(
+                iam.PolicyStatement(
+                    actions=["s3:GetObject"],
+                    resources=[bucket.arn_for_objects(key) for key in readable],
+                )
+            )
+            listed.append(f"{prefix}config/*")  # the loader lists the config files
+        if requests or delete:
+            actions = ["s3:GetObject", "s3:PutObject"] if requests else []
+            actions += ["s3:DeleteObject"] if delete else []
+            statements.append(
+                iam.PolicyStatement(
+                    actions=actions, resources=[bucket.arn_for_objects(f"{REQUESTS_PREFIX}*")]
+                )
+            )
+            # Listing lets a missing key read as 404 (a pipelined expert polls for minibatches)
+            # and lets the tail and cleanup find the request's keys to delete.
+            listed.append(f"{REQUESTS_PREFIX}*")
+        if outputs:
+            statements.append(
+                iam.PolicyStatement(
+                    actions=["s3:PutObject"],
+                    resources=[bucket.arn_for_objects(f"{OUTPUTS_PREFIX}*")],
+                )
+            )
+        if listed:
+            statements.append(
+                iam.PolicyStatement(
+                    actions=["s3:ListBucket"],
+                    resources=[bucket.bucket_arn],
+                    conditions={"StringLike": {"s3:prefix": listed}},
+                )
+            )
+        return statements

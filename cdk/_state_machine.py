@@ -1,0 +1,216 @@
+"""The Standard state machine of the serving contract, compiled from the Plan.
+
+head -> per layer [s3: Task(gate) -> Map(ItemsPath $.shards, lambda:invoke with the FunctionName
+the shard carries)] | [pipelined: Parallel(Task(gate), Pass(static shard list) -> Map) -> Pass
+that keeps the gate's output] | [direct: Task(gate)] -> tail. Every Task retries Lambda's
+throttling and service errors with backoff; every top-level state catches States.ALL into the
+cleanup Task, which ends in a Fail carrying the original error and cause.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk import Aws, Duration
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_stepfunctions as sfn
+from aws_cdk import aws_stepfunctions_tasks as tasks
+from constructs import Construct
+
+from cdk._functions import ServingFunctions
+from planner.plan import LayerPlan, Plan
+
+__all__ = ["RETRY_ERRORS", "ServingStateMachine"]
+
+RETRY_ERRORS = [
+    "Lambda.TooManyRequestsException",
+    "Lambda.ServiceException",
+    "Lambda.AWSLambdaException",
+    "Lambda.SdkClientException",
+]
+_NULL = sfn.JsonPath.string_at("States.StringToJson('null')")
+_RETRY = {"interval_s": 1, "max_attempts": 6, "backoff_rate": 2.0}
+
+
+def _retry_json() -> dict[str, Any]:
+    return {
+        "ErrorEquals": RETRY_ERRORS,
+        "IntervalSeconds": _RETRY["interval_s"],
+        "MaxAttempts": _RETRY["max_attempts"],
+        "BackoffRate": _RETRY["backoff_rate"],
+        "JitterStrategy": "FULL",
+    }
+
+
+class ServingStateMachine(Construct):
+    """The request workflow; `state_machine` is the Step Functions resource."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        plan: Plan,
+        functions: ServingFunctions,
+        timeout: Duration | None = None,
+    ) -> None:
+        super().__init__(scope, id_)
+        self._functions = functions
+        fail = sfn.Fail(self, "Failed", cause_path="$.error.Cause", error_path="$.error.Error")
+        cleanup = self._task(
+            "Cleanup",
+            functions.cleanup,
+            {"request_id": "$.request_id", "error": "$.error"},
+            result_path=sfn.JsonPath.DISCARD,
+        )
+        cleanup.add_catch(fail, errors=[sfn.Errors.ALL], result_path="$.cleanup_error")
+        cleanup.next(fail)
+        self._cleanup = cleanup
+
+        head = self._task(
+            "Head", functions.head, {"request_id": "$.request_id", "input_key": "$.input_key"}
+        )
+        self._catch(head)
+        chain = sfn.Chain.start(head)
+        previous: dict[str, Any] | None = None
+        for layer in plan.layers:
+            chain = chain.next(self._layer(layer, previous))
+            previous = {"layer": layer.layer, "method": layer.method}
+        tail = self._task(
+            "Tail",
+            functions.tail,
+            {"request_id": "$.request_id", "hidden_key": "$.hidden_key"},
+            static={"previous": previous},
+        )
+        self._catch(tail)
+        chain = chain.next(tail)
+        self.state_machine = sfn.StateMachine(
+            self,
+            "StateMachine",
+            state_machine_type=sfn.StateMachineType.STANDARD,
+            definition_body=sfn.DefinitionBody.from_chainable(chain),
+            timeout=timeout,
+        )
+        # The Maps invoke experts by the name in each shard: one statement keeps the role small.
+        invoked = [
+            fn.function_arn
+            for layer, experts in zip(plan.layers, functions.experts, strict=True)
+            if layer.method != "direct"
+            for fn in experts
+        ]
+        if invoked:
+            self.state_machine.add_to_role_policy(
+                iam.PolicyStatement(
+                    actions=["lambda:InvokeFunction"],
+                    resources=invoked + [f"{arn}:*" for arn in invoked],
+                )
+            )
+
+    def _catch(self, state: sfn.TaskStateBase | sfn.Parallel | sfn.Map) -> None:
+        state.add_catch(self._cleanup, errors=[sfn.Errors.ALL], result_path="$.error")
+
+    def _task(
+        self,
+        name: str,
+        fn: lambda_.IFunction,
+        paths: dict[str, str],
+        *,
+        static: dict[str, Any] | None = None,
+        result_path: str | None = None,
+    ) -> tasks.LambdaInvoke:
+        payload: dict[str, Any] = {k: sfn.JsonPath.string_at(v) for k, v in paths.items()}
+        for key, value in (static or {}).items():
+            # jsii drops a None; the contract wants an explicit JSON null ("previous": null).
+            payload[key] = _NULL if value is None else value
+        task = tasks.LambdaInvoke(
+            self,
+            name,
+            lambda_function=fn,
+            payload=sfn.TaskInput.from_object(payload),
+            retry_on_service_exceptions=False,
+            result_path=result_path,
+            output_path=None if result_path else "$.Payload",
+        )
+        task.add_retry(
+            errors=RETRY_ERRORS,
+            interval=Duration.seconds(_RETRY["interval_s"]),
+            max_attempts=_RETRY["max_attempts"],
+            backoff_rate=_RETRY["backoff_rate"],
+            jitter_strategy=sfn.JitterType.FULL,
+        )
+        return task
+
+    def _invoke_shard(self, name: str) -> sfn.CustomState:
+        """lambda:invoke of the function named in the shard (FunctionName from the item)."""
+        return sfn.CustomState(
+            self,
+            name,
+            state_json={
+                "Type": "Task",
+                "Resource": f"arn:{Aws.PARTITION}:states:::lambda:invoke",
+                "Parameters": {"FunctionName.$": "$.function", "Payload.$": "$"},
+                "ResultPath": None,
+                "Retry": [_retry_json()],
+            },
+        )
+
+    def _layer(self, layer: LayerPlan, previous: dict[str, Any] | None) -> sfn.IChainable:
+        ll = f"Layer{layer.layer:02d}"
+        gate = self._task(
+            ll,
+            self._functions.layers[layer.layer],
+            {"request_id": "$.request_id", "hidden_key": "$.hidden_key"},
+            static={"previous": previous},
+        )
+        if layer.method == "direct":
+            self._catch(gate)
+            return gate
+        if layer.method == "s3":
+            self._catch(gate)
+            fan_out = sfn.Map(
+                self,
+                f"{ll}Experts",
+                items_path="$.shards",
+                result_path=sfn.JsonPath.DISCARD,
+            )
+            fan_out.item_processor(self._invoke_shard(f"{ll}Expert"))
+            self._catch(fan_out)
+            return sfn.Chain.start(gate).next(fan_out)
+        # pipelined: every (expert, replica) starts with the gate and polls for minibatches.
+        experts = self._functions.experts[layer.layer]
+        shards = [
+            {
+                "layer": layer.layer,
+                "expert": e.expert,
+                "replica": r,
+                "function": experts[e.expert].function_name,
+            }
+            for e in layer.experts
+            for r in range(e.replicas)
+        ]
+        static = sfn.Pass(
+            self,
+            f"{ll}Shards",
+            parameters={"request_id": sfn.JsonPath.string_at("$.request_id"), "shards": shards},
+        )
+        fan_out = sfn.Map(
+            self,
+            f"{ll}Experts",
+            items_path="$.shards",
+            item_selector={
+                "request_id": sfn.JsonPath.string_at("$.request_id"),
+                **{
+                    k: sfn.JsonPath.string_at(f"$$.Map.Item.Value.{k}")
+                    for k in ("layer", "expert", "replica", "function")
+                },
+            },
+            result_path=sfn.JsonPath.DISCARD,
+        )
+        fan_out.item_processor(self._invoke_shard(f"{ll}Expert"))
+        parallel = sfn.Parallel(self, f"{ll}Pipelined", result_path="$.branches")
+        parallel.branch(gate)
+        parallel.branch(sfn.Chain.start(static).next(fan_out))
+        self._catch(parallel)
+        keep = sfn.Pass(self, f"{ll}Output", input_path="$.branches[0]")
+        return sfn.Chain.start(parallel).next(keep)

@@ -1,0 +1,59 @@
+"""`MoeServingStack`: the bucket, the functions and the state machine of one Plan."""
+
+from __future__ import annotations
+
+from aws_cdk import CfnOutput, Duration, Stack
+from constructs import Construct
+
+from cdk._bucket import ServingBucket
+from cdk._functions import FunctionOptions, ServingFunctions
+from cdk._state_machine import ServingStateMachine
+from planner.plan import Plan
+
+__all__ = ["MoeServingStack"]
+
+
+class MoeServingStack(Stack):
+    """Serve the Plan's model: S3 bucket, one Lambda function per stage, a Step Functions workflow.
+
+    Args:
+        scope: The app. id_: The stack id (its default name).
+        plan: The validated Plan; memory, replicas, methods and architecture come from it.
+        options: Timeouts, concurrency reservation, weights prefix. Defaults to
+            `FunctionOptions()`.
+        workflow_timeout_s: Timeout of one state machine execution. Defaults to 1,800 s.
+        **kwargs: Passed to `Stack` (env, description, ...).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        plan: Plan,
+        options: FunctionOptions | None = None,
+        workflow_timeout_s: int = 1800,
+        **kwargs: object,
+    ) -> None:
+        methods = ", ".join(sorted({layer.method for layer in plan.layers}))
+        kwargs.setdefault(
+            "description",
+            f"moelambda: {plan.model.model} with {plan.model.experts} experts in "
+            f"{plan.model.num_layers} layers ({methods})",
+        )
+        super().__init__(scope, id_, **kwargs)  # type: ignore[arg-type]
+        options = options or FunctionOptions()
+        self.bucket = ServingBucket(self, "Storage").bucket
+        self.functions = ServingFunctions(
+            self, "Functions", plan=plan, bucket=self.bucket, options=options
+        )
+        self.workflow = ServingStateMachine(
+            self,
+            "Workflow",
+            plan=plan,
+            functions=self.functions,
+            timeout=Duration.seconds(workflow_timeout_s),
+        )
+        CfnOutput(self, "BucketName", value=self.bucket.bucket_name)
+        CfnOutput(self, "StateMachineArn", value=self.workflow.state_machine.state_machine_arn)
+        CfnOutput(self, "WeightsPrefix", value=options.weights_prefix)

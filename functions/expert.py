@@ -1,0 +1,59 @@
+"""Expert function: one expert of one layer on one shard, by the layer's transport method."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from functions import config, weights
+from functions.common import s3_client
+from pipeline import layout, transports
+
+
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    """A shard dict (s3, pipelined) or a shard dict with "payload" (direct) -> its result.
+
+    Layer and expert come from the environment, which decided the weights this container holds;
+    an event naming another layer or expert was routed to the wrong function and is refused.
+    """
+    cfg = config.current()
+    index, number, method = cfg.layer, cfg.expert, cfg.method
+    request_id = layout.validate_request_id(event.get("request_id"))
+    for name, value in (("layer", index), ("expert", number)):
+        if name in event and int(event[name]) != value:
+            raise config.ConfigError(
+                f"event for {name} {event[name]} reached the function of layer {index} "
+                f"expert {number}"
+            )
+    replica = int(event["replica"])
+    s3 = s3_client()
+    stage = weights.expert(s3, cfg.bucket, cfg.weights_prefix, index, number)
+
+    def compute(x: np.ndarray) -> np.ndarray:
+        return stage.run(torch.from_numpy(x)).numpy()
+
+    result = {"request_id": request_id, "layer": index, "expert": number, "replica": replica}
+    if method == "direct":
+        y = compute(transports.direct_decode(event["payload"]))
+        return result | {"tokens": y.shape[0], "payload": transports.direct_encode(y)}
+    if method == "s3":
+        x = transports.read_tensors(
+            s3, cfg.bucket, layout.shard_key(request_id, index, number, replica)
+        )[0]
+        key = layout.out_key(request_id, index, number, replica)
+        transports.write_tensors(s3, cfg.bucket, key, compute(x))
+        return result | {"tokens": x.shape[0], "output_key": key}
+    minibatches, tokens = transports.serve_pipelined(
+        s3,
+        cfg.bucket,
+        request_id,
+        index,
+        number,
+        replica,
+        compute,
+        poll_s=cfg.poll_s,
+        timeout_s=cfg.timeout_s,
+    )
+    return result | {"tokens": tokens, "minibatches": minibatches}

@@ -1,0 +1,97 @@
+"""Stage weights from S3, downloaded and built once per warm container.
+
+A function downloads manifest.json and config/ once (StageLoader needs them to build empty
+modules), then only its own stage's safetensors file: an expert never pays for the others.
+Built stages are kept in a module-level cache keyed by (bucket, key, ETag), so a warm
+container skips both the download and the build, and re-uploaded weights are picked up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from moe import StageLoader
+from moe._export import HEAD_KEY, TAIL_KEY, expert_key, layer_key
+from moe._stages import ExpertStage, HeadStage, LayerStage, TailStage
+from moelambda.exceptions import ModelError
+from pipeline.transports import list_keys
+
+__all__ = ["expert", "head", "layer", "loader", "tail"]
+
+T = TypeVar("T")
+_LOCK = threading.RLock()  # one build at a time: the local runner runs handlers in threads
+_LOADERS: dict[tuple[str, str, str], StageLoader] = {}
+_STAGES: dict[tuple[str, str, str], Any] = {}
+_ROOT: list[Path] = []  # the per-process cache directory, created on first use
+
+
+def _cache_dir() -> Path:
+    with _LOCK:
+        if not _ROOT:
+            _ROOT.append(Path(tempfile.mkdtemp(prefix="moelambda-weights-")))
+        return _ROOT[0]
+
+
+def _etag(s3: Any, bucket: str, key: str) -> str:
+    try:
+        return s3.head_object(Bucket=bucket, Key=key)["ETag"]
+    except s3.exceptions.ClientError as err:
+        if err.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
+            raise
+        raise ModelError(
+            f"the weights object s3://{bucket}/{key} is missing.",
+            "upload the model export under the weights prefix (see the README's deploy section).",
+        ) from err
+
+
+def _download(s3: Any, bucket: str, key: str, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".part")
+    s3.download_file(bucket, key, str(partial))
+    partial.replace(path)
+
+
+def loader(s3: Any, bucket: str, prefix: str) -> StageLoader:
+    """A StageLoader on a local copy of the manifest and config of the export under `prefix`."""
+    manifest_key = prefix + "manifest.json"
+    cache_key = (bucket, prefix, _etag(s3, bucket, manifest_key))
+    with _LOCK:
+        if cache_key not in _LOADERS:
+            digest = hashlib.sha256("\0".join(cache_key).encode()).hexdigest()[:16]
+            root = _cache_dir() / digest
+            _download(s3, bucket, manifest_key, root / "manifest.json")
+            for key in list_keys(s3, bucket, prefix + "config/"):
+                _download(s3, bucket, key, root / key[len(prefix) :])
+            _LOADERS[cache_key] = StageLoader(root)
+        return _LOADERS[cache_key]
+
+
+def _stage(s3: Any, bucket: str, prefix: str, key: str, build: Callable[[StageLoader], T]) -> T:
+    cache_key = (bucket, prefix + key, _etag(s3, bucket, prefix + key))
+    with _LOCK:
+        if cache_key not in _STAGES:
+            stages = loader(s3, bucket, prefix)
+            _download(s3, bucket, prefix + key, stages.root / key)
+            _STAGES[cache_key] = build(stages)
+        return _STAGES[cache_key]
+
+
+def head(s3: Any, bucket: str, prefix: str) -> HeadStage:
+    return _stage(s3, bucket, prefix, HEAD_KEY, lambda s: s.head())
+
+
+def layer(s3: Any, bucket: str, prefix: str, index: int) -> LayerStage:
+    return _stage(s3, bucket, prefix, layer_key(index), lambda s: s.layer(index))
+
+
+def expert(s3: Any, bucket: str, prefix: str, index: int, number: int) -> ExpertStage:
+    return _stage(s3, bucket, prefix, expert_key(index, number), lambda s: s.expert(index, number))
+
+
+def tail(s3: Any, bucket: str, prefix: str) -> TailStage:
+    return _stage(s3, bucket, prefix, TAIL_KEY, lambda s: s.tail())

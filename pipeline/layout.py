@@ -1,0 +1,115 @@
+"""The S3 key scheme of a request's intermediates and output.
+
+Every key is derived from the request id, so the gate, the experts and the gatherer agree on
+where a shard lives without passing keys around, and concurrent requests never share a key.
+The id is validated before it is ever put into a key: it is chosen by the caller.
+"""
+
+from __future__ import annotations
+
+import re
+
+from moelambda.exceptions import UsageError
+
+__all__ = [
+    "done_key",
+    "head_key",
+    "input_key",
+    "minibatch_prefix",
+    "minibatch_key",
+    "out_key",
+    "out_minibatch_key",
+    "out_prefix",
+    "output_key",
+    "parse_out_key",
+    "request_prefix",
+    "residual_key",
+    "routing_key",
+    "shard_key",
+    "validate_request_id",
+]
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9-]{1,64}")
+_OUT = re.compile(r"(\d{2})/(\d{2})(?:\.bin|/(\d{4})\.bin)")
+
+
+def validate_request_id(request_id: object) -> str:
+    """The id if it is 1-64 letters, digits or dashes; anything else could escape its prefix."""
+    if not isinstance(request_id, str) or not _REQUEST_ID.fullmatch(request_id):
+        raise UsageError(
+            f"invalid request id {request_id!r}",
+            "use 1 to 64 characters from A-Z, a-z, 0-9 and '-'.",
+        )
+    return request_id
+
+
+def request_prefix(request_id: str) -> str:
+    return f"requests/{validate_request_id(request_id)}/"
+
+
+def input_key(request_id: str) -> str:
+    return request_prefix(request_id) + "input.bin"
+
+
+def head_key(request_id: str) -> str:
+    return request_prefix(request_id) + "head.bin"
+
+
+def _layer(request_id: str, layer: int) -> str:
+    return f"{request_prefix(request_id)}{layer:02d}/"
+
+
+def residual_key(request_id: str, layer: int) -> str:
+    return _layer(request_id, layer) + "residual.bin"
+
+
+def routing_key(request_id: str, layer: int) -> str:
+    return _layer(request_id, layer) + "routing.bin"
+
+
+def _shard(request_id: str, layer: int, side: str, expert: int, replica: int) -> str:
+    return f"{_layer(request_id, layer)}{side}/{expert:02d}/{replica:02d}"
+
+
+def shard_key(request_id: str, layer: int, expert: int, replica: int) -> str:
+    return _shard(request_id, layer, "in", expert, replica) + ".bin"
+
+
+def minibatch_prefix(request_id: str, layer: int, expert: int, replica: int) -> str:
+    """Where a pipelined shard's minibatches and done.bin go."""
+    return _shard(request_id, layer, "in", expert, replica) + "/"
+
+
+def minibatch_key(request_id: str, layer: int, expert: int, replica: int, minibatch: int) -> str:
+    return f"{minibatch_prefix(request_id, layer, expert, replica)}{minibatch:04d}.bin"
+
+
+def done_key(request_id: str, layer: int, expert: int, replica: int) -> str:
+    return minibatch_prefix(request_id, layer, expert, replica) + "done.bin"
+
+
+def out_prefix(request_id: str, layer: int) -> str:
+    return _layer(request_id, layer) + "out/"
+
+
+def out_key(request_id: str, layer: int, expert: int, replica: int) -> str:
+    return _shard(request_id, layer, "out", expert, replica) + ".bin"
+
+
+def out_minibatch_key(
+    request_id: str, layer: int, expert: int, replica: int, minibatch: int
+) -> str:
+    return f"{_shard(request_id, layer, 'out', expert, replica)}/{minibatch:04d}.bin"
+
+
+def parse_out_key(prefix: str, key: str) -> tuple[int, int, int | None]:
+    """(expert, replica, minibatch or None) of an output key listed under `out_prefix`."""
+    match = _OUT.fullmatch(key[len(prefix) :]) if key.startswith(prefix) else None
+    if match is None:
+        raise ValueError(f"'{key}' is not an expert output key under '{prefix}'")
+    minibatch = None if match[3] is None else int(match[3])
+    return int(match[1]), int(match[2]), minibatch
+
+
+def output_key(request_id: str) -> str:
+    return f"outputs/{validate_request_id(request_id)}.bin"

@@ -1,0 +1,362 @@
+"""Scatter-gather between a layer's gate and its experts: direct, s3 and pipelined s3.
+
+The gate splits the tokens routed to each expert among that expert's replicas (the contract's
+deterministic split) and ships the rows; the experts compute and write their outputs back; the
+next stage gathers them. Only the gate knows the plan's replica counts, so the gatherer finds
+the outputs by listing the layer's `out/` prefix and checks every expert's rows against the
+routing the gate stored: a missing or extra output is an error, never a silently wrong sum.
+
+Nothing here decides sizes or talks to Lambda: the method, β, replicas and the function that
+invokes an expert are all given by the caller.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from moe import gather_shards, routing_shards
+from moelambda.exceptions import MoelambdaError
+from pipeline import layout
+from pipeline.tensorio import decode, encode
+
+__all__ = [
+    "DIRECT_LIMIT_BYTES",
+    "METHODS",
+    "ShardRows",
+    "TransportError",
+    "call_direct",
+    "delete_request",
+    "direct_decode",
+    "direct_encode",
+    "gather",
+    "get_object",
+    "list_keys",
+    "put_object",
+    "read_tensors",
+    "scatter_pipelined",
+    "scatter_s3",
+    "serve_pipelined",
+    "split_shards",
+    "write_tensors",
+]
+
+METHODS = ("s3", "pipelined", "direct")
+DIRECT_LIMIT_BYTES = 6 * 1024 * 1024  # Lambda's synchronous invocation payload limit
+_WORKERS = 16
+Invoke = Callable[[str, dict[str, Any]], dict[str, Any]]
+
+
+class TransportError(MoelambdaError):
+    """A shard cannot be shipped (oversized inline payload) or its outputs are inconsistent."""
+
+
+@dataclass(frozen=True)
+class ShardRows:
+    """Replica `replica` of expert `expert`: positions of its rows in the layer's (N, h) input."""
+
+    expert: int
+    replica: int
+    tokens: np.ndarray  # int64 (n,), ascending token order
+
+    def describe(self, request_id: str, layer: int, function: str) -> dict[str, Any]:
+        """The shard dict of the contract, less the input key (a direct shard has none)."""
+        return {
+            "request_id": request_id,
+            "layer": layer,
+            "expert": self.expert,
+            "replica": self.replica,
+            "tokens": int(self.tokens.size),
+            "function": function,
+        }
+
+
+def split_shards(experts: torch.Tensor, replicas: list[int]) -> list[ShardRows]:
+    """Every (expert, replica) pair, empty ones included, in (expert, replica) order, with rows.
+
+    Rows of expert e are its (token, slot) pairs in ascending token order; replica r takes the
+    r-th of R near-equal contiguous chunks: the split the gatherer undoes by concatenating.
+    """
+    unused_weights = torch.zeros(experts.shape)  # routing_shards splits weights too; not needed
+    shards = []
+    for expert, (tokens, _) in enumerate(routing_shards(experts, unused_weights, len(replicas))):
+        chunks = np.array_split(tokens.numpy().astype(np.int64), replicas[expert])
+        shards += [ShardRows(expert, r, chunk) for r, chunk in enumerate(chunks)]
+    return shards
+
+
+def get_object(s3: Any, bucket: str, key: str) -> bytes | None:
+    """The object's bytes, or None if there is no such key (the pipelined poll needs to know)."""
+    try:
+        return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    except s3.exceptions.NoSuchKey:
+        return None
+
+
+def read_tensors(s3: Any, bucket: str, key: str) -> list[np.ndarray]:
+    """The tensors of an object that must exist: an earlier stage wrote it."""
+    data = get_object(s3, bucket, key)
+    if data is None:
+        raise TransportError(
+            f"s3://{bucket}/{key} is missing",
+            "the stage that writes it failed or the request was cleaned up; rerun the request.",
+        )
+    return decode(data)
+
+
+def put_object(s3: Any, bucket: str, key: str, data: bytes) -> None:
+    s3.put_object(Bucket=bucket, Key=key, Body=data)
+
+
+def write_tensors(s3: Any, bucket: str, key: str, *arrays: np.ndarray) -> None:
+    put_object(s3, bucket, key, encode(*arrays))
+
+
+def _rows(ffn_in: np.ndarray, shard: ShardRows) -> np.ndarray:
+    return np.ascontiguousarray(ffn_in[shard.tokens], dtype=np.float32)
+
+
+def scatter_s3(
+    s3: Any, bucket: str, request_id: str, layer: int, ffn_in: np.ndarray, shards: list[ShardRows]
+) -> None:
+    """One object per non-empty shard, at `layout.shard_key`."""
+
+    def upload(s: ShardRows) -> None:
+        key = layout.shard_key(request_id, layer, s.expert, s.replica)
+        put_object(s3, bucket, key, encode(_rows(ffn_in, s)))
+
+    with ThreadPoolExecutor(_WORKERS) as pool:
+        list(pool.map(upload, [s for s in shards if s.tokens.size]))
+
+
+def scatter_pipelined(
+    s3: Any,
+    bucket: str,
+    request_id: str,
+    layer: int,
+    ffn_in: np.ndarray,
+    shards: list[ShardRows],
+    beta: int,
+) -> None:
+    """Upload minibatch 0 of every shard, then minibatch 1, ...; done.bin once a shard is complete.
+
+    Wave order lets every expert start on its first β rows as early as possible; done.bin is
+    written only after the shard's last minibatch has landed, so an expert that sees it knows
+    every minibatch it announces is readable.
+    """
+    counts = {(s.expert, s.replica): -(-s.tokens.size // beta) for s in shards}
+
+    def done(s: ShardRows) -> None:
+        marker = np.array([counts[s.expert, s.replica], s.tokens.size], dtype=np.int64)
+        put_object(
+            s3, bucket, layout.done_key(request_id, layer, s.expert, s.replica), encode(marker)
+        )
+
+    def upload(item: tuple[ShardRows, int]) -> None:
+        s, m = item
+        rows = _rows(ffn_in, s)[m * beta : (m + 1) * beta]
+        key = layout.minibatch_key(request_id, layer, s.expert, s.replica, m)
+        put_object(s3, bucket, key, encode(rows))
+
+    with ThreadPoolExecutor(_WORKERS) as pool:
+        list(pool.map(done, [s for s in shards if not s.tokens.size]))
+        for m in range(max(counts.values(), default=0)):
+            list(pool.map(upload, [(s, m) for s in shards if counts[s.expert, s.replica] > m]))
+            list(pool.map(done, [s for s in shards if counts[s.expert, s.replica] == m + 1]))
+
+
+def direct_encode(rows: np.ndarray) -> str:
+    return base64.b64encode(encode(rows)).decode("ascii")
+
+
+def direct_decode(payload: str) -> np.ndarray:
+    return decode(base64.b64decode(payload))[0]
+
+
+def call_direct(
+    s3: Any,
+    bucket: str,
+    request_id: str,
+    layer: int,
+    ffn_in: np.ndarray,
+    shards: list[ShardRows],
+    functions: list[str],
+    invoke: Invoke,
+    limit: int = DIRECT_LIMIT_BYTES,
+) -> None:
+    """Invoke each non-empty shard's expert with its rows inline and store what comes back.
+
+    Every payload is built and checked against `limit` before anything is invoked, so an
+    oversized shard fails the request without paying for the other experts.
+    """
+    calls = []
+    for s in shards:
+        if not s.tokens.size:
+            continue
+        event = s.describe(request_id, layer, functions[s.expert])
+        event["payload"] = direct_encode(_rows(ffn_in, s))
+        size = len(json.dumps(event))
+        if size > limit:
+            raise TransportError(
+                f"layer {layer} expert {s.expert} replica {s.replica}: the inline payload of "
+                f"{s.tokens.size} tokens is {size} bytes, above the direct limit of {limit} bytes",
+                "plan this layer with method 's3' or 'pipelined', or give the expert more "
+                "replicas.",
+            )
+        calls.append((s, event))
+
+    def call(item: tuple[ShardRows, dict]) -> None:
+        s, event = item
+        rows = direct_decode(invoke(functions[s.expert], event)["payload"])
+        if rows.shape[0] != s.tokens.size:
+            raise TransportError(
+                f"layer {layer} expert {s.expert} replica {s.replica} returned {rows.shape[0]} "
+                f"rows for {s.tokens.size} tokens"
+            )
+        key = layout.out_key(request_id, layer, s.expert, s.replica)
+        put_object(s3, bucket, key, encode(rows))
+
+    with ThreadPoolExecutor(_WORKERS) as pool:
+        list(pool.map(call, calls))
+
+
+def _minibatches(
+    s3: Any,
+    bucket: str,
+    request_id: str,
+    layer: int,
+    expert: int,
+    replica: int,
+    poll_s: float,
+    timeout_s: float,
+) -> Iterator[np.ndarray]:
+    """Yield minibatches 0, 1, ... as the gate uploads them, until done.bin says that was all.
+
+    Every poll costs GET requests, and an expert started alongside its gate waits the whole gate
+    compute for minibatch 0: the wait doubles from `poll_s` up to 4 x `poll_s` while nothing
+    arrives, and drops back to `poll_s` once minibatches flow.
+    """
+    done_key = layout.done_key(request_id, layer, expert, replica)
+    m = misses = 0
+    deadline = time.monotonic() + timeout_s
+    while True:
+        key = layout.minibatch_key(request_id, layer, expert, replica, m)
+        data = get_object(s3, bucket, key)
+        if data is not None:
+            yield decode(data)[0]
+            m += 1
+            misses = 0
+            deadline = time.monotonic() + timeout_s
+            continue
+        marker = get_object(s3, bucket, done_key)
+        if marker is not None:
+            count = int(decode(marker)[0][0])
+            if m >= count:
+                return
+            if get_object(s3, bucket, key) is None:  # done.bin is written after every minibatch
+                raise TransportError(
+                    f"done.bin announces {count} minibatches but {key} is missing"
+                )
+            continue
+        if time.monotonic() > deadline:
+            raise TransportError(
+                f"no minibatch at {key} and no {done_key} after {timeout_s:g} s",
+                "check that the layer function of this request ran; raise "
+                "MOELAMBDA_PIPELINE_TIMEOUT_S if it is slow.",
+            )
+        time.sleep(poll_s * 2 ** min(misses, 2))
+        misses += 1
+
+
+def serve_pipelined(
+    s3: Any,
+    bucket: str,
+    request_id: str,
+    layer: int,
+    expert: int,
+    replica: int,
+    compute: Callable[[np.ndarray], np.ndarray],
+    *,
+    poll_s: float,
+    timeout_s: float,
+) -> tuple[int, int]:
+    """Compute each minibatch as it appears; returns (minibatches, tokens).
+
+    The upload of minibatch m runs on a background thread while m+1 is downloaded and computed.
+    """
+    minibatches = tokens = 0
+    with ThreadPoolExecutor(1) as uploads:
+        pending = []
+        for x in _minibatches(s3, bucket, request_id, layer, expert, replica, poll_s, timeout_s):
+            key = layout.out_minibatch_key(request_id, layer, expert, replica, minibatches)
+            pending.append(uploads.submit(put_object, s3, bucket, key, encode(compute(x))))
+            minibatches += 1
+            tokens += x.shape[0]
+        for future in pending:
+            future.result()
+    return minibatches, tokens
+
+
+def list_keys(s3: Any, bucket: str, prefix: str) -> list[str]:
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return [obj["Key"] for page in pages for obj in page.get("Contents", [])]
+
+
+def gather(
+    s3: Any, bucket: str, request_id: str, layer: int, method: str, num_experts: int, hidden: int
+) -> torch.Tensor:
+    """The weighted sum of layer `layer`'s expert outputs at each token: (N, hidden).
+
+    Outputs are concatenated per expert in (replica, minibatch) order, which restores the
+    gate's row order, then handed to `gather_shards` with the stored routing.
+    """
+    experts, weights = read_tensors(s3, bucket, layout.routing_key(request_id, layer))
+    prefix = layout.out_prefix(request_id, layer)
+    found: dict[int, list[tuple[tuple[int, int], str]]] = defaultdict(list)
+    for key in list_keys(s3, bucket, prefix):
+        expert, replica, minibatch = layout.parse_out_key(prefix, key)
+        if (minibatch is not None) != (method == "pipelined") or expert >= num_experts:
+            raise TransportError(f"unexpected output {key} for method '{method}' of layer {layer}")
+        found[expert].append(((replica, minibatch or 0), key))
+    keys = [key for pieces in found.values() for _, key in pieces]
+    with ThreadPoolExecutor(_WORKERS) as pool:
+        arrays = dict(
+            zip(keys, pool.map(lambda k: read_tensors(s3, bucket, k)[0], keys), strict=True)
+        )
+    parts = []
+    routed = routing_shards(torch.from_numpy(experts), torch.from_numpy(weights), num_experts)
+    for expert, (tokens, w) in enumerate(routed):
+        pieces = [arrays[key] for _, key in sorted(found[expert])]
+        y = np.concatenate(pieces) if pieces else np.zeros((0, hidden), np.float32)
+        if y.shape[0] != tokens.numel():
+            raise TransportError(
+                f"layer {layer} expert {expert}: its outputs hold {y.shape[0]} rows but the gate "
+                f"routed {tokens.numel()} tokens to it",
+                "an expert invocation failed or is still running; rerun the request.",
+            )
+        parts.append((tokens, w, torch.from_numpy(y)))
+    return gather_shards(experts.shape[0], hidden, parts)
+
+
+def delete_request(s3: Any, bucket: str, request_id: str) -> int:
+    """Delete every intermediate of a request, 1000 keys per call (the S3 maximum); the count."""
+    keys = list_keys(s3, bucket, layout.request_prefix(request_id))
+    for start in range(0, len(keys), 1000):
+        batch = [{"Key": key} for key in keys[start : start + 1000]]
+        response = s3.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
+        if response.get("Errors"):
+            first = response["Errors"][0]
+            raise TransportError(
+                f"could not delete {len(response['Errors'])} objects of request {request_id}, "
+                f"e.g. {first.get('Key')}: {first.get('Message')}"
+            )
+    return len(keys)

@@ -1,0 +1,521 @@
+"""The serving stack of a small Plan: bucket, functions, IAM, the state machine, cfn-lint.
+
+One synthesis per module (it takes seconds), through `moelambda synth --json`, so the CLI, the
+CDK app and cfn-lint are exercised together; the tests read the template it wrote.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from moe import expert_key, layer_key
+from moelambda.cli import app
+from planner import Plan, load_calibration
+
+runner = CliRunner()
+METHODS = ("s3", "pipelined", "direct")
+EXPERTS = 3
+REPLICAS = [[2, 1, 1], [1, 3, 1], [1, 1, 2]]  # replicas > 1 in every method
+MEMORY = [[768, 1024, 1536], [2048, 768, 1024], [1024, 1769, 768]]
+
+
+def small_plan(methods: tuple[str, ...] = METHODS, arch: str = "x86_64") -> Plan:
+    """A deployable plan of a 3-expert model with one layer per method."""
+    layers = len(methods)
+    stages = [{"role": "head", "key": "head.safetensors", "bytes": 1000}]
+    for layer in range(layers):
+        stages.append({"role": "layer", "layer": layer, "key": layer_key(layer), "bytes": 500})
+        stages += [
+            {
+                "role": "expert",
+                "layer": layer,
+                "expert": e,
+                "key": expert_key(layer, e),
+                "bytes": 9,
+            }
+            for e in range(EXPERTS)
+        ]
+    stages.append({"role": "tail", "key": "tail.safetensors", "bytes": 100})
+    return Plan.model_validate(
+        {
+            "solver": "test",
+            "optimal": True,
+            "arch": arch,
+            "direct_payload_bytes": 262144,
+            "counts_source": {"test": True},
+            "model": {
+                "model": "tiny",
+                "model_type": "bert",
+                "moefied": True,
+                "seed": 0,
+                "num_layers": layers,
+                "experts": EXPERTS,
+                "top_k": 2,
+                "hidden_size": 8,
+                "token_bytes_in": 32,
+                "token_bytes_out": 32,
+                "stages": stages,
+            },
+            "calibration": load_calibration().model_dump(mode="json", exclude={"provenance"}),
+            "layers": [
+                {
+                    "layer": layer,
+                    "method": method,
+                    "beta": 16 if method == "pipelined" else 1,
+                    "latency_s": 0.1,
+                    "cost_usd": 1e-6,
+                    "experts": [
+                        {
+                            "expert": e,
+                            "memory_mb": MEMORY[layer][e],
+                            "replicas": REPLICAS[layer][e],
+                            "tokens": 40.0,
+                            "time_s": 0.01,
+                            "cost_usd": 1e-7,
+                        }
+                        for e in range(EXPERTS)
+                    ],
+                }
+                for layer, method in enumerate(methods)
+            ],
+            "totals": {"tokens": 64, "moe_cost_usd": 1e-6, "bill_usd": {}, "latency_s": 1.0},
+        }
+    )
+
+
+def _synth(tmp: Path, plan: Plan, *extra: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    path = plan.save(tmp / "plan.json")
+    result = runner.invoke(
+        app, ["synth", "--plan", str(path), "--out", str(tmp / "cdk.out"), "--json", *extra]
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    return summary, json.loads(Path(summary["template"]).read_text())
+
+
+@pytest.fixture(scope="module")
+def synthesised(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict, Plan]:
+    plan = small_plan()
+    summary, template = _synth(tmp_path_factory.mktemp("synth"), plan)
+    return summary, template, plan
+
+
+@pytest.fixture(scope="module")
+def template(synthesised: tuple[dict[str, Any], dict, Plan]) -> dict[str, Any]:
+    return synthesised[1]
+
+
+def _resources(template: dict[str, Any], kind: str) -> dict[str, dict[str, Any]]:
+    return {k: r for k, r in template["Resources"].items() if r["Type"] == kind}
+
+
+def _render(value: Any) -> Any:
+    """A CloudFormation value with every intrinsic replaced by a readable placeholder string."""
+    if isinstance(value, dict) and len(value) == 1:
+        ((fn, arg),) = value.items()
+        if fn == "Fn::Join":
+            return arg[0].join(str(_render(part)) for part in arg[1])
+        if fn == "Ref":
+            return f"<Ref:{arg}>"
+        if fn == "Fn::GetAtt":
+            return f"<{'.'.join(arg)}>"
+    if isinstance(value, dict):
+        return {k: _render(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_render(v) for v in value]
+    return value
+
+
+_PSEUDO = {"AWS::Partition": "aws", "AWS::Region": "us-east-1", "AWS::AccountId": "123456789012"}
+
+
+def _concrete(value: Any) -> Any:
+    """Like `_render`, with values as deployed: Refs as names, Arn attributes as Lambda ARNs."""
+    if isinstance(value, dict) and len(value) == 1:
+        ((fn, arg),) = value.items()
+        if fn == "Fn::Join":
+            return arg[0].join(str(_concrete(part)) for part in arg[1])
+        if fn == "Ref":
+            return _PSEUDO.get(arg, f"fn-{arg}")
+        if fn == "Fn::GetAtt":
+            return f"arn:aws:lambda:us-east-1:123456789012:function:fn-{arg[0]}"
+    if isinstance(value, dict):
+        return {k: _concrete(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_concrete(v) for v in value]
+    return value
+
+
+def _functions(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Lambda functions by their construct path's last part (Head, Layer00Expert01, ...)."""
+    found = {}
+    for logical, res in _resources(template, "AWS::Lambda::Function").items():
+        name = res["Properties"]["Description"].split()[-1]
+        found[name] = res | {"LogicalId": logical}
+    return found
+
+
+def _definition(template: dict[str, Any]) -> dict[str, Any]:
+    (machine,) = _resources(template, "AWS::StepFunctions::StateMachine").values()
+    return json.loads(_render(machine["Properties"]["DefinitionString"]))
+
+
+def _policies(template: dict[str, Any], function: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every statement of the inline policies attached to a function's role."""
+    role = function["Properties"]["Role"]["Fn::GetAtt"][0]
+    statements = []
+    for policy in template["Resources"][role]["Properties"].get("Policies", []):
+        statements += policy["PolicyDocument"]["Statement"]
+    for res in _resources(template, "AWS::IAM::Policy").values():
+        if {"Ref": role} in res["Properties"]["Roles"]:
+            statements += res["Properties"]["PolicyDocument"]["Statement"]
+    return [_render(s) for s in statements]
+
+
+def test_synth_summary_and_cfn_lint(synthesised: tuple[dict[str, Any], dict, Plan]) -> None:
+    summary, template, _ = synthesised
+    assert summary["functions"] == 3 * EXPERTS + 3 + 3  # experts, gates, head+tail+cleanup
+    assert summary["resources"] == len(template["Resources"])
+    assert summary["within_limits"]
+    # Two resources per function (role with its policy inline, function) plus bucket, bucket
+    # policy, state machine, its role and policy (and an overflow policy for long ARN lists):
+    # 12 layers x 16 experts stay under CloudFormation's 500 resources.
+    assert summary["resources"] <= 2 * summary["functions"] + 6
+    assert summary["resource_types"]["AWS::IAM::Policy"] == 1  # the state machine's only
+    lint = summary["cfn_lint"]
+    assert lint["ok"] and lint["errors"] == 0, lint["error_messages"]
+
+
+def test_bucket_is_private_encrypted_tls_only_and_expires_requests(
+    template: dict[str, Any],
+) -> None:
+    from aws_cdk.assertions import Match, Template
+
+    t = Template.from_json(template)
+    t.resource_count_is("AWS::S3::Bucket", 1)
+    t.has_resource(
+        "AWS::S3::Bucket",
+        {
+            "DeletionPolicy": "Retain",
+            "Properties": Match.object_like(
+                {
+                    "BucketEncryption": {
+                        "ServerSideEncryptionConfiguration": [
+                            {"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}
+                        ]
+                    },
+                    "PublicAccessBlockConfiguration": {
+                        "BlockPublicAcls": True,
+                        "BlockPublicPolicy": True,
+                        "IgnorePublicAcls": True,
+                        "RestrictPublicBuckets": True,
+                    },
+                    "LifecycleConfiguration": {
+                        "Rules": [
+                            Match.object_like(
+                                {"Prefix": "requests/", "ExpirationInDays": 1, "Status": "Enabled"}
+                            )
+                        ]
+                    },
+                }
+            ),
+        },
+    )
+    t.has_resource_properties(
+        "AWS::S3::BucketPolicy",
+        {
+            "PolicyDocument": {
+                "Statement": Match.array_with(
+                    [
+                        Match.object_like(
+                            {
+                                "Effect": "Deny",
+                                "Action": "s3:*",
+                                "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+                            }
+                        )
+                    ]
+                )
+            }
+        },
+    )
+
+
+def test_one_function_per_expert_and_stage_with_the_plans_memory(
+    synthesised: tuple[dict[str, Any], dict, Plan],
+) -> None:
+    _, template, plan = synthesised
+    functions = _functions(template)
+    names = {"Head", "Tail", "Cleanup"} | {f"Layer{la.layer:02d}" for la in plan.layers}
+    names |= {f"Layer{la.layer:02d}Expert{e.expert:02d}" for la in plan.layers for e in la.experts}
+    assert set(functions) == names
+    for layer in plan.layers:
+        for e in layer.experts:
+            props = functions[f"Layer{layer.layer:02d}Expert{e.expert:02d}"]["Properties"]
+            assert props["MemorySize"] == e.memory_mb
+            assert props["Timeout"] == 300
+            assert props["ReservedConcurrentExecutions"] >= e.replicas
+            assert props["Architectures"] == ["x86_64"]
+            assert props["PackageType"] == "Image"
+            assert props["ImageConfig"]["Command"] == ["functions.expert.handler"]
+            env = _render(props["Environment"]["Variables"])
+            assert env["MOELAMBDA_LAYER"] == str(layer.layer)
+            assert env["MOELAMBDA_EXPERT"] == str(e.expert)
+            assert env["MOELAMBDA_METHOD"] == layer.method
+            assert env["MOELAMBDA_BETA"] == str(layer.beta)
+            assert env["MOELAMBDA_WEIGHTS_PREFIX"] == "weights/"
+            assert env["MOELAMBDA_BUCKET"].startswith("<Ref:")
+    for role in ("Head", "Tail", "Cleanup"):
+        command = functions[role]["Properties"]["ImageConfig"]["Command"]
+        assert command == [f"functions.{role.lower()}.handler"]
+
+
+def test_layer_functions_get_their_layer_plan(
+    synthesised: tuple[dict[str, Any], dict, Plan],
+) -> None:
+    _, template, plan = synthesised
+    functions = _functions(template)
+    for layer in plan.layers:
+        ll = f"Layer{layer.layer:02d}"
+        props = functions[ll]["Properties"]
+        assert props["ImageConfig"]["Command"] == ["functions.layer.handler"]
+        env = _render(props["Environment"]["Variables"])
+        assert env["MOELAMBDA_LAYER"] == str(layer.layer)
+        layer_plan = json.loads(env["MOELAMBDA_LAYER_PLAN"])
+        assert layer_plan == {
+            "method": layer.method,
+            "beta": layer.beta,
+            "replicas": [e.replicas for e in layer.experts],
+            "expert_functions": [
+                f"<Ref:{functions[f'{ll}Expert{e:02d}']['LogicalId']}>" for e in range(EXPERTS)
+            ],
+        }
+
+
+def test_state_machine_chains_head_layers_tail_by_method(
+    synthesised: tuple[dict[str, Any], dict, Plan],
+) -> None:
+    _, template, plan = synthesised
+    functions = _functions(template)
+    states = _definition(template)["States"]
+    assert _definition(template)["StartAt"] == "Head"
+    # Walk the main chain.
+    order, name = [], "Head"
+    while True:
+        order.append(name)
+        if states[name].get("End"):
+            break
+        name = states[name]["Next"]
+    assert order == [
+        "Head",
+        "Layer00",
+        "Layer00Experts",
+        "Layer01Pipelined",
+        "Layer01Output",
+        "Layer02",
+        "Tail",
+    ]
+    # jsii cannot pass a JSON null; the intrinsic evaluates to one at run time.
+    assert (
+        states["Layer00"]["Parameters"]["Payload"]["previous.$"] == "States.StringToJson('null')"
+    )
+    assert states["Layer01Pipelined"]["Branches"][0]["States"]["Layer01"]["Parameters"]["Payload"][
+        "previous"
+    ] == {"layer": 0, "method": "s3"}
+    assert states["Tail"]["Parameters"]["Payload"]["previous"] == {"layer": 2, "method": "direct"}
+    # s3: a Map over the gate's shards, invoking the function each shard names.
+    fan_out = states["Layer00Experts"]
+    assert fan_out["Type"] == "Map" and fan_out["ItemsPath"] == "$.shards"
+    inner = fan_out["ItemProcessor"]["States"]["Layer00Expert"]
+    assert inner["Resource"].endswith(":states:::lambda:invoke")
+    assert inner["Parameters"] == {"FunctionName.$": "$.function", "Payload.$": "$"}
+    # pipelined: a Parallel of the gate and a Map over every (expert, replica).
+    parallel = states["Layer01Pipelined"]
+    assert parallel["Type"] == "Parallel" and len(parallel["Branches"]) == 2
+    assert parallel["Branches"][0]["StartAt"] == "Layer01"
+    shards = parallel["Branches"][1]["States"]["Layer01Shards"]["Parameters"]["shards"]
+    expected = [
+        {
+            "layer": 1,
+            "expert": e,
+            "replica": r,
+            "function": f"<Ref:{functions[f'Layer01Expert{e:02d}']['LogicalId']}>",
+        }
+        for e in range(EXPERTS)
+        for r in range(REPLICAS[1][e])
+    ]
+    assert shards == expected
+    assert parallel["Branches"][1]["States"]["Layer01Experts"]["Type"] == "Map"
+    assert states["Layer01Output"] == {
+        "Type": "Pass",
+        "InputPath": "$.branches[0]",
+        "Next": "Layer02",
+    }
+    # direct: only the gate, which invokes the experts itself.
+    assert states["Layer02"]["Type"] == "Task"
+    assert not any(s["Type"] == "Map" and "02" in n for n, s in states.items())
+
+
+def test_every_task_retries_and_every_stage_catches_into_cleanup(template: dict) -> None:
+    states = _definition(template)["States"]
+
+    def tasks(states: dict[str, Any]):  # type: ignore[no-untyped-def]
+        for name, state in states.items():
+            if state["Type"] == "Task":
+                yield name, state
+            for branch in state.get("Branches", []) + [state.get("ItemProcessor", {})]:
+                yield from tasks(branch.get("States", {}))
+
+    found = dict(tasks(states))
+    assert len(found) == 1 + 3 + 2 + 1 + 1  # head, gates, Map invokes, tail, cleanup
+    for name, task in found.items():
+        errors = {e for retry in task["Retry"] for e in retry["ErrorEquals"]}
+        assert {"Lambda.TooManyRequestsException", "Lambda.ServiceException"} <= errors, name
+        assert all(r["BackoffRate"] > 1 for r in task["Retry"]), name
+    for name in ("Head", "Layer00", "Layer00Experts", "Layer01Pipelined", "Layer02", "Tail"):
+        (catch,) = states[name]["Catch"]
+        assert catch["ErrorEquals"] == ["States.ALL"] and catch["Next"] == "Cleanup", name
+    assert states["Cleanup"]["Next"] == "Failed"
+    assert states["Failed"] == {
+        "Type": "Fail",
+        "ErrorPath": "$.error.Error",
+        "CausePath": "$.error.Cause",
+    }
+    (machine,) = _resources(template, "AWS::StepFunctions::StateMachine").values()
+    assert machine["Properties"].get("StateMachineType", "STANDARD") == "STANDARD"
+
+
+def _actions(statement: dict[str, Any]) -> list[str]:
+    action = statement["Action"]
+    return [action] if isinstance(action, str) else action
+
+
+def _listed(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def test_least_privilege(synthesised: tuple[dict[str, Any], dict, Plan]) -> None:
+    _, template, plan = synthesised
+    functions = _functions(template)
+    bucket = next(iter(_resources(template, "AWS::S3::Bucket")))
+    for name, fn in functions.items():
+        statements = _policies(template, fn)
+        for s in statements:
+            assert not any(a in ("s3:*", "*", "lambda:*") for a in _actions(s)), (name, s)
+        reads = [
+            r.split("/", 1)[1]
+            for s in statements
+            if "s3:GetObject" in _actions(s)
+            for r in _listed(s["Resource"])
+            if r.startswith(f"<{bucket}.Arn>/")
+        ]
+        weights = {r for r in reads if r.startswith("weights/")}
+        if name.startswith("Layer") and "Expert" in name:
+            layer, expert = int(name[5:7]), int(name[-2:])
+            own = expert_key(layer, expert)
+        elif name.startswith("Layer"):
+            own = layer_key(int(name[5:7]))
+        else:
+            own = {"Head": "head.safetensors", "Tail": "tail.safetensors"}.get(name)
+        if own is None:  # cleanup reads no weights
+            assert not weights, name
+        else:
+            assert weights == {
+                "weights/manifest.json",
+                "weights/config/*",
+                f"weights/{own}",
+            }, name
+        writes = {
+            r.split("/", 1)[1]
+            for s in statements
+            if "s3:PutObject" in _actions(s)
+            for r in _listed(s["Resource"])
+        }
+        direct_expert = "Expert" in name and plan.layers[int(name[5:7])].method == "direct"
+        expected = set() if direct_expert or name == "Cleanup" else {"requests/*"}
+        assert writes == expected | ({"outputs/*"} if name == "Tail" else set()), name
+        lists = {
+            p
+            for s in statements
+            if "s3:ListBucket" in _actions(s)
+            for p in s["Condition"]["StringLike"]["s3:prefix"]
+        }
+        expected_lists = set() if own is None else {"weights/config/*"}
+        if not direct_expert:
+            expected_lists.add("requests/*")
+        assert lists == expected_lists, name
+        assert all(
+            s["Resource"] == f"<{bucket}.Arn>" and "Condition" in s
+            for s in statements
+            if "s3:ListBucket" in _actions(s)
+        ), name
+        invokes = [
+            r for s in statements if "lambda:InvokeFunction" in _actions(s) for r in s["Resource"]
+        ]
+        if name == "Layer02":  # the direct gate invokes exactly its own experts
+            targets = {functions[f"Layer02Expert{e:02d}"]["LogicalId"] for e in range(EXPERTS)}
+            assert {r.split(".")[0].strip("<") for r in invokes} == targets
+        else:
+            assert not invokes, name
+
+
+def test_concurrency_reservation_can_be_turned_off(tmp_path: Path) -> None:
+    _, template = _synth(
+        tmp_path, small_plan(("direct",), arch="arm64"), "--no-reserve-concurrency", "--no-lint"
+    )
+    functions = _functions(template)
+    assert len(functions) == EXPERTS + 4
+    for fn in functions.values():
+        assert "ReservedConcurrentExecutions" not in fn["Properties"]
+        assert fn["Properties"]["Architectures"] == ["arm64"]
+    # A plan with no Map needs no dynamic invoke permission for the state machine.
+    definition = _definition(template)
+    assert not any(s["Type"] in ("Map", "Parallel") for s in definition["States"].values())
+
+
+def test_bad_plan_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "plan.json"
+    bad.write_text("{}")
+    result = runner.invoke(app, ["synth", "--plan", str(bad), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert "is not a valid plan" in result.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_refuses_non_empty_out_without_force(tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "keep.txt").write_text("data")
+    plan = small_plan().save(tmp_path / "plan.json")
+    result = runner.invoke(app, ["synth", "--plan", str(plan), "--out", str(out)])
+    assert result.exit_code == 2 and "--force" in result.output
+    # --force replaces only a cloud assembly, never other data.
+    result = runner.invoke(app, ["synth", "--plan", str(plan), "--out", str(out), "--force"])
+    assert result.exit_code == 2 and "not a CDK cloud assembly" in result.output
+    assert (out / "keep.txt").read_text() == "data"
+
+
+def test_state_machine_definition_passes_the_asl_schema(template: dict[str, Any]) -> None:
+    """cfn-lint checks a DefinitionString built by Fn::Join only loosely: lint it as rendered."""
+    from cfnlint.api import ManualArgs, lint
+
+    (machine,) = _resources(template, "AWS::StepFunctions::StateMachine").values()
+    definition = json.loads(_concrete(machine["Properties"]["DefinitionString"]))
+    alone = {
+        "Resources": {
+            "Machine": {
+                "Type": "AWS::StepFunctions::StateMachine",
+                "Properties": {
+                    "RoleArn": "arn:aws:iam::123456789012:role/machine",
+                    "Definition": definition,
+                },
+            }
+        }
+    }
+    matches = lint(json.dumps(alone), config=ManualArgs(regions=["us-east-1"]))
+    assert not matches, [(m.rule.id, m.message, m.path) for m in matches]

@@ -1,0 +1,130 @@
+"""A tiny in-process stand-in for the state machine: the handlers in the workflow's order.
+
+Each handler runs inside `config.local` with the environment its Lambda function would have,
+in the thread that calls it, so concurrent handlers never see each other's configuration.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from functions import cleanup, config, expert, head, layer, tail
+from pipeline import layout
+from pipeline.tensorio import decode, encode
+
+Handler = Any
+
+
+@dataclass
+class Deployment:
+    """What the CDK stack would configure: per layer a method and β, per expert its replicas."""
+
+    bucket: str
+    methods: list[str]
+    beta: int
+    replicas: list[list[int]]
+    expert_env: dict[tuple[int, int], dict[str, str]] = field(default_factory=dict)
+
+    @staticmethod
+    def function(layer: int, expert: int) -> str:
+        return f"moelambda-expert-{layer:02d}-{expert:02d}"
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        # A short pipeline timeout fails a broken test fast instead of after the default 60 s.
+        env = {"MOELAMBDA_BUCKET": self.bucket, "MOELAMBDA_POLL_S": "0.05"}
+        return env | {"MOELAMBDA_PIPELINE_TIMEOUT_S": "20"} | (extra or {})
+
+    def layer_env(self, index: int) -> dict[str, str]:
+        plan = {
+            "method": self.methods[index],
+            "beta": self.beta,
+            "replicas": self.replicas[index],
+            "expert_functions": [
+                self.function(index, e) for e in range(len(self.replicas[index]))
+            ],
+        }
+        return self.env({"MOELAMBDA_LAYER": str(index), "MOELAMBDA_LAYER_PLAN": json.dumps(plan)})
+
+    def expert_env_of(self, index: int, number: int) -> dict[str, str]:
+        own = {
+            "MOELAMBDA_LAYER": str(index),
+            "MOELAMBDA_EXPERT": str(number),
+            "MOELAMBDA_METHOD": self.methods[index],
+            "MOELAMBDA_BETA": str(self.beta),
+        }
+        return self.env(own | self.expert_env.get((index, number), {}))
+
+    def invoke(self, function: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """The direct layer's lambda.invoke, answered by the expert handler in this process."""
+        index, number = (int(part) for part in function.split("-")[-2:])
+        return call(expert.handler, self.expert_env_of(index, number), payload, self.invoke)
+
+
+def call(
+    handler: Handler, env: dict[str, str], event: dict[str, Any], invoker: Any = None
+) -> dict[str, Any]:
+    with config.local(env, invoker):
+        return handler(event, None)
+
+
+def _experts(dep: Deployment, index: int, items: list[dict[str, Any]]) -> list[Any]:
+    return [
+        (expert.handler, dep.expert_env_of(index, item["expert"]), item, None) for item in items
+    ]
+
+
+def _run_all(calls: list[tuple[Handler, dict[str, str], dict[str, Any], Any]]) -> list[Any]:
+    """Run calls concurrently, one thread each: pipelined experts block until the gate writes."""
+    if not calls:
+        return []
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(call, *c) for c in calls]
+        return [f.result() for f in futures]
+
+
+def run_request(
+    dep: Deployment,
+    s3: Any,
+    request_id: str,
+    ids: np.ndarray,
+    expert_results: list[dict[str, Any]] | None = None,
+) -> np.ndarray:
+    """head -> per layer (layer, experts) -> tail; returns the decoded output.
+
+    The results of the expert functions the state machine invoked go to `expert_results`.
+    """
+    log = [] if expert_results is None else expert_results
+    s3.put_object(Bucket=dep.bucket, Key=layout.input_key(request_id), Body=encode(ids))
+    event = {"request_id": request_id, "input_key": layout.input_key(request_id)}
+    out = call(head.handler, dep.env(), event)
+    previous = None
+    for index, method in enumerate(dep.methods):
+        event = {"request_id": request_id, "hidden_key": out["hidden_key"], "previous": previous}
+        gate = (layer.handler, dep.layer_env(index), event, dep.invoke)
+        if method == "pipelined":
+            static = [
+                {"request_id": request_id, "layer": index, "expert": e, "replica": r}
+                | {"function": dep.function(index, e)}
+                for e, count in enumerate(dep.replicas[index])
+                for r in range(count)
+            ]
+            out, *results = _run_all([gate, *_experts(dep, index, static)])
+        else:
+            out = call(*gate)
+            results = _run_all(_experts(dep, index, out["shards"]))
+        log += results
+        previous = {"layer": index, "method": method}
+    event = {"request_id": request_id, "hidden_key": out["hidden_key"], "previous": previous}
+    result = call(tail.handler, dep.env(), event)
+    body = s3.get_object(Bucket=dep.bucket, Key=result["output_key"])["Body"].read()
+    return decode(body)[0]
+
+
+def clean(dep: Deployment, request_id: str) -> dict[str, Any]:
+    """What the Catch does on a failure."""
+    return call(cleanup.handler, dep.env(), {"request_id": request_id})

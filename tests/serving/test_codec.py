@@ -1,0 +1,95 @@
+"""The tensor codec, the key scheme and the per-invocation configuration: no model needed."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from functions import config
+from moelambda.exceptions import UsageError
+from pipeline import layout
+from pipeline.tensorio import TensorIOError, decode, encode
+
+
+def test_round_trip_keeps_dtype_shape_and_bits() -> None:
+    rng = np.random.default_rng(0)
+    arrays = [
+        rng.standard_normal((3, 5)).astype(np.float32),
+        rng.standard_normal(7).astype(np.float16),
+        rng.integers(-(2**62), 2**62, size=(2, 2, 2)),
+        np.arange(6, dtype=np.int32).reshape(3, 2)[:, ::-1],  # not C-contiguous
+        np.zeros((0, 384), np.float32),
+        np.array(3.5, np.float32),
+    ]
+    decoded = decode(encode(*arrays))
+    assert len(decoded) == len(arrays)
+    for got, want in zip(decoded, arrays, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert np.array_equal(got, want)
+        assert got.flags.writeable
+    assert decode(encode()) == []
+
+
+def test_header_is_the_contract_layout() -> None:
+    data = encode(np.array([[1, 2]], np.int64))
+    assert data[:4] == b"MLT1" and data[4] == 1 and data[5:7] == bytes([2, 2])
+    assert data[7:15] == (1).to_bytes(4, "little") + (2).to_bytes(4, "little")
+    assert len(data) == 15 + 16
+
+
+def test_bad_magic_truncation_and_trailing_bytes_are_clear_errors() -> None:
+    data = encode(np.ones((4, 3), np.float32), np.arange(2))
+    with pytest.raises(TensorIOError, match="magic"):
+        decode(b"NOPE" + data[4:])
+    for cut in range(4, len(data)):
+        with pytest.raises(TensorIOError, match="truncated"):
+            decode(data[:cut])
+    with pytest.raises(TensorIOError, match="unexpected bytes"):
+        decode(data + b"\0")
+    with pytest.raises(TensorIOError, match="dtype"):
+        encode(np.ones(2, np.float64))
+
+
+def test_keys_follow_the_contract() -> None:
+    assert layout.input_key("r-1") == "requests/r-1/input.bin"
+    assert layout.head_key("r-1") == "requests/r-1/head.bin"
+    assert layout.residual_key("r-1", 3) == "requests/r-1/03/residual.bin"
+    assert layout.routing_key("r-1", 3) == "requests/r-1/03/routing.bin"
+    assert layout.shard_key("r-1", 3, 2, 1) == "requests/r-1/03/in/02/01.bin"
+    assert layout.minibatch_key("r-1", 3, 2, 1, 7) == "requests/r-1/03/in/02/01/0007.bin"
+    assert layout.done_key("r-1", 3, 2, 1) == "requests/r-1/03/in/02/01/done.bin"
+    assert layout.out_key("r-1", 3, 2, 1) == "requests/r-1/03/out/02/01.bin"
+    assert layout.out_minibatch_key("r-1", 3, 2, 1, 7) == "requests/r-1/03/out/02/01/0007.bin"
+    assert layout.output_key("r-1") == "outputs/r-1.bin"
+    prefix = layout.out_prefix("r-1", 3)
+    assert layout.parse_out_key(prefix, layout.out_key("r-1", 3, 2, 1)) == (2, 1, None)
+    assert layout.parse_out_key(prefix, layout.out_minibatch_key("r-1", 3, 2, 1, 7)) == (2, 1, 7)
+
+
+@pytest.mark.parametrize("bad", ["", "a/b", "../x", "a b", "x" * 65, "é", None, 7])
+def test_request_ids_that_could_escape_their_prefix_are_refused(bad: object) -> None:
+    with pytest.raises(UsageError, match="invalid request id"):
+        layout.request_prefix(bad)  # type: ignore[arg-type]
+
+
+def test_local_configuration_wins_over_the_process_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MOELAMBDA_BUCKET", "from-os")
+    assert config.current().bucket == "from-os"
+    with config.local({"MOELAMBDA_BUCKET": "from-runner", "MOELAMBDA_LAYER": "2"}):
+        assert (config.current().bucket, config.current().layer) == ("from-runner", 2)
+    assert config.current().bucket == os.environ["MOELAMBDA_BUCKET"] == "from-os"
+    with config.local({}), pytest.raises(config.ConfigError, match="MOELAMBDA_EXPERT"):
+        _ = config.current().expert
+
+
+def test_layer_plan_is_validated() -> None:
+    ok = '{"method": "s3", "beta": 8, "replicas": [1, 2], "expert_functions": ["a", "b"]}'
+    with config.local({"MOELAMBDA_LAYER_PLAN": ok}):
+        assert config.current().layer_plan.replicas == (1, 2)
+    for bad in ('{"method": "ftp", "beta": 8, "replicas": [1], "expert_functions": ["a"]}', "{"):
+        with config.local({"MOELAMBDA_LAYER_PLAN": bad}), pytest.raises(config.ConfigError):
+            _ = config.current().layer_plan
