@@ -13,6 +13,7 @@ from moelambda.cli import model  # noqa: F401  (importing a command module regis
 from moelambda.cli import predict  # noqa: F401
 from moelambda.cli import plan  # noqa: F401
 from moelambda.cli import synth  # noqa: F401
+from moelambda.cli import serve  # noqa: F401
 from moelambda.cli import calibration  # noqa: F401
 from moelambda.cli import calibrate  # noqa: F401
 

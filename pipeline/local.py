@@ -1,0 +1,223 @@
+"""Run the synthesised workflow on one machine: moto S3 and Step Functions, real handlers.
+
+The state machine definition and every function's environment come from the CloudFormation
+template the CDK app synthesises for the plan, so what runs here is what `cdk deploy` would
+deploy. moto's Step Functions interpreter executes the definition; its Lambda invoke would start a
+Docker container, so `InProcessLambdas` replaces that one method with a call of the function's
+handler in this process, under that function's own environment (`functions.config.local`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import json
+import threading
+import time
+import uuid
+import zipfile
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline import layout
+from pipeline.tensorio import decode, encode
+
+__all__ = ["InProcessLambdas", "concrete", "run_workflow"]
+
+REGION = "us-east-1"
+ACCOUNT = "123456789012"
+BUCKET = "moelambda-local"
+
+
+def concrete(value: Any, names: dict[str, str]) -> Any:
+    """A template value as deployed: Refs to resource names, Arn attributes to Lambda ARNs."""
+    pseudo = {"AWS::Partition": "aws", "AWS::Region": REGION, "AWS::AccountId": ACCOUNT}
+    if isinstance(value, dict) and len(value) == 1:
+        ((fn, arg),) = value.items()
+        if fn == "Fn::Join":
+            return arg[0].join(str(concrete(part, names)) for part in arg[1])
+        if fn == "Ref":
+            return pseudo.get(arg, names.get(arg, arg))
+        if fn == "Fn::GetAtt":
+            if arg[0] in names and names[arg[0]] == BUCKET:
+                return f"arn:aws:s3:::{BUCKET}"
+            return f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{names.get(arg[0], arg[0])}"
+    if isinstance(value, dict):
+        return {k: concrete(v, names) for k, v in value.items()}
+    if isinstance(value, list):
+        return [concrete(v, names) for v in value]
+    return value
+
+
+class InProcessLambdas:
+    """The one adapter between moto's Lambda and our handlers; records each call's wall time."""
+
+    def __init__(self) -> None:
+        self.functions: dict[str, tuple[str, dict[str, str]]] = {}
+        self.seconds: dict[str, list[float]] = defaultdict(list)
+        self.errors: list[tuple[str, dict[str, str]]] = []
+
+    def register(self, name: str, handler: str, env: dict[str, str]) -> None:
+        self.functions[name] = (handler, env)
+
+    def call(self, name: str, event: dict[str, Any]) -> Any:
+        from functions.config import local
+
+        handler_path, env = self.functions[name]
+        module, _, attr = handler_path.rpartition(".")
+        handler = getattr(importlib.import_module(module), attr)
+        started = time.perf_counter()
+        try:
+            with local(env, invoker=self.call):
+                return handler(event, None)
+        finally:
+            self.seconds[name].append(time.perf_counter() - started)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """Route moto's Lambda invocations here, and make moto's S3 requests atomic.
+
+        moto serves requests in the caller's thread on shared dicts, so concurrent S3 requests
+        are serialised (a real S3 is atomic per request); Lambda and Step Functions requests are
+        not, or a polling pipelined expert would hold the lock its gate needs.
+        """
+        from moto.awslambda.models import LambdaFunction
+        from moto.core.botocore_stubber import BotocoreStubber
+
+        def invoke(function: LambdaFunction, event: Any = None) -> tuple[str, bool, str]:
+            payload = event if isinstance(event, dict) else json.loads(event or "{}")
+            try:
+                return json.dumps(self.call(function.function_name, payload)), False, ""
+            except Exception as error:  # the Lambda runtime reports any exception this way
+                body = {"errorType": type(error).__name__, "errorMessage": str(error)}
+                self.errors.append((function.function_name, body))
+                return json.dumps(body), True, ""
+
+        lock = threading.RLock()
+        original_process = BotocoreStubber.process_request
+
+        def process_request(stubber: BotocoreStubber, request: Any) -> Any:
+            if "lambda." in request.url or "states." in request.url:
+                return original_process(stubber, request)
+            with lock:
+                return original_process(stubber, request)
+
+        original_invoke = LambdaFunction._invoke_lambda
+        LambdaFunction._invoke_lambda = invoke  # type: ignore[method-assign,assignment]
+        BotocoreStubber.process_request = process_request  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            LambdaFunction._invoke_lambda = original_invoke  # type: ignore[method-assign]
+            BotocoreStubber.process_request = original_process  # type: ignore[method-assign]
+
+
+def _zip() -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("placeholder.py", "")
+    return buffer.getvalue()
+
+
+def run_workflow(
+    template: dict[str, Any],
+    weights_dir: Path,
+    requests: list[np.ndarray],
+    *,
+    timeout_s: float = 600.0,
+) -> dict[str, Any]:
+    """Deploy `template` onto moto, upload the weights, and run one execution per request.
+
+    Returns per request its status, output array (or error and cause), and the wall time of
+    every function call.
+    """
+    import boto3
+    from moto import mock_aws
+
+    resources = template["Resources"]
+    names = {}
+    for logical, res in resources.items():
+        if res["Type"] == "AWS::S3::Bucket":
+            names[logical] = BUCKET
+        elif res["Type"] == "AWS::Lambda::Function":
+            names[logical] = f"fn-{logical}"[:64]
+    lambdas = InProcessLambdas()
+    config = {"stepfunctions": {"execute_state_machine": True}}
+    with mock_aws(config=config), lambdas.installed():
+        s3 = boto3.client("s3", region_name=REGION)
+        s3.create_bucket(Bucket=BUCKET)
+        for path in sorted(p for p in weights_dir.rglob("*") if p.is_file()):
+            key = "weights/" + path.relative_to(weights_dir).as_posix()
+            s3.upload_file(str(path), BUCKET, key)
+        iam = boto3.client("iam", region_name=REGION)
+        trust = {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Principal": {"Service": ["lambda.amazonaws.com", "states.amazonaws.com"]},
+                    "Action": "sts:AssumeRole",
+                }
+            ],
+        }
+        role = iam.create_role(RoleName="local", AssumeRolePolicyDocument=json.dumps(trust))
+        role_arn = role["Role"]["Arn"]
+        client = boto3.client("lambda", region_name=REGION)
+        for logical, res in resources.items():
+            if res["Type"] != "AWS::Lambda::Function":
+                continue
+            props = res["Properties"]
+            env = concrete(props.get("Environment", {}).get("Variables", {}), names)
+            env = {k: str(v) for k, v in env.items()}
+            handler = props["ImageConfig"]["Command"][0]
+            client.create_function(
+                FunctionName=names[logical],
+                Runtime="python3.11",
+                Role=role_arn,
+                Handler=handler,
+                Code={"ZipFile": _zip()},
+            )
+            lambdas.register(names[logical], handler, env)
+        (machine,) = [
+            r for r in resources.values() if r["Type"] == "AWS::StepFunctions::StateMachine"
+        ]
+        definition = concrete(machine["Properties"]["DefinitionString"], names)
+        sfn = boto3.client("stepfunctions", region_name=REGION)
+        arn = sfn.create_state_machine(name="moelambda", definition=definition, roleArn=role_arn)[
+            "stateMachineArn"
+        ]
+        runs = []
+        for ids in requests:
+            rid = uuid.uuid4().hex[:16]
+            key = layout.input_key(rid)
+            s3.put_object(Bucket=BUCKET, Key=key, Body=encode(ids.astype(np.int64)))
+            execution = sfn.start_execution(
+                stateMachineArn=arn,
+                name=rid,
+                input=json.dumps({"request_id": rid, "input_key": key}),
+            )
+            runs.append((rid, execution["executionArn"]))
+        results = []
+        deadline = time.monotonic() + timeout_s
+        for rid, execution_arn in runs:
+            while True:
+                info = sfn.describe_execution(executionArn=execution_arn)
+                if info["status"] != "RUNNING" or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            entry: dict[str, Any] = {"request_id": rid, "status": info["status"]}
+            if info["status"] == "SUCCEEDED":
+                body = s3.get_object(Bucket=BUCKET, Key=layout.output_key(rid))["Body"].read()
+                entry["output"] = decode(body)[0]
+                left = s3.list_objects_v2(Bucket=BUCKET, Prefix=layout.request_prefix(rid))
+                entry["intermediates_left"] = left.get("KeyCount", 0)
+            else:
+                entry["error"] = info.get("error")
+                entry["cause"] = info.get("cause")
+            results.append(entry)
+    return {"requests": results, "seconds": dict(lambdas.seconds), "errors": lambdas.errors}
