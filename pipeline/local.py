@@ -27,7 +27,7 @@ import numpy as np
 from pipeline import layout
 from pipeline.tensorio import decode, encode
 
-__all__ = ["InProcessLambdas", "concrete", "run_workflow"]
+__all__ = ["InProcessLambdas", "atomic_s3", "concrete", "run_workflow"]
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
@@ -80,14 +80,8 @@ class InProcessLambdas:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        """Route moto's Lambda invocations here, and make moto's S3 requests atomic.
-
-        moto serves requests in the caller's thread on shared dicts, so concurrent S3 requests
-        are serialised (a real S3 is atomic per request); Lambda and Step Functions requests are
-        not, or a polling pipelined expert would hold the lock its gate needs.
-        """
+        """Route moto's Lambda invocations to `call`, with moto's S3 requests made atomic."""
         from moto.awslambda.models import LambdaFunction
-        from moto.core.botocore_stubber import BotocoreStubber
 
         def invoke(function: LambdaFunction, event: Any = None) -> tuple[str, bool, str]:
             payload = event if isinstance(event, dict) else json.loads(event or "{}")
@@ -98,26 +92,58 @@ class InProcessLambdas:
                 self.errors.append((function.function_name, body))
                 return json.dumps(body), True, ""
 
-        lock = threading.RLock()
-        original_process = BotocoreStubber.process_request
-
-        def process_request(stubber: BotocoreStubber, request: Any) -> Any:
-            if "lambda." in request.url or "states." in request.url:
-                return original_process(stubber, request)
-            with lock:
-                return original_process(stubber, request)
-
         original_invoke = LambdaFunction._invoke_lambda
         LambdaFunction._invoke_lambda = invoke  # type: ignore[method-assign,assignment]
-        BotocoreStubber.process_request = process_request  # type: ignore[method-assign]
         try:
-            yield
+            with atomic_s3():
+                yield
         finally:
             LambdaFunction._invoke_lambda = original_invoke  # type: ignore[method-assign]
-            BotocoreStubber.process_request = original_process  # type: ignore[method-assign]
 
 
-def _zip() -> bytes:
+_atomic_lock = threading.RLock()
+_atomic_depth = 0
+_unpatched: Any = None
+
+
+@contextlib.contextmanager
+def atomic_s3() -> Iterator[None]:
+    """Serialise moto's S3 requests, as a real S3 is atomic per request; nestable.
+
+    moto serves a request in the caller's thread on shared dicts, so a listing racing a put fails
+    with "dictionary changed size during iteration". Lambda and Step Functions requests must stay
+    outside the lock: an invoke runs a whole handler, and a direct gate that invokes its experts
+    from worker threads, or a pipelined expert polling for its gate's uploads, would deadlock.
+    Nesting only counts: wrapping the patch twice would put the invoke back under the lock.
+    """
+    global _atomic_depth, _unpatched
+    from moto.core.botocore_stubber import BotocoreStubber
+
+    with _atomic_lock:
+        _atomic_depth += 1
+        if _atomic_depth == 1:
+            original = _unpatched = BotocoreStubber.process_request
+            request_lock = threading.RLock()
+
+            def process_request(stubber: BotocoreStubber, request: Any) -> Any:
+                if "lambda." in request.url or "states." in request.url:
+                    return original(stubber, request)
+                with request_lock:
+                    return original(stubber, request)
+
+            BotocoreStubber.process_request = process_request  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        with _atomic_lock:
+            _atomic_depth -= 1
+            if _atomic_depth == 0:
+                BotocoreStubber.process_request = _unpatched  # type: ignore[method-assign]
+                _unpatched = None
+
+
+def placeholder_zip() -> bytes:
+    """moto's create_function wants a code archive; the handler runs from this process instead."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
         archive.writestr("placeholder.py", "")
@@ -180,7 +206,7 @@ def run_workflow(
                 Runtime="python3.11",
                 Role=role_arn,
                 Handler=handler,
-                Code={"ZipFile": _zip()},
+                Code={"ZipFile": placeholder_zip()},
             )
             lambdas.register(names[logical], handler, env)
         (machine,) = [

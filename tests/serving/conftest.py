@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 from moto import mock_aws
 
 from moe import Manifest, MoEModel, export_model
+from pipeline.local import atomic_s3
 
 BUCKET = "moelambda-test"
 _FAKE_AWS = {
@@ -23,24 +23,9 @@ _FAKE_AWS = {
 
 @pytest.fixture(scope="session")
 def _atomic_moto() -> Iterator[None]:
-    """Make each mocked S3 request atomic, as a real S3 server is.
-
-    moto runs requests in the caller's thread on shared dicts: a listing that iterates a bucket
-    while another request's put inserts a key fails with "dictionary changed size during
-    iteration". The handlers run concurrently in threads here, so requests are serialised.
-    """
-    from moto.core.botocore_stubber import BotocoreStubber
-
-    original = BotocoreStubber.process_request
-    lock = threading.RLock()
-
-    def process_request(self: BotocoreStubber, request: object) -> object:
-        with lock:
-            return original(self, request)
-
-    BotocoreStubber.process_request = process_request  # type: ignore[method-assign]
-    yield
-    BotocoreStubber.process_request = original  # type: ignore[method-assign]
+    """The handlers run concurrently in threads here, on one moto: S3 requests must be atomic."""
+    with atomic_s3():
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +13,7 @@ from functions import weights
 from functions.common import s3_client
 from moe import Manifest
 from pipeline import layout, transports
+from pipeline.local import InProcessLambdas, placeholder_zip
 from tests.serving.conftest import BUCKET
 from tests.serving.driver import Deployment, clean
 
@@ -62,3 +65,39 @@ def test_warm_stage_is_reused_until_its_object_changes(
         assert weights.expert(client, BUCKET, "weights/", 5, 3) is not first
     finally:
         s3.upload_file(str(root / key), BUCKET, "weights/" + key)
+
+
+def _waits_for_another_threads_put(event: dict, context: object) -> dict:
+    """A handler like the direct gate: it blocks on S3 requests made from its worker threads."""
+    worker = threading.Thread(
+        target=s3_client().put_object, kwargs={"Bucket": BUCKET, "Key": event["key"], "Body": b"x"}
+    )
+    worker.start()
+    worker.join(timeout=10)
+    return {"finished": not worker.is_alive()}
+
+
+def test_an_invoked_handler_never_holds_the_s3_lock(s3: object) -> None:
+    """Regression: nesting the S3 lock around moto put Lambda invokes under it, a deadlock."""
+    import boto3
+
+    trust = {"Version": "2012-10-17", "Statement": []}
+    role = boto3.client("iam").create_role(
+        RoleName="parts", AssumeRolePolicyDocument=json.dumps(trust)
+    )["Role"]["Arn"]
+    client = boto3.client("lambda")
+    name = "waits-for-s3"
+    handler = f"{__name__}._waits_for_another_threads_put"
+    client.create_function(
+        FunctionName=name,
+        Runtime="python3.11",
+        Role=role,
+        Handler=handler,
+        Code={"ZipFile": placeholder_zip()},
+    )
+    lambdas = InProcessLambdas()
+    lambdas.register(name, handler, {"MOELAMBDA_BUCKET": BUCKET})
+    with lambdas.installed():  # nested inside the session's atomic_s3
+        answer = client.invoke(FunctionName=name, Payload=json.dumps({"key": "lock-test"}))
+    assert json.loads(answer["Payload"].read()) == {"finished": True}
+    s3.delete_object(Bucket=BUCKET, Key="lock-test")  # type: ignore[attr-defined]
