@@ -20,12 +20,12 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from cdk._bucket import OUTPUTS_PREFIX, REQUESTS_PREFIX
+from planner.build import NONMOE_MEMORY_MB
 from planner.plan import Plan
 
 __all__ = [
     "DEFAULT_WEIGHTS_PREFIX",
     "DOCKERFILE",
-    "NONMOE_MEMORY_MB",
     "FunctionOptions",
     "ServingFunctions",
     "handler",
@@ -34,7 +34,6 @@ __all__ = [
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = "Dockerfile.expert"
 DEFAULT_WEIGHTS_PREFIX = "weights/"
-NONMOE_MEMORY_MB = 1769  # planner.build.NONMOE_MEMORY_MB: one full vCPU for head, gates, tail
 # Only what Dockerfile.expert copies goes into the asset (the repo root has .venv, caches, out/).
 _ASSET_EXCLUDE = [
     "*",

@@ -5,6 +5,13 @@ the shard carries)] | [pipelined: Parallel(Task(gate), Pass(static shard list) -
 that keeps the gate's output] | [direct: Task(gate)] -> tail. Every Task retries Lambda's
 throttling and service errors with backoff; every top-level state catches States.ALL into the
 cleanup Task, which ends in a Fail carrying the original error and cause.
+
+A Map stops at its first failed iteration, but invocations already running go on and may write
+their outputs after the cleanup has run. So each expert invocation catches its own error into
+its item result ($.failures) and the Map always waits for all of them; the next function raises
+`ExpertFailed` with the first cause, and the cleanup then finds every intermediate in place. A
+pipelined gate's failure is caught the same way: it tells its experts to stop (done.bin = -1),
+the Parallel waits for them, and a Choice sends the gate's error to the cleanup.
 """
 
 from __future__ import annotations
@@ -71,17 +78,16 @@ class ServingStateMachine(Construct):
         head = self._task(
             "Head", functions.head, {"request_id": "$.request_id", "input_key": "$.input_key"}
         )
+        self._previous: LayerPlan | None = None
         self._catch(head)
         chain = sfn.Chain.start(head)
         previous: dict[str, Any] | None = None
         for layer in plan.layers:
             chain = chain.next(self._layer(layer, previous))
             previous = {"layer": layer.layer, "method": layer.method}
+            self._previous = layer
         tail = self._task(
-            "Tail",
-            functions.tail,
-            {"request_id": "$.request_id", "hidden_key": "$.hidden_key"},
-            static={"previous": previous},
+            "Tail", functions.tail, self._gather_paths(), static={"previous": previous}
         )
         self._catch(tail)
         chain = chain.next(tail)
@@ -106,6 +112,13 @@ class ServingStateMachine(Construct):
                     resources=invoked + [f"{arn}:*" for arn in invoked],
                 )
             )
+
+    def _gather_paths(self) -> dict[str, str]:
+        """Payload paths of a function that gathers the previous layer (and its failures)."""
+        paths = {"request_id": "$.request_id", "hidden_key": "$.hidden_key"}
+        if self._previous is not None and self._previous.method != "direct":
+            paths["expert_failures"] = "$.failures"
+        return paths
 
     def _catch(self, state: sfn.TaskStateBase | sfn.Parallel | sfn.Map) -> None:
         state.add_catch(self._cleanup, errors=[sfn.Errors.ALL], result_path="$.error")
@@ -142,25 +155,34 @@ class ServingStateMachine(Construct):
         return task
 
     def _invoke_shard(self, name: str) -> sfn.CustomState:
-        """lambda:invoke of the function named in the shard (FunctionName from the item)."""
-        return sfn.CustomState(
+        """lambda:invoke of the function named in the shard (FunctionName from the item).
+
+        The item's result is {"ok": true}, or {"error": {"Error", "Cause"}} when it failed.
+        """
+        invoke = sfn.CustomState(
             self,
             name,
             state_json={
                 "Type": "Task",
                 "Resource": f"arn:{Aws.PARTITION}:states:::lambda:invoke",
                 "Parameters": {"FunctionName.$": "$.function", "Payload.$": "$"},
-                "ResultPath": None,
+                "ResultSelector": {"ok": True},
+                "ResultPath": "$",
                 "Retry": [_retry_json()],
             },
         )
+        failed = sfn.Pass(
+            self, f"{name}Failed", parameters={"error": sfn.JsonPath.object_at("$.error")}
+        )
+        invoke.add_catch(failed, errors=[sfn.Errors.ALL], result_path="$.error")
+        return invoke
 
     def _layer(self, layer: LayerPlan, previous: dict[str, Any] | None) -> sfn.IChainable:
         ll = f"Layer{layer.layer:02d}"
         gate = self._task(
             ll,
             self._functions.layers[layer.layer],
-            {"request_id": "$.request_id", "hidden_key": "$.hidden_key"},
+            self._gather_paths(),
             static={"previous": previous},
         )
         if layer.method == "direct":
@@ -169,10 +191,7 @@ class ServingStateMachine(Construct):
         if layer.method == "s3":
             self._catch(gate)
             fan_out = sfn.Map(
-                self,
-                f"{ll}Experts",
-                items_path="$.shards",
-                result_path=sfn.JsonPath.DISCARD,
+                self, f"{ll}Experts", items_path="$.shards", result_path="$.failures"
             )
             fan_out.item_processor(self._invoke_shard(f"{ll}Expert"))
             self._catch(fan_out)
@@ -205,12 +224,50 @@ class ServingStateMachine(Construct):
                     for k in ("layer", "expert", "replica", "function")
                 },
             },
-            result_path=sfn.JsonPath.DISCARD,
+            result_path="$.failures",
         )
         fan_out.item_processor(self._invoke_shard(f"{ll}Expert"))
-        parallel = sfn.Parallel(self, f"{ll}Pipelined", result_path="$.branches")
+        # Name the branches first: moto resolves "$.branches[0].field" to a list, not the value.
+        parallel = sfn.Parallel(
+            self,
+            f"{ll}Pipelined",
+            result_selector={
+                "gate": sfn.JsonPath.object_at("$[0]"),
+                "experts": sfn.JsonPath.object_at("$[1]"),
+            },
+            result_path="$.branches",
+        )
+        # The gate's own failure waits for the experts too (it tells them to stop), then fails.
+        gate.add_catch(
+            sfn.Pass(
+                self, f"{ll}GateCaught", parameters={"error": sfn.JsonPath.object_at("$.error")}
+            ),
+            errors=[sfn.Errors.ALL],
+            result_path="$.error",
+        )
         parallel.branch(gate)
         parallel.branch(sfn.Chain.start(static).next(fan_out))
         self._catch(parallel)
-        keep = sfn.Pass(self, f"{ll}Output", input_path="$.branches[0]")
-        return sfn.Chain.start(parallel).next(keep)
+        gate_failed = sfn.Pass(
+            self,
+            f"{ll}GateFailed",
+            parameters={
+                "request_id": sfn.JsonPath.string_at("$.request_id"),
+                "error": sfn.JsonPath.object_at("$.branches.gate.error"),
+            },
+        )
+        gate_failed.next(self._cleanup)
+        keep = sfn.Pass(
+            self,
+            f"{ll}Output",
+            parameters={
+                "request_id": sfn.JsonPath.string_at("$.branches.gate.request_id"),
+                "hidden_key": sfn.JsonPath.string_at("$.branches.gate.hidden_key"),
+                "failures": sfn.JsonPath.object_at("$.branches.experts.failures"),
+            },
+        )
+        check = sfn.Choice(self, f"{ll}GateOk")
+        check.when(sfn.Condition.is_present("$.branches.gate.error"), gate_failed)
+        check.otherwise(keep)
+        parallel.next(check)
+        return sfn.Chain.custom(parallel, [keep], keep)

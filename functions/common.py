@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
@@ -11,7 +12,12 @@ from functions import weights
 from functions.config import Config, ConfigError
 from pipeline import transports
 
-__all__ = ["gather_previous", "s3_client"]
+__all__ = ["ExpertFailed", "gather_previous", "s3_client"]
+
+
+class ExpertFailed(RuntimeError):
+    """An expert invocation of the previous layer failed; the message carries its cause."""
+
 
 _LOCK = threading.Lock()
 _CLIENT: list[Any] = []
@@ -28,14 +34,40 @@ def s3_client() -> Any:
         return _CLIENT[0]
 
 
+def _raise_failures(layer: int, failures: list[dict[str, Any]] | None) -> None:
+    """Surface the first failed expert invocation the state machine's Map collected."""
+    failed = [
+        item["error"] for item in failures or [] if isinstance(item, dict) and "error" in item
+    ]
+    if not failed:
+        return
+    first = failed[0]
+    try:
+        cause = json.loads(first.get("Cause") or "{}")
+        message = f"{cause.get('errorType', first.get('Error'))}: {cause.get('errorMessage')}"
+    except (json.JSONDecodeError, AttributeError):
+        message = f"{first.get('Error')}: {first.get('Cause')}"
+    raise ExpertFailed(
+        f"{len(failed)} expert invocation(s) of layer {layer} failed; the first: {message}"
+    )
+
+
 def gather_previous(
-    cfg: Config, request_id: str, previous: dict[str, Any] | None, layer: int
+    cfg: Config,
+    request_id: str,
+    previous: dict[str, Any] | None,
+    layer: int,
+    failures: list[dict[str, Any]] | None = None,
 ) -> torch.Tensor:
-    """The expert sum of layer `layer`, which the event's `previous` must name."""
+    """The expert sum of layer `layer`, which the event's `previous` must name.
+
+    `failures` is the Map's per-invocation results: any error among them is raised here.
+    """
     if not previous or previous.get("layer") != layer:
         raise ConfigError(
             f"this function gathers layer {layer}, but the event's previous is {previous!r}"
         )
+    _raise_failures(layer, failures)
     s3 = s3_client()
     manifest = weights.loader(s3, cfg.bucket, cfg.weights_prefix).manifest
     return transports.gather(

@@ -16,11 +16,24 @@ from pipeline import layout, transports
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    """{"request_id", "hidden_key", "previous"} -> {..., "hidden_key", "layer", "shards"}."""
+    """{"request_id", "hidden_key", "previous", "expert_failures"?} -> {..., "shards"}.
+
+    A pipelined layer's experts are already running: if this fails, they are told to stop.
+    """
     cfg = config.current()
-    index, plan = cfg.layer, cfg.layer_plan
     request_id = layout.validate_request_id(event.get("request_id"))
     s3 = s3_client()
+    try:
+        return _run(cfg, s3, request_id, event)
+    except Exception:
+        if cfg.layer_plan.method == "pipelined":
+            plan = cfg.layer_plan
+            transports.abort_pipelined(s3, cfg.bucket, request_id, cfg.layer, list(plan.replicas))
+        raise
+
+
+def _run(cfg: config.Config, s3: Any, request_id: str, event: dict[str, Any]) -> dict[str, Any]:
+    index, plan = cfg.layer, cfg.layer_plan
     experts = weights.loader(s3, cfg.bucket, cfg.weights_prefix).manifest.experts
     if len(plan.replicas) != experts:
         raise config.ConfigError(
@@ -29,7 +42,9 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     hidden = torch.from_numpy(transports.read_tensors(s3, cfg.bucket, event["hidden_key"])[0])
     expert_sum = None
     if index > 0:
-        expert_sum = gather_previous(cfg, request_id, event.get("previous"), index - 1)
+        expert_sum = gather_previous(
+            cfg, request_id, event.get("previous"), index - 1, event.get("expert_failures")
+        )
     out = weights.layer(s3, cfg.bucket, cfg.weights_prefix, index).run(hidden, expert_sum)
 
     residual_key = layout.residual_key(request_id, index)

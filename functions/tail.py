@@ -12,7 +12,7 @@ from pipeline import layout, transports
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    """{"request_id", "hidden_key", "previous"} -> {"request_id", "output_key"}.
+    """{"request_id", "hidden_key", "previous", "expert_failures"?} -> {..., "output_key"}.
 
     The intermediates are deleted only after the output is written, so a failure before that
     leaves them for the cleanup function and never loses the result.
@@ -21,7 +21,9 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     request_id = layout.validate_request_id(event.get("request_id"))
     s3 = s3_client()
     last = weights.loader(s3, cfg.bucket, cfg.weights_prefix).manifest.num_layers - 1
-    expert_sum = gather_previous(cfg, request_id, event.get("previous"), last)
+    expert_sum = gather_previous(
+        cfg, request_id, event.get("previous"), last, event.get("expert_failures")
+    )
     residual = torch.from_numpy(transports.read_tensors(s3, cfg.bucket, event["hidden_key"])[0])
     output = weights.tail(s3, cfg.bucket, cfg.weights_prefix).run(residual, expert_sum)
     key = layout.output_key(request_id)

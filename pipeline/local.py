@@ -13,6 +13,7 @@ import contextlib
 import importlib
 import io
 import json
+import logging
 import threading
 import time
 import uuid
@@ -27,7 +28,7 @@ import numpy as np
 from pipeline import layout
 from pipeline.tensorio import decode, encode
 
-__all__ = ["InProcessLambdas", "atomic_s3", "concrete", "run_workflow"]
+__all__ = ["InProcessLambdas", "atomic_s3", "concrete", "function_label", "run_workflow"]
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
@@ -35,7 +36,7 @@ BUCKET = "moelambda-local"
 
 
 def concrete(value: Any, names: dict[str, str]) -> Any:
-    """A template value as deployed: Refs to resource names, Arn attributes to Lambda ARNs."""
+    """A template value as deployed: Refs to resource names, Arn attributes to their ARNs."""
     pseudo = {"AWS::Partition": "aws", "AWS::Region": REGION, "AWS::AccountId": ACCOUNT}
     if isinstance(value, dict) and len(value) == 1:
         ((fn, arg),) = value.items()
@@ -44,8 +45,8 @@ def concrete(value: Any, names: dict[str, str]) -> Any:
         if fn == "Ref":
             return pseudo.get(arg, names.get(arg, arg))
         if fn == "Fn::GetAtt":
-            if arg[0] in names and names[arg[0]] == BUCKET:
-                return f"arn:aws:s3:::{BUCKET}"
+            if names.get(arg[0], "").startswith(BUCKET):
+                return f"arn:aws:s3:::{names[arg[0]]}"
             return f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{names.get(arg[0], arg[0])}"
     if isinstance(value, dict):
         return {k: concrete(v, names) for k, v in value.items()}
@@ -61,6 +62,8 @@ class InProcessLambdas:
         self.functions: dict[str, tuple[str, dict[str, str]]] = {}
         self.seconds: dict[str, list[float]] = defaultdict(list)
         self.errors: list[tuple[str, dict[str, str]]] = []
+        self._running = 0
+        self._idle = threading.Condition()
 
     def register(self, name: str, handler: str, env: dict[str, str]) -> None:
         self.functions[name] = (handler, env)
@@ -71,12 +74,26 @@ class InProcessLambdas:
         handler_path, env = self.functions[name]
         module, _, attr = handler_path.rpartition(".")
         handler = getattr(importlib.import_module(module), attr)
+        with self._idle:
+            self._running += 1
         started = time.perf_counter()
         try:
             with local(env, invoker=self.call):
                 return handler(event, None)
         finally:
             self.seconds[name].append(time.perf_counter() - started)
+            with self._idle:
+                self._running -= 1
+                self._idle.notify_all()
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait for calls still running; False if some outlive `timeout_s`.
+
+        A failed Map stops its execution at once, but invocations already started run to the
+        end, as on AWS; they must finish before the mock goes away, or they reach for the real S3.
+        """
+        with self._idle:
+            return self._idle.wait_for(lambda: self._running == 0, timeout=timeout_s)
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
@@ -142,6 +159,16 @@ def atomic_s3() -> Iterator[None]:
                 _unpatched = None
 
 
+def function_label(handler: str, env: dict[str, str]) -> str:
+    """A function's name in reports: head, layer03, layer03/expert01, tail, cleanup."""
+    role = handler.split(".")[-2]
+    if role == "layer":
+        return f"layer{int(env['MOELAMBDA_LAYER']):02d}"
+    if role == "expert":
+        return f"layer{int(env['MOELAMBDA_LAYER']):02d}/expert{int(env['MOELAMBDA_EXPERT']):02d}"
+    return role
+
+
 def placeholder_zip() -> bytes:
     """moto's create_function wants a code archive; the handler runs from this process instead."""
     buffer = io.BytesIO()
@@ -159,27 +186,33 @@ def run_workflow(
 ) -> dict[str, Any]:
     """Deploy `template` onto moto, upload the weights, and run one execution per request.
 
-    Returns per request its status, output array (or error and cause), and the wall time of
-    every function call.
+    Returns per request its status, output array (or error and cause) and the intermediates
+    left under its prefix; per function (by `function_label`) the wall time of every call.
     """
     import boto3
     from moto import mock_aws
 
+    # The interpreter logs every failed state with its whole parse tree; the result carries the
+    # error and cause instead.
+    logging.getLogger("moto.stepfunctions").setLevel(logging.CRITICAL)
     resources = template["Resources"]
+    # Names unique to this run: an enclosing mock (a test session's) keeps earlier runs' resources.
+    run = uuid.uuid4().hex[:8]
+    bucket = f"{BUCKET}-{run}"
     names = {}
     for logical, res in resources.items():
         if res["Type"] == "AWS::S3::Bucket":
-            names[logical] = BUCKET
+            names[logical] = bucket
         elif res["Type"] == "AWS::Lambda::Function":
-            names[logical] = f"fn-{logical}"[:64]
+            names[logical] = f"fn-{run}-{logical}"[:64]
     lambdas = InProcessLambdas()
     config = {"stepfunctions": {"execute_state_machine": True}}
     with mock_aws(config=config), lambdas.installed():
         s3 = boto3.client("s3", region_name=REGION)
-        s3.create_bucket(Bucket=BUCKET)
+        s3.create_bucket(Bucket=bucket)
         for path in sorted(p for p in weights_dir.rglob("*") if p.is_file()):
             key = "weights/" + path.relative_to(weights_dir).as_posix()
-            s3.upload_file(str(path), BUCKET, key)
+            s3.upload_file(str(path), bucket, key)
         iam = boto3.client("iam", region_name=REGION)
         trust = {
             "Version": "2012-10-17",
@@ -191,7 +224,9 @@ def run_workflow(
                 }
             ],
         }
-        role = iam.create_role(RoleName="local", AssumeRolePolicyDocument=json.dumps(trust))
+        role = iam.create_role(
+            RoleName=f"moelambda-local-{run}", AssumeRolePolicyDocument=json.dumps(trust)
+        )
         role_arn = role["Role"]["Arn"]
         client = boto3.client("lambda", region_name=REGION)
         for logical, res in resources.items():
@@ -214,36 +249,44 @@ def run_workflow(
         ]
         definition = concrete(machine["Properties"]["DefinitionString"], names)
         sfn = boto3.client("stepfunctions", region_name=REGION)
-        arn = sfn.create_state_machine(name="moelambda", definition=definition, roleArn=role_arn)[
-            "stateMachineArn"
-        ]
+        arn = sfn.create_state_machine(
+            name=f"moelambda-{run}", definition=definition, roleArn=role_arn
+        )["stateMachineArn"]
         runs = []
         for ids in requests:
             rid = uuid.uuid4().hex[:16]
             key = layout.input_key(rid)
-            s3.put_object(Bucket=BUCKET, Key=key, Body=encode(ids.astype(np.int64)))
+            s3.put_object(Bucket=bucket, Key=key, Body=encode(ids.astype(np.int64)))
             execution = sfn.start_execution(
                 stateMachineArn=arn,
                 name=rid,
                 input=json.dumps({"request_id": rid, "input_key": key}),
             )
             runs.append((rid, execution["executionArn"]))
-        results = []
         deadline = time.monotonic() + timeout_s
+        final = []
         for rid, execution_arn in runs:
             while True:
                 info = sfn.describe_execution(executionArn=execution_arn)
                 if info["status"] != "RUNNING" or time.monotonic() > deadline:
                     break
                 time.sleep(0.05)
+            final.append((rid, info))
+        lambdas.drain(max(deadline - time.monotonic(), 1.0))
+        results = []
+        for rid, info in final:
             entry: dict[str, Any] = {"request_id": rid, "status": info["status"]}
+            if "stopDate" in info:
+                entry["seconds"] = (info["stopDate"] - info["startDate"]).total_seconds()
             if info["status"] == "SUCCEEDED":
-                body = s3.get_object(Bucket=BUCKET, Key=layout.output_key(rid))["Body"].read()
+                body = s3.get_object(Bucket=bucket, Key=layout.output_key(rid))["Body"].read()
                 entry["output"] = decode(body)[0]
-                left = s3.list_objects_v2(Bucket=BUCKET, Prefix=layout.request_prefix(rid))
-                entry["intermediates_left"] = left.get("KeyCount", 0)
             else:
                 entry["error"] = info.get("error")
                 entry["cause"] = info.get("cause")
+            left = s3.list_objects_v2(Bucket=bucket, Prefix=layout.request_prefix(rid))
+            entry["intermediates_left"] = left.get("KeyCount", 0)
             results.append(entry)
-    return {"requests": results, "seconds": dict(lambdas.seconds), "errors": lambdas.errors}
+    labels = {name: function_label(*spec) for name, spec in lambdas.functions.items()}
+    seconds = {labels[name]: times for name, times in lambdas.seconds.items()}
+    return {"requests": results, "seconds": seconds, "errors": lambdas.errors}

@@ -174,6 +174,27 @@ def scatter_pipelined(
             list(pool.map(done, [s for s in shards if counts[s.expert, s.replica] == m + 1]))
 
 
+ABORTED = -1  # done.bin's minibatch count when the gate failed: the expert stops at once
+
+
+def abort_pipelined(
+    s3: Any, bucket: str, request_id: str, layer: int, replicas: list[int]
+) -> None:
+    """Tell every (expert, replica) of a pipelined layer that its gate failed.
+
+    The experts started with the gate and poll done.bin whenever a minibatch is missing; without
+    this they would wait out their timeout, billed, before failing.
+    """
+    marker = encode(np.array([ABORTED, 0], dtype=np.int64))
+    keys = [
+        layout.done_key(request_id, layer, e, r)
+        for e, count in enumerate(replicas)
+        for r in range(count)
+    ]
+    with ThreadPoolExecutor(_WORKERS) as pool:
+        list(pool.map(lambda key: put_object(s3, bucket, key, marker), keys))
+
+
 def direct_encode(rows: np.ndarray) -> str:
     return base64.b64encode(encode(rows)).decode("ascii")
 
@@ -260,6 +281,12 @@ def _minibatches(
         marker = get_object(s3, bucket, done_key)
         if marker is not None:
             count = int(decode(marker)[0][0])
+            if count == ABORTED:
+                raise TransportError(
+                    f"the layer {layer} function of request {request_id} failed; "
+                    "this expert stops",
+                    "see the layer function's error, the cause of the failed execution.",
+                )
             if m >= count:
                 return
             if get_object(s3, bucket, key) is None:  # done.bin is written after every minibatch

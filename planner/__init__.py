@@ -17,6 +17,7 @@ from planner.instance import Instance, Method
 from planner.milp import solve_milp, solve_milp_mixed
 from planner.ods import solve_ods
 from planner.plan import Plan, PlanError
+from planner.replay import choice_of, function_seconds, instance_of
 
 __all__ = [
     "Calibration",
@@ -29,10 +30,13 @@ __all__ = [
     "PlanError",
     "Solution",
     "bill",
+    "choice_of",
     "default_calibration_path",
     "evaluate",
     "expert_options",
+    "function_seconds",
     "instance_for",
+    "instance_of",
     "lambdaml",
     "load_calibration",
     "make_plan",

@@ -35,7 +35,7 @@ def instance_for(
     *,
     tokens: int,
     arch: str = "x86_64",
-    payload: str = "step-functions",
+    payload: str = "invoke",
     pipelined_residency: bool = False,
 ) -> Instance:
     """The planning instance of `manifest`'s model serving a batch with `counts` per expert."""

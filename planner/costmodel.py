@@ -182,12 +182,19 @@ def evaluate(inst: Instance, choice: Choice, slo_s: float | None = None) -> Eval
     return Evaluation(cost, time, cost.sum(axis=1), latency, total, float(cost.sum()), violations)
 
 
+# Step Functions states one request enters per layer, besides one per shard the Map invokes:
+# s3 = gate Task + Map; direct = gate Task (it invokes its experts itself); pipelined = Parallel,
+# gate Task, static shard Pass, Map, output Pass and the Choice that checks the gate.
+_LAYER_STATES = {Method.PIPELINED: 6, Method.S3: 2, Method.DIRECT: 1}
+
+
 def bill(inst: Instance, choice: Choice, evaluation: Evaluation) -> dict[str, float]:
     """The full bill of one batch, beyond the paper's expert-only objective.
 
     Non-MoE functions, Lambda requests, S3 requests (weights are fetched on every start, as the
     head time T^h assumes; pipelining multiplies data requests by the minibatch count) and Step
-    Functions transitions (start, head, per layer the gate, the Map and one per shard, tail).
+    Functions transitions of the emitted workflow (head, tail, the layers' states, one per
+    shard a Map invokes; a pipelined Map invokes every planned replica, busy or not).
     """
     active = inst.counts > 0
     replicas = np.where(active, choice.replicas, 0)
@@ -196,16 +203,22 @@ def bill(inst: Instance, choice: Choice, evaluation: Evaluation) -> dict[str, fl
     d = inst.counts
     r = np.ceil(d / np.maximum(choice.replicas, 1))
     beta = np.maximum(np.minimum(choice.beta[:, None], r), 1)
-    pieces = np.where(choice.method[:, None] == Method.PIPELINED, np.ceil(r / beta), 1.0)
+    methods = [Method(int(m)) for m in choice.method]
+    piped = choice.method[:, None] == Method.PIPELINED
+    pieces = np.where(piped, np.ceil(r / beta), 1.0)
     s3_data = np.where(choice.method[:, None] == Method.DIRECT, 0.0, 2.0 * pieces * replicas)
     puts = float(s3_data.sum())  # the gate's inputs and the experts' outputs
     gets = float(s3_data.sum()) + shards + inst.layers + 2  # data, then every function's weights
+    mapped = np.where(
+        piped, choice.replicas, np.where(choice.method[:, None] == Method.S3, replicas, 0)
+    )
+    transitions = 2 + sum(_LAYER_STATES[m] for m in methods) + int(mapped.sum())
     bill = {
         "experts_usd": evaluation.cost,
         "nonmoe_usd": nonmoe_s * inst.nonmoe_memory_mb * inst.price_mb_s,
         "requests_usd": (shards + inst.layers + 2) * inst.request_usd,
         "s3_usd": puts * inst.s3_put_usd + gets * inst.s3_get_usd,
-        "transitions_usd": (3 + 2 * inst.layers + shards) * inst.transition_usd,
+        "transitions_usd": transitions * inst.transition_usd,
     }
     bill["total_usd"] = sum(bill.values())
     return bill

@@ -126,7 +126,7 @@ class Instance:
         tokens: int,
         arch: str = "x86_64",
         nonmoe_memory_mb: float = 1769.0,
-        payload: str = "step-functions",
+        payload: str = "invoke",
         betas: tuple[int, ...] = (),
         pipelined_residency: bool = False,
         meta: dict[str, object] | None = None,
@@ -137,8 +137,9 @@ class Instance:
             compute_s: (J,) U_j for one expert of this model, at each memory option.
             nonmoe_compute_s: seconds per token of a layer function (attention block + gate) at
                 `nonmoe_memory_mb`.
-            payload: "step-functions" when direct payloads pass through a Step Functions state
-                (the emitted workflow: 256 KiB), "invoke" for a synchronous Invoke (6 MB).
+            payload: "invoke" when the gate invokes its experts synchronously with the shard
+                inline (the emitted workflow: 6 MB each way), "step-functions" when a direct
+                payload would pass through a Step Functions state (256 KiB).
         """
         counts = np.asarray(counts, dtype=float)
         price = calibration.price(arch)

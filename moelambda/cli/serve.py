@@ -39,7 +39,7 @@ def run_local(
     from cdk.app import build_app
     from moe import export_model
     from pipeline.local import run_workflow
-    from planner import Plan
+    from planner import Plan, choice_of, evaluate, function_seconds, instance_of
 
     if requests < 1 or max_tokens < 2 or not text.strip():
         raise UsageError(
@@ -52,14 +52,20 @@ def run_local(
     with tempfile.TemporaryDirectory(prefix="moelambda-local-") as tmp:
         root = Path(tmp)
         with err.status("exporting weights and synthesising the stack"):
-            export_model(model, root / "weights")
+            manifest = export_model(model, root / "weights")
             template = build_app(plan, root / "cdk.out").stacks[0].template
         ids = model.tokenizer([text], return_tensors="pt", truncation=True, max_length=max_tokens)[
             "input_ids"
         ].numpy()
         with err.status(f"running {requests} execution(s) on moto"):
             result = run_workflow(template, root / "weights", [ids] * requests)
-    reference = model.forward(torch.from_numpy(ids), reference=True).numpy()
+    routing: list = []
+    reference = model.forward(torch.from_numpy(ids), reference=True, routing=routing).numpy()
+    counts = np.stack([np.bincount(r.experts.reshape(-1), minlength=ref.experts) for r in routing])
+    inst = instance_of(document, manifest, counts.astype(float), int(ids.size))
+    choice = choice_of(document, inst)
+    predicted = function_seconds(inst, choice)
+    latency = evaluate(inst, choice).latency
     runs = result["requests"]
     diffs = [float(np.abs(r["output"] - reference).max()) for r in runs if "output" in r]
     failed = [r for r in runs if r["status"] != "SUCCEEDED"]
@@ -69,6 +75,9 @@ def run_local(
         "per_function_seconds": {
             name: round(sum(times), 4) for name, times in sorted(result["seconds"].items())
         },
+        "predicted_vs_measured": _predicted_vs_measured(
+            predicted, latency, result["seconds"], runs
+        ),
         "requests": len(runs),
         "tokens": int(ids.size),
         "intermediates_left": sum(r.get("intermediates_left", 0) for r in runs),
@@ -80,3 +89,32 @@ def run_local(
         typer.echo(json.dumps(summary, indent=1))
     if failed:
         raise typer.Exit(1)
+
+
+def _predicted_vs_measured(
+    predicted: dict[str, float],
+    latency_s: float,
+    measured: dict[str, list[float]],
+    runs: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """Per function the cost model's time of one call against the mean measured call.
+
+    The prediction is for Lambda at the plan's memory size (warm start, weights read from S3);
+    the measurement is this machine running every handler in-process on moto, concurrently.
+    """
+    functions = {}
+    for name in sorted(predicted.keys() | measured.keys()):
+        calls = measured.get(name, [])
+        functions[name] = {
+            "predicted_s": round(predicted[name], 5) if name in predicted else None,
+            "measured_s": round(sum(calls) / len(calls), 5) if calls else None,
+            "calls": len(calls),
+        }
+    durations = [r["seconds"] for r in runs if "seconds" in r]
+    return {
+        "functions": functions,
+        "request": {
+            "predicted_s": round(latency_s, 4),
+            "measured_s": round(max(durations), 4) if durations else None,
+        },
+    }

@@ -310,12 +310,13 @@ def test_state_machine_chains_head_layers_tail_by_method(
         order.append(name)
         if states[name].get("End"):
             break
-        name = states[name]["Next"]
+        name = states[name].get("Next") or states[name]["Default"]  # a Choice's way on
     assert order == [
         "Head",
         "Layer00",
         "Layer00Experts",
         "Layer01Pipelined",
+        "Layer01GateOk",
         "Layer01Output",
         "Layer02",
         "Tail",
@@ -351,11 +352,23 @@ def test_state_machine_chains_head_layers_tail_by_method(
     ]
     assert shards == expected
     assert parallel["Branches"][1]["States"]["Layer01Experts"]["Type"] == "Map"
-    assert states["Layer01Output"] == {
-        "Type": "Pass",
-        "InputPath": "$.branches[0]",
-        "Next": "Layer02",
+    assert states["Layer01Output"]["Parameters"] == {
+        "request_id.$": "$.branches.gate.request_id",
+        "hidden_key.$": "$.branches.gate.hidden_key",
+        "failures.$": "$.branches.experts.failures",
     }
+    # Failures never cut a fan-out short: every invocation catches its own error, and the Map
+    # (or the Parallel, for the pipelined gate) waits for all before the cleanup runs.
+    for processor in (
+        fan_out["ItemProcessor"],
+        parallel["Branches"][1]["States"]["Layer01Experts"]["ItemProcessor"],
+    ):
+        (task,) = [s for s in processor["States"].values() if s["Type"] == "Task"]
+        assert task["Catch"][0]["ErrorEquals"] == ["States.ALL"]
+    assert parallel["Branches"][0]["States"]["Layer01"]["Catch"][0]["Next"] == "Layer01GateCaught"
+    assert states["Layer01GateOk"]["Choices"][0]["Next"] == "Layer01GateFailed"
+    assert states["Layer01GateFailed"]["Next"] == "Cleanup"
+    assert states["Layer02"]["Parameters"]["Payload"]["expert_failures.$"] == "$.failures"
     # direct: only the gate, which invokes the experts itself.
     assert states["Layer02"]["Type"] == "Task"
     assert not any(s["Type"] == "Map" and "02" in n for n, s in states.items())

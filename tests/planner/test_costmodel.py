@@ -113,6 +113,12 @@ def test_evaluate_names_violations_and_bill_counts_requests() -> None:
     # S3: 3 shards, 2 PUTs each. Pipelined: ceil(100/30) = 4 and 1 minibatches per shard.
     assert s3_bill["s3_usd"] == pytest.approx(6 * 5e-6 + (6 + 3 + 1 + 2) * 4e-7)
     assert piped_bill["s3_usd"] == pytest.approx(18 * 5e-6 + (18 + 3 + 1 + 2) * 4e-7)
+    # Head and tail, then the layer's states of the emitted workflow and one per mapped shard.
+    assert s3_bill["transitions_usd"] == pytest.approx((2 + 2 + 3) * 2.5e-5)
+    assert piped_bill["transitions_usd"] == pytest.approx((2 + 6 + 3) * 2.5e-5)
+    direct_ok = Choice(np.array([3]), np.array([1]), np.array([[0, 0]]), np.array([[2, 1]]))
+    direct_bill = bill(inst, direct_ok, evaluate(inst, direct_ok))
+    assert direct_bill["transitions_usd"] == pytest.approx((2 + 1) * 2.5e-5)
     assert s3_bill["total_usd"] == pytest.approx(
         sum(v for k, v in s3_bill.items() if k != "total_usd")
     )

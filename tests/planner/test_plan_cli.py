@@ -88,7 +88,8 @@ def test_infeasible_slo_names_the_smallest_feasible(counts: Path, tmp_path: Path
     text = " ".join(result.output.split())
     assert result.exit_code == 2 and "binding constraint is latency" in text
     assert "pass --slo" in text and not (tmp_path / "p.json").exists()
-    direct = _plan(counts, tmp_path / "p.json", "--method", "direct")
+    # A synchronous Invoke carries 6 MB: about 4,096 of MiniLM's tokens per replica.
+    direct = _plan(counts, tmp_path / "p.json", "--method", "direct", "--tokens", "409600")
     assert direct.exit_code == 2 and "payload limit" in " ".join(direct.output.split())
     assert not (tmp_path / "p.json").exists()
 
@@ -140,7 +141,32 @@ def test_plan_validation_on_load(counts: Path, tmp_path: Path) -> None:
 
     def direct(doc) -> None:  # type: ignore[no-untyped-def]
         doc["layers"][0]["method"] = "direct"
+        doc["layers"][0]["experts"][0].update(tokens=5000.0, replicas=1)  # 7.7 MB > 6 MB
 
     assert "outside 128-10240 MB" in broken(memory)
     assert "exceed G = 8" in broken(replicas)
     assert "direct payload" in broken(direct)
+
+
+@pytest.mark.parametrize("method", ["pipelined", "s3", "direct"])
+def test_a_plan_replayed_on_its_own_counts_reproduces_its_times_and_cost(
+    counts: Path, tmp_path: Path, minilm: object, method: str
+) -> None:
+    from moe import describe_model
+    from planner import choice_of, evaluate, function_seconds, instance_of
+
+    _json(_plan(counts, tmp_path / "p.json", "--method", method, "--json"))
+    plan = Plan.load(tmp_path / "p.json")
+    planned = np.array([[e.tokens for e in layer.experts] for layer in plan.layers])
+    inst = instance_of(plan, describe_model(minilm), planned, plan.totals.tokens)  # type: ignore[arg-type]
+    choice = choice_of(plan, inst)
+    seconds = function_seconds(inst, choice)
+    for layer in plan.layers:
+        for e in layer.experts:
+            name = f"layer{layer.layer:02d}/expert{e.expert:02d}"
+            assert seconds[name] == pytest.approx(e.time_s, rel=1e-9)
+    ev = evaluate(inst, choice, plan.totals.slo_s)
+    assert ev.feasible and ev.cost == pytest.approx(plan.totals.moe_cost_usd, rel=1e-9)
+    assert ev.latency == pytest.approx(plan.totals.latency_s, rel=1e-9)
+    if method == "direct":  # the gate waits for the experts it invokes
+        assert seconds["layer00"] > max(seconds[f"layer00/expert{e:02d}"] for e in range(4))

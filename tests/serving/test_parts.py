@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from functions import weights
-from functions.common import s3_client
+from functions.common import ExpertFailed, gather_previous, s3_client
 from moe import Manifest
 from pipeline import layout, transports
 from pipeline.local import InProcessLambdas, placeholder_zip
@@ -101,3 +102,21 @@ def test_an_invoked_handler_never_holds_the_s3_lock(s3: object) -> None:
         answer = client.invoke(FunctionName=name, Payload=json.dumps({"key": "lock-test"}))
     assert json.loads(answer["Payload"].read()) == {"finished": True}
     s3.delete_object(Bucket=BUCKET, Key="lock-test")  # type: ignore[attr-defined]
+
+
+def test_pipelined_experts_stop_at_once_when_their_gate_failed(s3: object) -> None:
+    transports.abort_pipelined(s3, BUCKET, "aborted", 0, [1, 2])
+    started = time.monotonic()
+    with pytest.raises(transports.TransportError, match="layer 0 function .* failed"):
+        transports.serve_pipelined(
+            s3, BUCKET, "aborted", 0, 1, 1, lambda x: x, poll_s=0.02, timeout_s=30
+        )
+    assert time.monotonic() - started < 5
+    assert clean(Deployment(BUCKET, [], 1, []), "aborted")["deleted"] == 3
+
+
+def test_the_next_function_raises_the_first_failed_expert_with_its_cause() -> None:
+    cause = json.dumps({"errorType": "ModelError", "errorMessage": "weights missing"})
+    failures = [{"ok": True}, {"error": {"Error": "ModelError", "Cause": cause}}, {"ok": True}]
+    with pytest.raises(ExpertFailed, match="1 expert invocation.* layer 3 .*ModelError: weights"):
+        gather_previous(None, "r", {"layer": 3, "method": "s3"}, 3, failures)  # type: ignore[arg-type]
