@@ -24,6 +24,8 @@ demo: setup
 		--plot out/prediction.png --force
 	$(BIN)/moelambda plan --counts out/counts.json --out out/plan.json \
 		--pareto out/pareto.csv --force
+	$(BIN)/moelambda synth --plan out/plan.json --out out/cdk.out --force
+	$(BIN)/moelambda run-local --plan out/plan.json --requests 2
 
 test: setup
 	$(BIN)/python -m pytest -q
