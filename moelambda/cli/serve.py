@@ -86,7 +86,7 @@ def run_local(
     if as_json:
         print(json.dumps(summary))
     else:
-        typer.echo(json.dumps(summary, indent=1))
+        _print_summary(summary)
     if failed:
         raise typer.Exit(1)
 
@@ -118,3 +118,35 @@ def _predicted_vs_measured(
             "measured_s": round(max(durations), 4) if durations else None,
         },
     }
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    """The verdict, then per function predicted against measured seconds (slowest first)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    compared = summary["predicted_vs_measured"]
+    table = Table(title="seconds per call: cost model (Lambda) vs measured (in-process, moto)")
+    for column in ("function", "predicted", "measured", "calls"):
+        table.add_column(column, justify="left" if column == "function" else "right")
+    rows = sorted(compared["functions"].items(), key=lambda kv: -(kv[1]["measured_s"] or 0.0))
+    for name, entry in rows:
+        predicted = entry["predicted_s"]
+        table.add_row(
+            name,
+            "-" if predicted is None else f"{predicted:.3f}",
+            "-" if entry["measured_s"] is None else f"{entry['measured_s']:.3f}",
+            str(entry["calls"]),
+        )
+    console = Console()
+    console.print(table)
+    request = compared["request"]
+    diff = summary["max_abs_diff_vs_monolithic"]
+    console.print(
+        f"{summary['status']}: {summary['requests']} request(s) of {summary['tokens']} tokens; "
+        f"max |output - monolithic| = {'-' if diff is None else f'{diff:.2g}'}; "
+        f"intermediates left: {summary['intermediates_left']}; request latency predicted "
+        f"{request['predicted_s']} s, measured {request['measured_s']} s."
+    )
+    for error in summary["errors"]:
+        console.print(f"[red]{error['error']}[/red]: {error['cause']}")
