@@ -7,10 +7,30 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-from moelambda.exceptions import OutputExistsError
+from pydantic import BaseModel, ValidationError
 
-__all__ = ["write_atomically", "write_file_atomically"]
+from moelambda.exceptions import MoelambdaError, OutputExistsError
+
+__all__ = ["read_document", "write_atomically", "write_file_atomically"]
+
+Document = TypeVar("Document", bound=BaseModel)
+
+
+def read_document(
+    cls: type[Document], path: str | Path, error: type[MoelambdaError], what: str, fix: str
+) -> Document:
+    """Read and validate a JSON document; errors name the file, the first bad field and `fix`."""
+    path = Path(path)
+    try:
+        return cls.model_validate_json(path.read_bytes())
+    except OSError as err:
+        raise error(f"cannot read the {what} '{path}': {err.strerror}.", fix) from err
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the document"
+        raise error(f"'{path}' is not a valid {what} ({where}: {first['msg']}).", fix) from err
 
 
 def write_atomically(out: Path, write: Callable[[Path], None], *, force: bool) -> None:

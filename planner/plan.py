@@ -13,10 +13,10 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from moe import StageEntry
-from moelambda._io import write_file_atomically
+from moelambda._io import read_document, write_file_atomically
 from moelambda.exceptions import MoelambdaError
 
 __all__ = ["PLAN_VERSION", "ExpertPlan", "LayerPlan", "ModelRef", "Plan", "PlanError", "Totals"]
@@ -133,18 +133,6 @@ class Plan(_Strict):
         Raises:
             PlanError: Missing, unreadable, or failing a deployment check (named).
         """
-        path = Path(path)
-        try:
-            return cls.model_validate_json(path.read_bytes())
-        except OSError as err:
-            raise PlanError(
-                f"cannot read the plan '{path}': {err.strerror}.",
-                "write one with `moelambda plan --out plan.json`.",
-            ) from err
-        except ValidationError as err:
-            first = err.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "the plan"
-            raise PlanError(
-                f"'{path}' is not a valid plan ({where}: {first['msg']}).",
-                "make the plan again with `moelambda plan`, or fix that field.",
-            ) from err
+        return read_document(
+            cls, path, PlanError, "plan", "make the plan again with `moelambda plan --out FILE`."
+        )

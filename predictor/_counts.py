@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from moelambda._io import write_file_atomically
+from moelambda._io import read_document, write_file_atomically
 from moelambda.exceptions import TraceError
 
 __all__ = ["COUNTS_VERSION", "PredictedCounts"]
@@ -76,18 +76,10 @@ class PredictedCounts(BaseModel):
         Raises:
             TraceError: The file is missing, not JSON, or not a valid counts document.
         """
-        path = Path(path)
-        try:
-            return cls.model_validate_json(path.read_bytes())
-        except OSError as err:
-            raise TraceError(
-                f"cannot read the counts file '{path}': {err.strerror}.",
-                "write one with `moelambda predict --traces DIR --counts-out FILE`.",
-            ) from err
-        except ValidationError as err:
-            first = err.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "the document"
-            raise TraceError(
-                f"'{path}' is not a valid counts file ({where}: {first['msg']}).",
-                "write it again with `moelambda predict --traces DIR --counts-out FILE`.",
-            ) from err
+        return read_document(
+            cls,
+            path,
+            TraceError,
+            "counts file",
+            "write one with `moelambda predict --traces DIR --counts-out FILE`.",
+        )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -28,6 +28,9 @@ from moelambda.cli._app import (
     user_errors,
 )
 from moelambda.exceptions import UsageError
+
+if TYPE_CHECKING:
+    from predictor import RoutingTrace
 
 
 def run_profile(
@@ -251,3 +254,22 @@ def bench_profiler(
         print(json.dumps(summary))
     else:
         Console().print_json(json.dumps(summary))
+
+
+def bench_trace(traces: Path | None, *, experts: int) -> RoutingTrace:
+    """The trace a benchmark runs on: `traces` if given, else 10,240 fresh MiniLM tokens."""
+    from predictor import RoutingTrace
+
+    if traces is not None:
+        return RoutingTrace.load(traces)
+    _, result, _ = run_profile(
+        model="minilm",
+        experts=experts,
+        top_k=2,
+        corpus="wiki",
+        tokens=10240,
+        window=128,
+        seed=0,
+        batch_size=32,
+    )
+    return result.trace

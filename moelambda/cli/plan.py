@@ -310,27 +310,12 @@ def _paper_instance(traces: Path | None, tokens: int) -> tuple[Any, dict[str, An
     same 6 with the expert order reversed, for 12); the sizes from BERT-base (hidden 768, FFN
     3,072 in 16 experts of 192 neurons).
     """
+    from moelambda.cli.model import bench_trace
     from planner import load_calibration
     from planner.compute import expert_compute_s
     from planner.instance import Instance
-    from predictor import RoutingTrace
 
-    if traces is None:
-        from moelambda.cli.model import run_profile
-
-        _, result, _ = run_profile(
-            model="minilm",
-            experts=16,
-            top_k=2,
-            corpus="wiki",
-            tokens=10240,
-            window=128,
-            seed=0,
-            batch_size=32,
-        )
-        trace = result.trace
-    else:
-        trace = RoutingTrace.load(traces)
+    trace = bench_trace(traces, experts=16)
     if trace.num_experts != 16:
         raise UsageError(
             f"the benchmark needs a 16-expert trace; '{traces}' has {trace.num_experts}.",

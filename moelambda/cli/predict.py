@@ -242,22 +242,9 @@ def bench_predictor(
 
     if batches < 1 or predict_batches < 1:
         raise UsageError("--batches and --predict-batches must be positive.", "pass 1 or more.")
-    if traces is None:
-        from moelambda.cli.model import run_profile
+    from moelambda.cli.model import bench_trace
 
-        _, result, _ = run_profile(
-            model="minilm",
-            experts=4,
-            top_k=2,
-            corpus="wiki",
-            tokens=10240,
-            window=128,
-            seed=0,
-            batch_size=32,
-        )
-        trace = result.trace
-    else:
-        trace = RoutingTrace.load(traces)
+    trace = bench_trace(traces, experts=4)
     windows = np.unique(trace.window_ids)
     window = int(trace.meta.get("window", 128))
     rng = np.random.default_rng(0)
