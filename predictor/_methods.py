@@ -124,27 +124,6 @@ class HistoryPredictor(Predictor):
         return Prediction(n * self.k * priors, np.repeat(top[:, None, :], n, axis=1))
 
 
-class LinaTokenPredictor(Predictor):
-    """Lina as the core paper uses it: MAP of P*(i | token ID) from profiled counts."""
-
-    name = "lina-token"
-
-    def fit(self, tables: CountTable, trace: RoutingTrace | None) -> Predictor:
-        super().fit(tables, trace)
-        for layer in tables.layers:
-            _ = layer.token_expert, layer.prior
-        return self
-
-    def predict(self, batch: RoutingTrace) -> Prediction:
-        unique, inverse, n = np.unique(batch.token_ids, return_inverse=True, return_counts=True)
-        counts, tops = [], []
-        for layer in self.tables.layers:
-            posterior = _normalise(layer.token_expert[unique], layer.prior, 0.0)
-            counts.append(_counts(posterior, n.astype(float), self.k, soft=False))
-            tops.append(_top(posterior, self.k)[inverse])
-        return Prediction(np.stack(counts), np.stack(tops))
-
-
 class BayesPredictor(Predictor):
     """The posterior of the paper's eq. (1), with hard (MAP, eq. 2) or soft (expected) counts.
 
@@ -242,12 +221,31 @@ class BayesPredictor(Predictor):
         self, layer: LayerTable, unique: np.ndarray, backoff: np.ndarray
     ) -> np.ndarray:
         """P(i | f1, f2): (token, position) counts with `smoothing` entries on P(i | f1)."""
-        keys, table = layer.by_token_position
-        lookup = np.minimum(np.searchsorted(keys, unique), keys.size - 1)
-        rows = np.where((keys[lookup] == unique)[:, None], table[lookup], 0.0)
-        total = rows.sum(axis=1, keepdims=True)
-        weight = max(self.smoothing, 1.0)
-        return (rows + weight * backoff) / (total + weight)
+        return position_posterior(position_rows(layer, unique), backoff, self.smoothing)
+
+
+def position_rows(layer: LayerTable, features: np.ndarray) -> np.ndarray:
+    """(n, E) profiled counts of each packed (token, position) feature; 0 for unseen ones."""
+    keys, table = layer.by_token_position
+    lookup = np.minimum(np.searchsorted(keys, features), keys.size - 1)
+    return np.where((keys[lookup] == features)[:, None], table[lookup], 0.0)
+
+
+def position_posterior(rows: np.ndarray, backoff: np.ndarray, smoothing: float) -> np.ndarray:
+    """P(i | f1, f2) from (token, position) counts with max(smoothing, 1) entries on P(i | f1)."""
+    weight = max(smoothing, 1.0)
+    return (rows + weight * backoff) / (rows.sum(axis=1, keepdims=True) + weight)
+
+
+class LinaTokenPredictor(BayesPredictor):
+    """Lina as the core paper uses it: MAP of P*(i | token ID) from profiled counts.
+
+    The posterior of eq. (1) with the attention and position IDs dropped, no smoothing, the
+    layer's marginal for unseen tokens, and hard top-k counts.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(name="lina-token", soft=False, use_attention=False)
 
 
 class LinaPathPredictor(Predictor):
