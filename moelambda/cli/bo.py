@@ -1,0 +1,223 @@
+"""`moelambda bo`: tune the predictor's count table against the billed cost (Alg. 2), compare."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from moelambda.cli._app import ForceOpt, JsonOpt, app, err, load_with_status, user_errors
+from moelambda.exceptions import UsageError
+
+
+def _plot(path: Path, report: dict[str, Any], searches: dict[str, Any], force: bool) -> None:
+    """Best learning cost per iteration and per second of every method, over the oracle's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from moelambda._io import write_file_atomically
+
+    oracle = report["learn_oracle_cost_usd"]
+    fig, (by_iter, by_time) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for name, search in searches.items():
+        if not search.best:
+            continue
+        ratio = [b / oracle for b in search.best]
+        by_iter.plot(range(1, len(ratio) + 1), ratio, label=name)
+        by_time.plot(search.elapsed, ratio, label=name)
+    for ax, label in ((by_iter, "iteration"), (by_time, "seconds")):
+        ax.axhline(1.0, color="black", lw=0.8, ls="--", label="oracle (real counts)")
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    by_iter.set_ylabel("best objective on the learning batches ÷ oracle")
+    by_iter.legend()
+    setup = report["setup"]
+    fig.suptitle(
+        f"BO of {setup['predictor']} on {setup['model']} E={setup['experts']} "
+        f"k={setup['top_k']}, SLO {report['slo_s']:.2f} s"
+    )
+    fig.tight_layout()
+    try:
+        write_file_atomically(
+            path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"), force=force
+        )
+    finally:
+        plt.close(fig)
+
+
+def _print(report: dict[str, Any]) -> None:
+    out = Console()
+    setup = report["setup"]
+    table = Table(
+        title=f"BO of {setup['predictor']}: {setup['test_batches']} held-out batches of "
+        f"{setup['tokens']:,} tokens, SLO {report['slo_s']:.2f} s"
+    )
+    for column in (
+        "method",
+        "cost µ$",
+        "÷ oracle",
+        "saving vs LambdaML",
+        "MAD",
+        "iterations",
+        "s/iter",
+        "converged at",
+        "tokens/s",
+    ):
+        table.add_column(column, justify="left" if column == "method" else "right")
+    tput = report["throughput_tokens_per_s"]
+    for name, m in report["methods"].items():
+        table.add_row(
+            name,
+            f"{m['final_cost_usd'] * 1e6:.2f}",
+            f"{m['cost_vs_oracle']:.4f}",
+            f"{m['saving_vs_lambdaml']:.1%}",
+            f"{m['prediction_mad']:.1f}",
+            str(m["iterations"]),
+            f"{m['seconds_per_iteration']:.3f}",
+            "-" if m["converged_at"] is None else f"{m['converged_at']} ({m['converged_s']} s)",
+            f"{tput[name]:,.0f}",
+        )
+    out.print(table)
+    out.print(
+        f"Oracle ${report['oracle_cost_usd'] * 1e6:.2f} µ ({tput['oracle']:,.0f} tokens/s), "
+        f"LambdaML ${report['lambdaml_cost_usd'] * 1e6:.2f} µ ({tput['lambdaml']:,.0f} "
+        "tokens/s) per batch, averaged over the held-out batches."
+    )
+
+
+@app.command()
+@user_errors
+def bo(
+    traces: Annotated[Path, typer.Option(help="Routing-trace directory (`moelambda profile`).")],
+    slo: Annotated[
+        float | None,
+        typer.Option(
+            help="Latency SLO of one batch, seconds (default: 1.1 x the fastest plan's latency "
+            "on the learning batches' real counts)."
+        ),
+    ] = None,
+    iterations: Annotated[int, typer.Option(help="Most BO iterations per method.")] = 100,
+    tokens: Annotated[int, typer.Option(help="Tokens per batch.")] = 10240,
+    learn_batches: Annotated[int, typer.Option(help="Batches to learn on.")] = 1,
+    test_batches: Annotated[int, typer.Option(help="Held-out batches to test on.")] = 20,
+    predictor: Annotated[
+        str, typer.Option(help="Predictor to tune: bayes-pos-soft, bayes-token-soft, lina-token.")
+    ] = "bayes-pos-soft",
+    methods: Annotated[
+        str, typer.Option(help="Comma-separated: multi-eps, single-eps, random, tpe, none.")
+    ] = "multi-eps,single-eps,random,tpe,none",
+    q: Annotated[int, typer.Option("--q", help="Key-value pairs per trial (Q).")] = 1000,
+    epsilon0: Annotated[float, typer.Option(help="Initial ε.")] = 0.2,
+    rho: Annotated[float, typer.Option(help="Decay ρ of ε.")] = 0.05,
+    rho1: Annotated[float, typer.Option(help="Slow-down ρ1 after a memory shortfall.")] = 0.04,
+    rho2: Annotated[float, typer.Option(help="Slow-down ρ2 after a payload overflow.")] = 0.03,
+    rho3: Annotated[float, typer.Option(help="Slow-down ρ3 after a misprediction.")] = 0.02,
+    mu: Annotated[float, typer.Option(help="Share μ of pairs searched within L.")] = 0.5,
+    value_max: Annotated[int, typer.Option(help="Largest count written to a key.")] = 16,
+    alpha: Annotated[
+        float, typer.Option(help="Tokens per replica a prediction may be off (α).")
+    ] = 64.0,
+    patience: Annotated[int, typer.Option(help="Stopping rule: iterations λ.")] = 20,
+    tolerance: Annotated[
+        float, typer.Option(help="Stopping rule: relative improvement ζ.")
+    ] = 1e-3,
+    surrogate: Annotated[str, typer.Option(help="gp or none.")] = "gp",
+    candidates: Annotated[int, typer.Option(help="Candidates the GP chooses from.")] = 8,
+    calibration: Annotated[
+        Path | None, typer.Option(help="Calibration JSON (default: the packaged one).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seeds the split and every sampler.")] = 0,
+    plot: Annotated[Path | None, typer.Option(help="PNG of every method's convergence.")] = None,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Tune the expert-selection predictor by Bayesian optimisation against the billed cost.
+
+    Learns on --learn-batches batches of --tokens tokens (Alg. 2: multi-dimensional ε-greedy
+    search over Q key-value pairs of the count table, on optuna), compares it with no BO, random
+    adjustment, single ε and TPE, and tests every result on --test-batches held-out batches
+    against the oracle (plans from the real counts) and LambdaML (3,008 MB, no replicas).
+    """
+    from moe import describe_model
+    from planner import load_calibration
+    from planner.bo import BoSettings, EpsilonGreedy, run_bo
+    from predictor import RoutingTrace
+
+    if iterations < 1:
+        raise UsageError(f"--iterations {iterations} is not positive.", "pass 1 or more.")
+    for name, value in (("--learn-batches", learn_batches), ("--test-batches", test_batches)):
+        if value < 1:
+            raise UsageError(f"{name} {value} is not positive.", f"pass {name} 1 or more.")
+    if slo is not None and not slo > 0:
+        raise UsageError(f"--slo {slo} is not positive.", "pass a positive --slo.")
+    if plot is not None and plot.exists() and not force:
+        raise UsageError(f"'{plot}' already exists.", "pick another name or pass --force.")
+    config = EpsilonGreedy(
+        q=q,
+        epsilon0=epsilon0,
+        rho=rho,
+        rho_memory=rho1,
+        rho_payload=rho2,
+        rho_mispredicted=rho3,
+        mu=mu,
+        value_max=value_max,
+        candidates=candidates,
+        surrogate=surrogate,
+    )
+    settings = BoSettings(
+        tokens=tokens,
+        learn_batches=learn_batches,
+        test_batches=test_batches,
+        iterations=iterations,
+        patience=patience,
+        tolerance=tolerance,
+        alpha=alpha,
+        slo_s=slo,
+        predictor=predictor,
+        seed=seed,
+        methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
+        config=config,
+    )
+    trace = RoutingTrace.load(traces)
+    model = load_with_status(
+        trace.meta["model"],
+        trace.num_experts,
+        trace.top_k,
+        int(trace.meta.get("moefy_seed", 0)),
+        True,
+    )
+    manifest = describe_model(model)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=err,
+        transient=True,
+    ) as progress:
+        tasks: dict[str, Any] = {}
+
+        def on_trial(method: str, done: int, best: float) -> None:
+            if method not in tasks:
+                tasks[method] = progress.add_task(method, total=iterations)
+            progress.update(
+                tasks[method], completed=done, description=f"{method}: best ${best * 1e6:.3f} µ"
+            )
+
+        report, searches = run_bo(
+            trace, manifest, load_calibration(calibration), settings, on_trial=on_trial
+        )
+    if plot is not None:
+        _plot(plot, report, searches, force)
+        report["plot"] = str(plot)
+    if as_json:
+        print(json.dumps(report))
+    else:
+        _print(report)

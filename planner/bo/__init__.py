@@ -1,0 +1,39 @@
+"""Bayesian optimisation of the expert-selection predictor against the billed cost (Alg. 2).
+
+`EpsilonGreedySampler` is the decaying multi-dimensional ε-greedy search as an optuna sampler,
+`ServingObjective` the black box (predict, plan, serve real batches), `run_bo` the experiment
+that compares it with the baselines on held-out batches.
+"""
+
+from __future__ import annotations
+
+from planner.bo._objective import Outcome, Planner, ServingObjective
+from planner.bo._run import BO_METHODS, BoSettings, Split, run_bo, split_for_bo, tune
+from planner.bo._sampler import (
+    Converged,
+    EpsilonGreedy,
+    EpsilonGreedySampler,
+    adjustment_of,
+    converged,
+    epsilon,
+    search_space,
+)
+
+__all__ = [
+    "BO_METHODS",
+    "BoSettings",
+    "Converged",
+    "EpsilonGreedy",
+    "EpsilonGreedySampler",
+    "Outcome",
+    "Planner",
+    "ServingObjective",
+    "Split",
+    "adjustment_of",
+    "converged",
+    "epsilon",
+    "run_bo",
+    "search_space",
+    "split_for_bo",
+    "tune",
+]
