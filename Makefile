@@ -34,6 +34,8 @@ bench: setup
 	$(BIN)/moelambda bench profiler
 	$(BIN)/moelambda bench predictor
 	$(BIN)/moelambda bench planner
+	$(BIN)/moelambda profile --out out/bench-trace --tokens 102400 --force
+	$(BIN)/moelambda bo --traces out/bench-trace --predictor lina-token --plot out/bo.png --force
 
 clean:
 	rm -rf out build *.egg-info
