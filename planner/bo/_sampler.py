@@ -19,7 +19,8 @@ number of finished trials):
 3. With the GP surrogate on, `candidates` such vectors are drawn and the one the GP expects to be
    cheapest is evaluated; otherwise the first.
 
-The single-ε baseline is the same search with one ε for all dimensions and no slow-downs. The
+The single-ε baseline is the same search with one ε for all dimensions and no slow-downs, every
+dimension drawing as the unslowed ones do (from L or P). The
 stopping rule (`Converged`) ends the study when the best cost improved by less than a relative ζ
 over the last λ iterations.
 
