@@ -11,6 +11,7 @@ The oracle plans each test batch from its real counts; LambdaML runs every exper
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +33,9 @@ from planner.bo._sampler import (
 )
 from planner.build import instance_for
 from planner.calibration import Calibration
+from planner.costmodel import Solution
 from planner.exact import solve_frontier
+from planner.instance import Instance
 from planner.serving import serve
 from predictor import RoutingTrace, build_tables, make_predictor
 from predictor._adjust import AdjustableBatch, Adjustment
@@ -120,15 +123,13 @@ def _sampler(
     name: str,
     objective: ServingObjective,
     learn: Sequence[RoutingTrace],
-    config: EpsilonGreedy,
     seed: int,
 ) -> optuna.samplers.BaseSampler:
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed)
-    per_dimension = name == "multi-eps"
-    config = EpsilonGreedy(**{**config.__dict__, "per_dimension": per_dimension})
+    config = dataclasses.replace(objective.config, per_dimension=name == "multi-eps")
     occurrences = [(b.token_ids, b.position_ids) for b in learn]
     space = objective.batches[0].space
     return EpsilonGreedySampler(space, occurrences, config, embed=objective.embed, seed=seed)
@@ -147,7 +148,7 @@ def start_pairs(
     rng = np.random.default_rng(seed)
     tokens = np.concatenate([b.token_ids for b in learn]).astype(np.int64)
     positions = np.concatenate([b.position_ids for b in learn]).astype(np.int64)
-    keys = np.zeros(0, dtype=np.int64)
+    keys, values = np.zeros(0, dtype=np.int64), np.zeros(0)
     for attempt in range(8):
         n = 4 * q
         pick = rng.integers(0, tokens.size, n)
@@ -156,8 +157,8 @@ def start_pairs(
         drawn = space.pack(
             rng.integers(0, space.layers, n), token, position, rng.integers(0, space.experts, n)
         )
-        fits = objective.batches[0].current_values(drawn) <= top
-        keys = np.r_[keys, drawn[fits]][:q]
+        held = objective.batches[0].current_values(drawn)
+        keys, values = np.r_[keys, drawn[held <= top]][:q], np.r_[values, held[held <= top]][:q]
         if keys.size == q:
             break
     else:
@@ -165,7 +166,7 @@ def start_pairs(
             f"could not find {q} keys whose counts are at most --value-max {top}.",
             "raise --value-max or lower --q.",
         )
-    return Adjustment(keys, objective.batches[0].current_values(keys))
+    return Adjustment(keys, values)
 
 
 def tune(
@@ -184,7 +185,7 @@ def tune(
         return Tuned(name, Adjustment.empty(), 0, 0.0, 0, 0.0)
     start = start_pairs(objective, learn, seed)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    study = optuna.create_study(sampler=_sampler(name, objective, learn, objective.config, seed))
+    study = optuna.create_study(sampler=_sampler(name, objective, learn, seed))
     q = objective.config.q
     study.enqueue_trial(pair_params(start, objective.config.value_max))
     stop = Converged(patience, tolerance)
@@ -232,6 +233,16 @@ class BoSettings:
     config: EpsilonGreedy = field(default_factory=EpsilonGreedy)
 
 
+def _plan(planner: Planner, counts: np.ndarray, what: str) -> tuple[Instance, Solution]:
+    """The plan of `counts`, or a UsageError naming `what` could not meet the SLO."""
+    inst, solution = planner(counts)
+    if solution is None:
+        raise UsageError(
+            f"no plan meets the SLO of {planner.slo_s:.3f} s for {what}.", "pass a larger --slo."
+        )
+    return inst, solution
+
+
 def _held_out(
     adjustment: Adjustment,
     tests: Sequence[AdjustableBatch],
@@ -242,12 +253,7 @@ def _held_out(
     costs, latencies, mad, late, overrun = [], [], [], 0, []
     for batch, real in zip(tests, reals, strict=True):
         counts = batch.counts(adjustment)
-        inst, solution = planner(counts)
-        if solution is None:
-            raise UsageError(
-                f"no plan meets the SLO of {planner.slo_s:.3f} s for a test batch's prediction.",
-                "pass a larger --slo.",
-            )
+        inst, solution = _plan(planner, counts, "a test batch's prediction")
         run = serve(inst, solution.choice, real, alpha=alpha)
         costs.append(run.cost)
         latencies.append(run.latency)
@@ -310,13 +316,7 @@ def run_bo(
     objective = ServingObjective(learn, learn_real, planner, s.config, alpha=s.alpha, slo_s=slo_s)
     learn_oracle = []
     for real in learn_real:
-        best = planner(real)[1]
-        if best is None:
-            raise UsageError(
-                f"no plan meets the SLO of {slo_s:.3f} s even with the real counts of a "
-                "learning batch.",
-                "pass a larger --slo.",
-            )
+        best = _plan(planner, real, "the real counts of a learning batch")[1]
         learn_oracle.append(best.cost)
     searches = {
         name: tune(
@@ -333,13 +333,7 @@ def run_bo(
     }
     oracle_cost, oracle_latency, lm_cost, lm_latency = [], [], [], []
     for real in test_real:
-        inst, best = planner(real)
-        if best is None:
-            raise UsageError(
-                f"no plan meets the SLO of {slo_s:.3f} s even with the real counts of a test "
-                "batch.",
-                "pass a larger --slo.",
-            )
+        inst, best = _plan(planner, real, "the real counts of a test batch")
         oracle_cost.append(best.cost)
         oracle_latency.append(best.latency)
         lm = lambdaml(inst, None)
