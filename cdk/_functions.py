@@ -20,8 +20,8 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from cdk._bucket import OUTPUTS_PREFIX, REQUESTS_PREFIX
+from ground.plan import Plan
 from planner.build import NONMOE_MEMORY_MB
-from planner.plan import Plan
 
 __all__ = [
     "DEFAULT_WEIGHTS_PREFIX",

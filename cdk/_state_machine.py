@@ -26,7 +26,7 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from cdk._functions import ServingFunctions
-from planner.plan import LayerPlan, Plan
+from ground.plan import LayerPlan, Plan
 
 __all__ = ["RETRY_ERRORS", "ServingStateMachine"]
 

@@ -33,7 +33,7 @@ def add_stack(
 ) -> Any:
     """Load and validate the plan (PlanError if unusable) and add its stack to `app`."""
     from cdk.stack import MoeServingStack
-    from planner.plan import Plan
+    from ground.plan import Plan
 
     plan = Plan.load(plan_path)
     return MoeServingStack(app, stack_name, plan=plan, options=options)
@@ -65,7 +65,7 @@ def main() -> None:
     import aws_cdk as cdk
 
     from cdk._functions import FunctionOptions
-    from moelambda.exceptions import MoelambdaError
+    from ground.errors import MoelambdaError
 
     app = cdk.App()
     ctx = app.node.try_get_context

@@ -8,7 +8,7 @@ from constructs import Construct
 from cdk._bucket import ServingBucket
 from cdk._functions import FunctionOptions, ServingFunctions
 from cdk._state_machine import ServingStateMachine
-from planner.plan import Plan
+from ground.plan import Plan
 
 __all__ = ["MoeServingStack"]
 

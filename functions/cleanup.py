@@ -6,7 +6,8 @@ from typing import Any
 
 from functions import config
 from functions.common import s3_client
-from pipeline import layout, transports
+from ground import layout
+from pipeline import transports
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:

@@ -16,8 +16,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from moelambda.exceptions import MoelambdaError
-from pipeline.transports import METHODS
+from ground.errors import MoelambdaError
+from ground.method import METHODS
 
 __all__ = ["Config", "ConfigError", "Invoker", "LayerPlan", "current", "lambda_invoker", "local"]
 

@@ -9,7 +9,8 @@ import torch
 
 from functions import config, weights
 from functions.common import s3_client
-from pipeline import layout, transports
+from ground import layout
+from pipeline import transports
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:

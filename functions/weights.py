@@ -15,10 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ground.errors import ModelError
+from ground.manifest import HEAD_KEY, TAIL_KEY, expert_key, layer_key
 from moe import StageLoader
-from moe._export import HEAD_KEY, TAIL_KEY, expert_key, layer_key
 from moe._stages import ExpertStage, HeadStage, LayerStage, TailStage
-from moelambda.exceptions import ModelError
 from pipeline.transports import list_keys
 
 __all__ = ["expert", "head", "layer", "loader", "tail"]

@@ -5,9 +5,10 @@ Predictor, functions and pipeline all use the model through this package only.
 
 from __future__ import annotations
 
+from ground.manifest import Manifest, StageEntry, expert_key, layer_key
 from moe._cache import default_cache_dir, load_exported, load_model
 from moe._experts import ExpertBank, Router, expert_ffn, gather_shards, routing_shards
-from moe._export import Manifest, StageEntry, describe_model, expert_key, export_model, layer_key
+from moe._export import describe_model, export_model
 from moe._model import EXPERT_CHOICES, TOP_K_CHOICES, LayerRouting, MoEModel, build_model
 from moe._moefy import LayerFit
 from moe._registry import BUILTIN_MODELS, ModelSource, resolve_model

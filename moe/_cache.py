@@ -19,14 +19,15 @@ from pathlib import Path
 
 import torch
 
+from ground import __version__
+from ground.manifest import MANIFEST_VERSION
 from moe._experts import ExpertBank
-from moe._export import MANIFEST_VERSION, export_model
+from moe._export import export_model
 from moe._families import NATIVE_MOE_TYPES
 from moe._model import MoEModel, build_model
 from moe._moefy import LayerFit
 from moe._registry import ModelSource, resolve_model
 from moe._stages import StageLoader
-from moelambda import __version__
 
 __all__ = ["CACHE_ENV", "default_cache_dir", "load_exported", "load_model"]
 

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ground.errors import ModelError
 from moe._experts import ExpertKind
-from moelambda.exceptions import ModelError
 
 __all__ = [
     "BlockOutput",

@@ -17,11 +17,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ground.errors import ModelError, UsageError
 from moe._experts import ExpertBank, Router, expert_ffn
 from moe._families import NATIVE_MOE_TYPES, Family, family_for
 from moe._moefy import LayerFit, moefy_ffn
 from moe._registry import ModelSource, resolve_model
-from moelambda.exceptions import ModelError, UsageError
 
 __all__ = [
     "EXPERT_CHOICES",

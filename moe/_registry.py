@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from moelambda.exceptions import ModelError, did_you_mean
+from ground.errors import ModelError, did_you_mean
 
 __all__ = ["BUILTIN_MODELS", "ModelSource", "resolve_model"]
 

@@ -16,10 +16,10 @@ from pydantic import ValidationError
 from safetensors.torch import load_file
 from torch import nn
 
+from ground.errors import ModelError
+from ground.manifest import HEAD_KEY, MANIFEST_VERSION, TAIL_KEY, Manifest, expert_key, layer_key
 from moe._experts import Router, expert_ffn, gather_shards, routing_shards
-from moe._export import HEAD_KEY, MANIFEST_VERSION, TAIL_KEY, Manifest, expert_key, layer_key
 from moe._families import Family
-from moelambda.exceptions import ModelError
 
 __all__ = ["ExpertStage", "LayerOutput", "LayerStage", "StageLoader", "run_staged"]
 

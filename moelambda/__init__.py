@@ -1,11 +1,12 @@
 """moelambda: serve Mixture-of-Experts models on serverless functions at the lowest bill.
 
-The package holds what every part shares: the command line, the error types and the corpus
-reader. The model core lives in `moe`, profiling and prediction in `predictor`, planning in
-`planner`.
+This package is the top floor: the command line and the corpus reader. Nothing else imports it.
+The model core lives in `moe`, profiling and prediction in `predictor`, planning in `planner`,
+what they all share in `ground`.
 """
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from ground import __version__
+
 __all__ = ["__version__"]

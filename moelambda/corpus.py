@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from moelambda.exceptions import CorpusError
+from ground.errors import CorpusError
 
 __all__ = ["Corpus", "load_corpus", "make_windows"]
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import layout
+from ground import layout
 from pipeline.tensorio import decode, encode
 
 __all__ = ["InProcessLambdas", "atomic_s3", "concrete", "function_label", "run_workflow"]

@@ -24,14 +24,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from ground import layout
+from ground.errors import MoelambdaError
 from moe import gather_shards, routing_shards
-from moelambda.exceptions import MoelambdaError
-from pipeline import layout
 from pipeline.tensorio import decode, encode
 
 __all__ = [
     "DIRECT_LIMIT_BYTES",
-    "METHODS",
     "ShardRows",
     "TransportError",
     "call_direct",
@@ -50,7 +49,6 @@ __all__ = [
     "write_tensors",
 ]
 
-METHODS = ("s3", "pipelined", "direct")
 DIRECT_LIMIT_BYTES = 6 * 1024 * 1024  # Lambda's synchronous invocation payload limit
 _WORKERS = 16
 Invoke = Callable[[str, dict[str, Any]], dict[str, Any]]

@@ -8,6 +8,7 @@ methods, memory sizes and replicas; `make_plan` writes the result as a validated
 
 from __future__ import annotations
 
+from ground.plan import Plan, PlanError
 from planner.baselines import lambdaml, random_methods, uniform
 from planner.build import instance_for, make_plan
 from planner.calibration import Calibration, default_calibration_path, load_calibration
@@ -16,7 +17,6 @@ from planner.exact import Frontier, solve_exact, solve_frontier
 from planner.instance import Instance, Method
 from planner.milp import solve_milp, solve_milp_mixed
 from planner.ods import solve_ods
-from planner.plan import Plan, PlanError
 from planner.replay import choice_of, function_seconds, instance_of
 
 __all__ = [

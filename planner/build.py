@@ -12,12 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from moe import Manifest
+from ground.manifest import Manifest
+from ground.plan import ExpertPlan, LayerPlan, ModelRef, Plan, Totals
 from planner.calibration import Calibration
 from planner.compute import expert_compute_s
 from planner.costmodel import Solution, bill
 from planner.instance import Instance, Method
-from planner.plan import ExpertPlan, LayerPlan, ModelRef, Plan, Totals
 
 __all__ = ["instance_for", "make_plan"]
 

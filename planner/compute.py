@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from moelambda._io import write_file_atomically
-from moelambda.exceptions import CalibrationError
+from ground.errors import CalibrationError
+from ground.files import write_file_atomically
 from planner.calibration import Calibration, ExpertComputeReference, load_calibration
 
 if TYPE_CHECKING:  # torch and the model load only to measure, not to plan with the result

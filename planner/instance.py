@@ -9,37 +9,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import IntEnum
 
 import numpy as np
 
-from moelambda.exceptions import UsageError
+from ground.errors import UsageError
+from ground.method import Method
 from planner.calibration import Calibration
 
 __all__ = ["Method", "Instance", "MB", "default_betas"]
 
 MB = 1024.0 * 1024.0  # bytes per MB as Lambda counts memory (MiB)
-
-
-class Method(IntEnum):
-    """Scatter-gather method of one MoE layer (the paper's a = 1, 2, 3)."""
-
-    PIPELINED = 1  # indirect via S3, minibatches of beta tokens, overlapped
-    S3 = 2  # indirect via S3, one object per shard
-    DIRECT = 3  # the payload travels inline with the invocation
-
-    @property
-    def label(self) -> str:
-        return {1: "pipelined", 2: "s3", 3: "direct"}[int(self)]
-
-    @classmethod
-    def parse(cls, name: str) -> Method:
-        for method in cls:
-            if method.label == name:
-                return method
-        raise UsageError(
-            f"unknown scatter-gather method '{name}'.", "use pipelined, s3 or direct."
-        )
 
 
 def default_betas(counts: np.ndarray) -> tuple[int, ...]:

@@ -52,7 +52,7 @@ from typing import Literal
 import numpy as np
 from scipy import sparse
 
-from moelambda.exceptions import UsageError, did_you_mean
+from ground.errors import UsageError, did_you_mean
 from planner.costmodel import Choice, Solution, evaluate, expert_options, layer_latency
 from planner.instance import Instance, Method
 

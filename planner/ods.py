@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from moelambda.exceptions import UsageError
+from ground.errors import UsageError
 from planner.costmodel import Choice, Solution, evaluate
 from planner.instance import Instance, Method
 from planner.milp import solve_milp

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from moe import Manifest
+from ground.manifest import Manifest
+from ground.plan import Plan, PlanError
 from planner.build import instance_for
 from planner.calibration import Calibration
 from planner.costmodel import Choice, evaluate, expert_options
 from planner.instance import Instance, Method
-from planner.plan import Plan, PlanError
 
 __all__ = ["choice_of", "function_seconds", "instance_of"]
 

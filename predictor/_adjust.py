@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moelambda.exceptions import UsageError
+from ground.errors import UsageError
 from predictor._methods import (
     BayesPredictor,
     Predictor,

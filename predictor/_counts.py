@@ -14,8 +14,8 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from moelambda._io import read_document, write_file_atomically
-from moelambda.exceptions import TraceError
+from ground.errors import TraceError
+from ground.files import read_document, write_file_atomically
 
 __all__ = ["COUNTS_VERSION", "PredictedCounts"]
 

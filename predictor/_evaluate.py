@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moelambda.exceptions import UsageError
+from ground.errors import UsageError
 from predictor._methods import Prediction, make_predictor
 from predictor._tables import CountTable, build_tables
 from predictor._trace import RoutingTrace

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from moelambda.exceptions import UsageError, did_you_mean
+from ground.errors import UsageError, did_you_mean
 from predictor._tables import CountTable, LayerTable
 from predictor._trace import RoutingTrace
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moelambda._io import write_file_atomically
+from ground.files import write_file_atomically
 
 __all__ = ["plot_counts"]
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ground import __version__
 from moe import LayerRouting, MoEModel
-from moelambda import __version__
 from predictor._trace import TRACE_VERSION, RoutingTrace
 
 __all__ = ["ProfileResult", "profile_windows"]

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from moelambda._io import write_atomically
-from moelambda.exceptions import TraceError
+from ground.errors import TraceError
+from ground.files import write_atomically
 from predictor._trace import RoutingTrace
 
 __all__ = ["TABLE_FILE", "TABLE_VERSION", "CountTable", "LayerTable", "build_tables"]

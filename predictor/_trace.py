@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from moelambda._io import write_atomically
-from moelambda.exceptions import TraceError
+from ground.errors import TraceError
+from ground.files import write_atomically
 
 __all__ = ["TRACE_FILE", "TRACE_VERSION", "RoutingTrace"]
 

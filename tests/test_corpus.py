@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ground.errors import CorpusError
 from moe import MoEModel
 from moelambda.corpus import load_corpus, make_windows
-from moelambda.exceptions import CorpusError
 
 
 @pytest.fixture(scope="module")

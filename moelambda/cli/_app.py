@@ -11,7 +11,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from moelambda.exceptions import MoelambdaError
+from ground.errors import MoelambdaError
 
 app = typer.Typer(
     help="Serve Mixture-of-Experts models on serverless functions at the lowest bill.",
@@ -102,7 +102,7 @@ def load_with_status(
 
 def check_out(out: Path, force: bool) -> None:
     """Fail before any slow work when the output would overwrite data."""
-    from moelambda.exceptions import OutputExistsError
+    from ground.errors import OutputExistsError
 
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise OutputExistsError(

@@ -10,8 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ground.errors import UsageError
 from moelambda.cli._app import ForceOpt, JsonOpt, app, err, load_with_status, user_errors
-from moelambda.exceptions import UsageError
 
 
 def _plot(path: Path, report: dict[str, Any], searches: dict[str, Any], force: bool) -> None:
@@ -21,7 +21,7 @@ def _plot(path: Path, report: dict[str, Any], searches: dict[str, Any], force: b
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from moelambda._io import write_file_atomically
+    from ground.files import write_file_atomically
 
     oracle = report["learn_oracle_cost_usd"]
     fig, (by_iter, by_time) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)

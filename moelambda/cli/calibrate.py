@@ -11,8 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ground.errors import UsageError
 from moelambda.cli._app import JsonOpt, app, err, user_errors
-from moelambda.exceptions import UsageError
 
 if TYPE_CHECKING:
     from planner import Calibration

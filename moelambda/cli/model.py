@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ground.errors import UsageError
 from moelambda.cli._app import (
     DEFAULT_BATCH,
     CacheOpt,
@@ -27,7 +28,6 @@ from moelambda.cli._app import (
     load_with_status,
     user_errors,
 )
-from moelambda.exceptions import UsageError
 
 if TYPE_CHECKING:
     from predictor import RoutingTrace

@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ground.errors import MoelambdaError, UsageError
 from moelambda.cli._app import (
     ForceOpt,
     JsonOpt,
@@ -22,7 +23,6 @@ from moelambda.cli._app import (
     load_with_status,
     user_errors,
 )
-from moelambda.exceptions import MoelambdaError, UsageError
 
 SOLVERS = ("exact", "ods", "milp")
 
@@ -150,7 +150,7 @@ def _write_pareto(path: Path, frontier: Any, title: str, force: bool) -> list[st
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from moelambda._io import write_file_atomically
+    from ground.files import write_file_atomically
 
     latency, cost = frontier.latency_s, frontier.cost_usd
     rows = "slo_s,moe_cost_usd\n" + "".join(

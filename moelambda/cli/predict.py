@@ -12,8 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ground.errors import UsageError
 from moelambda.cli._app import ForceOpt, JsonOpt, app, bench_app, err, user_errors
-from moelambda.exceptions import UsageError
 
 MethodsOpt = Annotated[
     str | None,

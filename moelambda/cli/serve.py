@@ -9,8 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
+from ground.errors import UsageError
 from moelambda.cli._app import JsonOpt, app, err, load_with_status, user_errors
-from moelambda.exceptions import UsageError
 
 
 @app.command("run-local")

@@ -12,8 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ground.errors import UsageError
 from moelambda.cli._app import ForceOpt, JsonOpt, app, check_out, err, user_errors
-from moelambda.exceptions import UsageError
 
 # CloudFormation's quotas per template (https://docs.aws.amazon.com/AWSCloudFormation/latest/
 # UserGuide/cloudformation-limits.html): a plan with many experts can exceed them.
@@ -80,7 +80,7 @@ def synth(
     Writes a cloud assembly that `cdk deploy --app DIR` deploys; needs no Docker (the image is
     only staged), no AWS account and no CDK CLI. Exits 1 when cfn-lint reports errors.
     """
-    from planner.plan import Plan
+    from ground.plan import Plan
 
     check_out(out, force)
     if not 1 <= expert_timeout <= 900:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import optuna
 
-from moe import Manifest
+from ground.manifest import Manifest
 from planner.bo._sampler import (
     CASE_ATTR,
     EMBEDDING_ATTR,

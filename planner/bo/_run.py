@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import optuna
 
-from moe import Manifest
-from moelambda.exceptions import UsageError
+from ground.errors import UsageError
+from ground.manifest import Manifest
 from planner.baselines import lambdaml
 from planner.bo._objective import Planner, ServingObjective
 from planner.bo._sampler import (

@@ -40,7 +40,7 @@ import optuna
 from optuna.distributions import BaseDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from moelambda.exceptions import UsageError
+from ground.errors import UsageError
 from planner.bo._surrogate import pick_lowest_mean
 from planner.serving import Case
 from predictor._adjust import Adjustment, KeySpace

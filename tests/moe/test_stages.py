@@ -101,7 +101,7 @@ def test_export_records_expert_sizes(minilm: MoEModel, tmp_path: Path) -> None:
 
 
 def test_export_refuses_to_overwrite(minilm: MoEModel, tmp_path: Path) -> None:
-    from moelambda.exceptions import OutputExistsError
+    from ground.errors import OutputExistsError
 
     out = tmp_path / "w"
     out.mkdir()
@@ -113,7 +113,7 @@ def test_export_refuses_to_overwrite(minilm: MoEModel, tmp_path: Path) -> None:
 
 
 def test_missing_weights_object_is_a_clear_error(minilm: MoEModel, tmp_path: Path) -> None:
-    from moelambda.exceptions import ModelError
+    from ground.errors import ModelError
 
     export_model(minilm, tmp_path / "w")
     (tmp_path / "w" / "layers/02/experts/01.safetensors").unlink()

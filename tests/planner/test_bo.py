@@ -11,8 +11,8 @@ import optuna
 import pytest
 from typer.testing import CliRunner
 
+from ground.errors import UsageError
 from moelambda.cli import app
-from moelambda.exceptions import UsageError
 from planner.bo import (
     Converged,
     EpsilonGreedy,

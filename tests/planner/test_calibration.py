@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from moelambda.exceptions import CalibrationError
+from ground.errors import CalibrationError
 from planner import Calibration, default_calibration_path, load_calibration
 
 PAPER_MEMORY_OPTIONS_MB = (128, *range(768, 3072 + 1, 192))

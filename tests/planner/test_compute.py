@@ -17,9 +17,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from ground.errors import CalibrationError
 from moe import ExpertStage
 from moelambda.cli import app
-from moelambda.exceptions import CalibrationError
 from planner import Calibration, compute, default_calibration_path, load_calibration
 from planner.calibration import ExpertComputeReference
 

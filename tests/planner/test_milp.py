@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 
-from moelambda.exceptions import UsageError
+from ground.errors import UsageError
 from planner import milp
 from planner import ods as ods_module
 from planner.baselines import lambdaml, random_methods, uniform

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moelambda.exceptions import UsageError
+from ground.errors import UsageError
 from predictor import BayesPredictor, CountTable, LayerTable, build_tables, make_predictor
 from predictor._adjust import AdjustableBatch, Adjustment
 from tests.predictor.synthetic import make_trace

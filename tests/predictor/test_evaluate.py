@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moelambda.exceptions import UsageError
+from ground.errors import UsageError
 from predictor import Prediction, evaluate_methods, score, split_windows
 
 from .synthetic import make_trace

@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from moelambda.exceptions import UsageError
+from ground.errors import UsageError
 from predictor import METHODS, BayesPredictor, build_tables, make_predictor, score
 
 from .synthetic import make_trace

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moelambda.exceptions import TraceError
+from ground.errors import TraceError
 from predictor import CountTable, build_tables
 
 from .synthetic import make_trace

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ground.errors import OutputExistsError, TraceError
 from moe import MoEModel
-from moelambda.exceptions import OutputExistsError, TraceError
 from predictor import RoutingTrace, profile_windows
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from functions import cleanup, config, expert, head, layer, tail
-from pipeline import layout
+from ground import layout
 from pipeline.tensorio import decode, encode
 
 Handler = Any

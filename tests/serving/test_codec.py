@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from functions import config
-from moelambda.exceptions import UsageError
-from pipeline import layout
+from ground import layout
+from ground.errors import UsageError
 from pipeline.tensorio import TensorIOError, decode, encode
 
 

@@ -12,8 +12,9 @@ import pytest
 
 from functions import weights
 from functions.common import ExpertFailed, gather_previous, s3_client
+from ground import layout
 from moe import Manifest
-from pipeline import layout, transports
+from pipeline import transports
 from pipeline.local import InProcessLambdas, placeholder_zip
 from tests.serving.conftest import BUCKET
 from tests.serving.driver import Deployment, clean

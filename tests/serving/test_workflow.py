@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from functions import expert
+from ground.errors import ModelError
 from moe import Manifest, MoEModel
-from moelambda.exceptions import ModelError
 from pipeline import transports
 from tests.serving.conftest import BUCKET
 from tests.serving.driver import Deployment, call, clean, run_request

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from moelambda.exceptions import UsageError
+from ground.errors import UsageError
 
 __all__ = [
     "done_key",

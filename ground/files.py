@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from moelambda.exceptions import MoelambdaError, OutputExistsError
+from ground.errors import MoelambdaError, OutputExistsError
 
 __all__ = ["read_document", "write_atomically", "write_file_atomically"]
 

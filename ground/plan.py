@@ -15,9 +15,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from moe import StageEntry
-from moelambda._io import read_document, write_file_atomically
-from moelambda.exceptions import MoelambdaError
+from ground.errors import MoelambdaError
+from ground.files import read_document, write_file_atomically
+from ground.manifest import StageEntry
 
 __all__ = ["PLAN_VERSION", "ExpertPlan", "LayerPlan", "ModelRef", "Plan", "PlanError", "Totals"]
 

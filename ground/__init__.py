@@ -1,0 +1,12 @@
+"""The ground floor every other package stands on: no torch, boto3, CDK or CLI imports.
+
+It holds what planning and deployment must agree on, once: the error types (`errors`), atomic
+file writing (`files`), the weight manifest (`manifest`), the S3 key layout of requests
+(`layout`), the scatter-gather methods (`method`), the Plan document (`plan`) and the deployment
+semantics (`semantics`: what each function waits for, is billed for and requests).
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+__all__ = ["__version__"]

@@ -1,0 +1,81 @@
+"""The manifest of a weight export: what the planner and the functions read instead of the model.
+
+It lives here, with no torch import, because the planner, the Plan and the CDK app need the stage
+sizes and keys but must not load a model to get them. The keys are the weight half of the S3
+layout (the request half is `ground.layout`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = [
+    "HEAD_KEY",
+    "MANIFEST_VERSION",
+    "TAIL_KEY",
+    "Manifest",
+    "StageEntry",
+    "expert_key",
+    "layer_key",
+]
+
+MANIFEST_VERSION = 1
+HEAD_KEY = "head.safetensors"
+TAIL_KEY = "tail.safetensors"
+
+
+def layer_key(layer: int) -> str:
+    return f"layers/{layer:02d}/layer.safetensors"
+
+
+def expert_key(layer: int, expert: int) -> str:
+    return f"layers/{layer:02d}/experts/{expert:02d}.safetensors"
+
+
+class StageEntry(BaseModel):
+    """One deployable stage: its role, position, S3 key and size in bytes."""
+
+    model_config = ConfigDict(frozen=True)
+
+    role: Literal["head", "layer", "expert", "tail"]
+    layer: int | None = None
+    expert: int | None = None
+    key: str
+    bytes: int
+
+
+class Manifest(BaseModel):
+    """What an export holds; the planner and the functions read it instead of the model."""
+
+    model_config = ConfigDict(frozen=True)
+
+    format_version: int
+    model: str
+    model_type: str
+    family: str
+    classes: dict[str, str]
+    moefied: bool
+    seed: int
+    num_layers: int
+    experts: int
+    top_k: int
+    weighting: str
+    expert_kind: str
+    activation: str
+    hidden_size: int
+    dtype: str
+    token_bytes_in: int
+    token_bytes_out: int
+    stages: list[StageEntry]
+    router_fit: list[dict[str, float]] = []
+
+    def expert_bytes(self) -> list[list[int]]:
+        """P_{e,i}: bytes of expert i of layer e, as downloaded by its function."""
+        sizes = [[0] * self.experts for _ in range(self.num_layers)]
+        for stage in self.stages:
+            if stage.role == "expert":
+                assert stage.layer is not None and stage.expert is not None
+                sizes[stage.layer][stage.expert] = stage.bytes
+        return sizes
