@@ -25,7 +25,7 @@ demo: setup
 	$(BIN)/moelambda plan --counts out/counts.json --out out/plan.json \
 		--pareto out/pareto.csv --force
 	$(BIN)/moelambda synth --plan out/plan.json --out out/cdk.out --force
-	$(BIN)/moelambda run-local --plan out/plan.json --requests 2
+	$(BIN)/moelambda run-local --plan out/plan.json
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -4,6 +4,10 @@ Roles (handler strings select them in the one image built from Dockerfile.expert
 head, one gate function per layer, one function per expert of every layer, tail, cleanup.
 Every function reads only its own weights (plus `manifest.json` and `config/*`) and only the
 request intermediates; only the tail writes `outputs/`; only the tail and cleanup delete.
+
+Memory, reserved concurrency and limits come from the Plan alone (head, gates and tail get its
+`nonmoe_memory_mb`; an expert reserves its `max_replicas`, the most replicas its gate may use);
+every function runs torch on the vCPUs its memory buys (`ground.semantics.threads_for`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from constructs import Construct
 
 from cdk._bucket import OUTPUTS_PREFIX, REQUESTS_PREFIX
 from ground.plan import Plan
-from planner.build import NONMOE_MEMORY_MB
+from ground.semantics import threads_for
 
 __all__ = [
     "DEFAULT_WEIGHTS_PREFIX",
@@ -41,6 +45,7 @@ _ASSET_EXCLUDE = [
     "!moelambda",
     "!moe",
     "!functions",
+    "!ground",
     "!pipeline",
     "**/__pycache__",
     "**/*.pyc",
@@ -60,9 +65,8 @@ class FunctionOptions:
         expert_timeout_s: Timeout of the expert functions. Defaults to 300 s.
         stage_timeout_s: Timeout of head, gates, tail and cleanup (a direct gate waits for
             its experts). Defaults to 600 s.
-        reserve_concurrency: Reserve each expert function's replica count of concurrency.
+        reserve_concurrency: Reserve each expert function's `max_replicas` of concurrency.
             Defaults to True; turn it off on accounts with a small concurrency quota.
-        nonmoe_memory_mb: Memory of head, gates and tail. Defaults to 1,769 MB (one vCPU).
         cleanup_memory_mb: Memory of the cleanup function. Defaults to 256 MB.
         weights_prefix: Key prefix of the exported weights. Defaults to "weights/".
     """
@@ -70,7 +74,6 @@ class FunctionOptions:
     expert_timeout_s: int = 300
     stage_timeout_s: int = 600
     reserve_concurrency: bool = True
-    nonmoe_memory_mb: int = NONMOE_MEMORY_MB
     cleanup_memory_mb: int = 256
     weights_prefix: str = DEFAULT_WEIGHTS_PREFIX
 
@@ -89,6 +92,7 @@ class ServingFunctions(Construct):
     ) -> None:
         super().__init__(scope, id_)
         self._plan, self._bucket, self._options = plan, bucket, options
+        self._mb_per_vcpu = float(plan.calibration["mb_per_vcpu"])
         self._architecture = (
             lambda_.Architecture.ARM_64 if plan.arch == "arm64" else lambda_.Architecture.X86_64
         )
@@ -103,7 +107,7 @@ class ServingFunctions(Construct):
         self.head = self._function(
             "Head",
             role="head",
-            memory_mb=options.nonmoe_memory_mb,
+            memory_mb=plan.nonmoe_memory_mb,
             timeout=stage_timeout,
             weights=[keys[("head", None, None)]],
         )
@@ -112,6 +116,12 @@ class ServingFunctions(Construct):
         for layer in plan.layers:
             ll = f"{layer.layer:02d}"
             experts = []
+            # A direct expert's response must fit the same limit as its event.
+            payload_limit = (
+                {"MOELAMBDA_PAYLOAD_LIMIT": str(plan.direct_payload_bytes)}
+                if layer.method == "direct"
+                else {}
+            )
             for e in layer.experts:
                 fn = self._function(
                     f"Layer{ll}Expert{e.expert:02d}",
@@ -124,22 +134,26 @@ class ServingFunctions(Construct):
                         "MOELAMBDA_EXPERT": str(e.expert),
                         "MOELAMBDA_METHOD": layer.method,
                         "MOELAMBDA_BETA": str(layer.beta),
+                        **payload_limit,
                     },
                     # A direct expert gets its shard inline and returns its output inline.
                     requests=layer.method != "direct",
-                    reserved=e.replicas if options.reserve_concurrency else None,
+                    reserved=e.max_replicas if options.reserve_concurrency else None,
                 )
                 experts.append(fn)
             layer_plan = {
                 "method": layer.method,
                 "beta": layer.beta,
                 "replicas": [e.replicas for e in layer.experts],
+                "max_replicas": [e.max_replicas for e in layer.experts],
+                "max_tokens": [e.max_tokens_per_replica for e in layer.experts],
+                "payload_limit": plan.direct_payload_bytes,
                 "expert_functions": [fn.function_name for fn in experts],
             }
             gate = self._function(
                 f"Layer{ll}",
                 role="layer",
-                memory_mb=options.nonmoe_memory_mb,
+                memory_mb=plan.nonmoe_memory_mb,
                 timeout=stage_timeout,
                 weights=[keys[("layer", layer.layer, None)]],
                 environment={
@@ -155,7 +169,7 @@ class ServingFunctions(Construct):
         self.tail = self._function(
             "Tail",
             role="tail",
-            memory_mb=options.nonmoe_memory_mb,
+            memory_mb=plan.nonmoe_memory_mb,
             timeout=stage_timeout,
             weights=[keys[("tail", None, None)]],
             delete=True,
@@ -235,6 +249,7 @@ class ServingFunctions(Construct):
             environment={
                 "MOELAMBDA_BUCKET": self._bucket.bucket_name,
                 "MOELAMBDA_WEIGHTS_PREFIX": prefix,
+                "MOELAMBDA_THREADS": str(threads_for(memory_mb, self._mb_per_vcpu)),
                 **(environment or {}),
             },
             description=f"moelambda {role} {id_}",

@@ -1,17 +1,28 @@
-"""The Standard state machine of the serving contract, compiled from the Plan.
+"""The state machine of the serving contract, compiled from the Plan (`ground.semantics`).
 
-head -> per layer [s3: Task(gate) -> Map(ItemsPath $.shards, lambda:invoke with the FunctionName
-the shard carries)] | [pipelined: Parallel(Task(gate), Pass(static shard list) -> Map) -> Pass
-that keeps the gate's output] | [direct: Task(gate)] -> tail. Every Task retries Lambda's
-throttling and service errors with backoff; every top-level state catches States.ALL into the
-cleanup Task, which ends in a Fail carrying the original error and cause.
+head -> per layer [s3: Task(gate) -> Map over the gate's $.experts, each a Map over that expert's
+shards, lambda:invoke with the FunctionName the shard carries] | [pipelined: Parallel(Task(gate),
+Pass(static expert and shard list) -> the same nested Map) -> Choice -> Pass that keeps the
+gate's output] | [direct: Task(gate)] -> tail. Every Task retries Lambda's throttling and
+service errors with backoff; every top-level state catches States.ALL into the cleanup Task,
+which ends in a Fail carrying the original error and cause.
+
+Why nested Maps: an inline Map runs at most `map_max_concurrency` (40) iterations at once and
+queues the rest, which would serialise a wide fan-out. The plan keeps experts per layer and
+replicas per expert within it, so one level over experts and one over replicas never queue.
+The success path enters exactly the states `ground.semantics.request_counts` bills as Standard
+transitions: nothing is added between the Maps and the invocations.
 
 A Map stops at its first failed iteration, but invocations already running go on and may write
 their outputs after the cleanup has run. So each expert invocation catches its own error into
-its item result ($.failures) and the Map always waits for all of them; the next function raises
-`ExpertFailed` with the first cause, and the cleanup then finds every intermediate in place. A
-pipelined gate's failure is caught the same way: it tells its experts to stop (done.bin = -1),
-the Parallel waits for them, and a Choice sends the gate's error to the cleanup.
+its item result ($.failures, a list per expert) and the Maps always wait for all of them; the
+next function raises `ExpertFailed` with the first cause, and the cleanup then finds every
+intermediate in place. A pipelined gate's failure is caught the same way: it tells its experts
+to stop (done.bin = -1), the Parallel waits for them, and a Choice sends the gate's error to
+the cleanup.
+
+The workflow type is the plan's: Express (billed by duration, at most 5 minutes) or Standard
+(billed per state transition).
 """
 
 from __future__ import annotations
@@ -26,9 +37,12 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from cdk._functions import ServingFunctions
+from ground.errors import UsageError
 from ground.plan import LayerPlan, Plan
 
-__all__ = ["RETRY_ERRORS", "ServingStateMachine"]
+__all__ = ["RETRY_ERRORS", "STANDARD_TIMEOUT_S", "ServingStateMachine", "workflow_timeout_s"]
+
+STANDARD_TIMEOUT_S = 1800  # a Standard execution's default timeout; Express has its own limit
 
 RETRY_ERRORS = [
     "Lambda.TooManyRequestsException",
@@ -38,6 +52,23 @@ RETRY_ERRORS = [
 ]
 _NULL = sfn.JsonPath.string_at("States.StringToJson('null')")
 _RETRY = {"interval_s": 1, "max_attempts": 6, "backoff_rate": 2.0}
+
+
+def workflow_timeout_s(plan: Plan, requested: int | None = None) -> int:
+    """An execution's timeout: `requested`, else Standard's default or Express's maximum.
+
+    Raises:
+        UsageError: `requested` exceeds an Express workflow's maximum duration.
+    """
+    if plan.workflow == "standard":
+        return requested or STANDARD_TIMEOUT_S
+    limit = int(plan.calibration["express_max_duration_s"])
+    if requested is not None and requested > limit:
+        raise UsageError(
+            f"a workflow timeout of {requested} s exceeds an Express workflow's {limit} s",
+            f"ask for at most {limit} s, or plan with `moelambda plan --workflow standard`.",
+        )
+    return requested or limit
 
 
 def _retry_json() -> dict[str, Any]:
@@ -51,7 +82,10 @@ def _retry_json() -> dict[str, Any]:
 
 
 class ServingStateMachine(Construct):
-    """The request workflow; `state_machine` is the Step Functions resource."""
+    """The request workflow; `state_machine` is the Step Functions resource.
+
+    `timeout_s` defaults by workflow type (`workflow_timeout_s`).
+    """
 
     def __init__(
         self,
@@ -60,7 +94,7 @@ class ServingStateMachine(Construct):
         *,
         plan: Plan,
         functions: ServingFunctions,
-        timeout: Duration | None = None,
+        timeout_s: int | None = None,
     ) -> None:
         super().__init__(scope, id_)
         self._functions = functions
@@ -94,9 +128,13 @@ class ServingStateMachine(Construct):
         self.state_machine = sfn.StateMachine(
             self,
             "StateMachine",
-            state_machine_type=sfn.StateMachineType.STANDARD,
+            state_machine_type=(
+                sfn.StateMachineType.EXPRESS
+                if plan.workflow == "express"
+                else sfn.StateMachineType.STANDARD
+            ),
             definition_body=sfn.DefinitionBody.from_chainable(chain),
-            timeout=timeout,
+            timeout=Duration.seconds(workflow_timeout_s(plan, timeout_s)),
         )
         # The Maps invoke experts by the name in each shard: one statement keeps the role small.
         invoked = [
@@ -177,6 +215,40 @@ class ServingStateMachine(Construct):
         invoke.add_catch(failed, errors=[sfn.Errors.ALL], result_path="$.error")
         return invoke
 
+    def _fan_out(self, ll: str, *, pipelined: bool) -> sfn.Map:
+        """A Map over $.experts whose iteration is a Map over that expert's shards.
+
+        Each shard is one `_invoke_shard`; the result ($.failures) is a list per expert of
+        the shards' results. The s3 gate's shards are complete; the pipelined static list
+        gets the request id from the execution's state through the item selectors.
+        """
+        fields = ("layer", "expert", "replica", "function")
+        request = {"request_id": sfn.JsonPath.string_at("$.request_id")}
+        replicas = sfn.Map(
+            self,
+            f"{ll}Replicas",
+            items_path="$.shards",
+            item_selector=(
+                request | {k: sfn.JsonPath.string_at(f"$$.Map.Item.Value.{k}") for k in fields}
+                if pipelined
+                else None
+            ),
+        )
+        replicas.item_processor(self._invoke_shard(f"{ll}Expert"))
+        experts = sfn.Map(
+            self,
+            f"{ll}Experts",
+            items_path="$.experts",
+            item_selector=(
+                request | {"shards": sfn.JsonPath.object_at("$$.Map.Item.Value.shards")}
+                if pipelined
+                else None
+            ),
+            result_path="$.failures",
+        )
+        experts.item_processor(replicas)
+        return experts
+
     def _layer(self, layer: LayerPlan, previous: dict[str, Any] | None) -> sfn.IChainable:
         ll = f"Layer{layer.layer:02d}"
         gate = self._task(
@@ -190,43 +262,35 @@ class ServingStateMachine(Construct):
             return gate
         if layer.method == "s3":
             self._catch(gate)
-            fan_out = sfn.Map(
-                self, f"{ll}Experts", items_path="$.shards", result_path="$.failures"
-            )
-            fan_out.item_processor(self._invoke_shard(f"{ll}Expert"))
+            fan_out = self._fan_out(ll, pipelined=False)
             self._catch(fan_out)
             return sfn.Chain.start(gate).next(fan_out)
-        # pipelined: every (expert, replica) starts with the gate and polls for minibatches.
-        experts = self._functions.experts[layer.layer]
-        shards = [
+        # pipelined: every planned (expert, replica) starts with the gate and polls for
+        # minibatches, experts with no predicted tokens too (the real batch may route some).
+        functions = self._functions.experts[layer.layer]
+        experts = [
             {
-                "layer": layer.layer,
-                "expert": e.expert,
-                "replica": r,
-                "function": experts[e.expert].function_name,
+                "shards": [
+                    {
+                        "layer": layer.layer,
+                        "expert": e.expert,
+                        "replica": r,
+                        "function": functions[e.expert].function_name,
+                    }
+                    for r in range(e.replicas)
+                ]
             }
             for e in layer.experts
-            for r in range(e.replicas)
         ]
         static = sfn.Pass(
             self,
             f"{ll}Shards",
-            parameters={"request_id": sfn.JsonPath.string_at("$.request_id"), "shards": shards},
-        )
-        fan_out = sfn.Map(
-            self,
-            f"{ll}Experts",
-            items_path="$.shards",
-            item_selector={
+            parameters={
                 "request_id": sfn.JsonPath.string_at("$.request_id"),
-                **{
-                    k: sfn.JsonPath.string_at(f"$$.Map.Item.Value.{k}")
-                    for k in ("layer", "expert", "replica", "function")
-                },
+                "experts": experts,
             },
-            result_path="$.failures",
         )
-        fan_out.item_processor(self._invoke_shard(f"{ll}Expert"))
+        fan_out = self._fan_out(ll, pipelined=True)
         # Name the branches first: moto resolves "$.branches[0].field" to a list, not the value.
         parallel = sfn.Parallel(
             self,

@@ -3,7 +3,9 @@
 `build_app(plan_path, outdir)` synthesises without the CDK CLI. With the CLI, `cdk.json` runs
 `python -m cdk.app`, which reads the plan path from the context (`cdk synth -c plan=plan.json`,
 default out/plan.json) and other settings from the context too:
-`-c reserve_concurrency=false`, `-c expert_timeout_s=300`, `-c stack_name=MoeLambda`.
+`-c reserve_concurrency=false`, `-c expert_timeout_s=300`, `-c stack_name=MoeLambda`,
+`-c weights_prefix=weights/`. Warm functions cache their weights by key and never look again:
+deploy a new export under a new prefix (`-c weights_prefix=weights-v2/`), not over the old one.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import CfnOutput, Duration, Stack
+from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
 from cdk._bucket import ServingBucket
@@ -21,7 +21,8 @@ class MoeServingStack(Stack):
         plan: The validated Plan; memory, replicas, methods and architecture come from it.
         options: Timeouts, concurrency reservation, weights prefix. Defaults to
             `FunctionOptions()`.
-        workflow_timeout_s: Timeout of one state machine execution. Defaults to 1,800 s.
+        workflow_timeout_s: Timeout of one state machine execution. Defaults to 1,800 s for
+            a Standard workflow, the Express maximum (300 s) for an Express one.
         **kwargs: Passed to `Stack` (env, description, ...).
     """
 
@@ -32,14 +33,14 @@ class MoeServingStack(Stack):
         *,
         plan: Plan,
         options: FunctionOptions | None = None,
-        workflow_timeout_s: int = 1800,
+        workflow_timeout_s: int | None = None,
         **kwargs: object,
     ) -> None:
         methods = ", ".join(sorted({layer.method for layer in plan.layers}))
         kwargs.setdefault(
             "description",
             f"moelambda: {plan.model.model} with {plan.model.experts} experts in "
-            f"{plan.model.num_layers} layers ({methods})",
+            f"{plan.model.num_layers} layers ({methods}), {plan.workflow} workflow",
         )
         super().__init__(scope, id_, **kwargs)  # type: ignore[arg-type]
         options = options or FunctionOptions()
@@ -52,7 +53,7 @@ class MoeServingStack(Stack):
             "Workflow",
             plan=plan,
             functions=self.functions,
-            timeout=Duration.seconds(workflow_timeout_s),
+            timeout_s=workflow_timeout_s,
         )
         CfnOutput(self, "BucketName", value=self.bucket.bucket_name)
         CfnOutput(self, "StateMachineArn", value=self.workflow.state_machine.state_machine_arn)

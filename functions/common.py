@@ -1,8 +1,9 @@
-"""What several handlers share: the process-wide S3 client and gathering the previous layer."""
+"""What several handlers share: the S3 client, torch's threads, gathering the previous layer."""
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 from typing import Any
 
@@ -12,7 +13,7 @@ from functions import weights
 from functions.config import Config, ConfigError
 from pipeline import transports
 
-__all__ = ["ExpertFailed", "gather_previous", "s3_client"]
+__all__ = ["ExpertFailed", "gather_previous", "s3_client", "use_lambda_threads"]
 
 
 class ExpertFailed(RuntimeError):
@@ -21,6 +22,7 @@ class ExpertFailed(RuntimeError):
 
 _LOCK = threading.Lock()
 _CLIENT: list[Any] = []
+_THREADS_SET: list[int] = []
 
 
 def s3_client() -> Any:
@@ -34,10 +36,32 @@ def s3_client() -> Any:
         return _CLIENT[0]
 
 
-def _raise_failures(layer: int, failures: list[dict[str, Any]] | None) -> None:
-    """Surface the first failed expert invocation the state machine's Map collected."""
+def use_lambda_threads(cfg: Config) -> None:
+    """On Lambda, run torch on the function's vCPUs (MOELAMBDA_THREADS), once per container.
+
+    The cost model's compute time assumes every vCPU the memory buys computes, so the image
+    pins no thread count. Only a real Lambda container (AWS_LAMBDA_FUNCTION_NAME is set) is
+    changed: the local runner runs every handler in one process, where the count is global.
+    """
+    if "AWS_LAMBDA_FUNCTION_NAME" not in os.environ:
+        return
+    with _LOCK:
+        if not _THREADS_SET:
+            _THREADS_SET.append(cfg.threads)
+            torch.set_num_threads(cfg.threads)
+
+
+def _raise_failures(layer: int, failures: list[list[dict[str, Any]]] | None) -> None:
+    """Surface the first failed expert invocation the state machine's Maps collected.
+
+    `failures` is the outer Map's result: per expert, the inner Map's result per shard, each
+    {"ok": true} or {"error": {"Error", "Cause"}}.
+    """
     failed = [
-        item["error"] for item in failures or [] if isinstance(item, dict) and "error" in item
+        item["error"]
+        for expert in failures or []
+        for item in expert
+        if isinstance(item, dict) and "error" in item
     ]
     if not failed:
         return
@@ -57,11 +81,11 @@ def gather_previous(
     request_id: str,
     previous: dict[str, Any] | None,
     layer: int,
-    failures: list[dict[str, Any]] | None = None,
+    failures: list[list[dict[str, Any]]] | None = None,
 ) -> torch.Tensor:
     """The expert sum of layer `layer`, which the event's `previous` must name.
 
-    `failures` is the Map's per-invocation results: any error among them is raised here.
+    `failures` is the Maps' per-invocation results: any error among them is raised here.
     """
     if not previous or previous.get("layer") != layer:
         raise ConfigError(

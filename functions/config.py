@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -18,10 +19,12 @@ from typing import Any
 
 from ground.errors import MoelambdaError
 from ground.method import METHODS
+from ground.semantics import POLL_S
 
 __all__ = ["Config", "ConfigError", "Invoker", "LayerPlan", "current", "lambda_invoker", "local"]
 
 Invoker = Callable[[str, dict[str, Any]], dict[str, Any]]
+_INVOKE_POOL = 64  # HTTP connections kept for a direct gate's concurrent invokes
 
 _ENV: ContextVar[Mapping[str, str] | None] = ContextVar("moelambda_env", default=None)
 _INVOKER: ContextVar[Invoker | None] = ContextVar("moelambda_invoker", default=None)
@@ -31,11 +34,34 @@ class ConfigError(MoelambdaError):
     """A function's environment lacks a setting or holds an invalid one: a deployment bug."""
 
 
+_LAMBDA_LOCK = threading.Lock()
+_LAMBDA: list[Any] = []
+
+
+def _lambda_client() -> Any:
+    """One Lambda client per process, like `functions.common.s3_client` (boto3's default
+    session is not thread-safe, and a direct gate invokes from many threads at once).
+
+    The read timeout is Lambda's longest run, so a slow expert is never invoked a second time
+    because the client gave up waiting; the pool holds a connection per concurrent invoke.
+    """
+    with _LAMBDA_LOCK:
+        if not _LAMBDA:
+            import boto3
+            from botocore.config import Config as BotoConfig
+
+            _LAMBDA.append(
+                boto3.client(
+                    "lambda",
+                    config=BotoConfig(read_timeout=900, max_pool_connections=_INVOKE_POOL),
+                )
+            )
+        return _LAMBDA[0]
+
+
 def lambda_invoker(function: str, payload: dict[str, Any]) -> dict[str, Any]:
     """Invoke a Lambda function synchronously and return its decoded result, raising its error."""
-    import boto3
-
-    response = boto3.client("lambda").invoke(
+    response = _lambda_client().invoke(
         FunctionName=function, InvocationType="RequestResponse", Payload=json.dumps(payload)
     )
     body = json.loads(response["Payload"].read() or b"null")
@@ -44,13 +70,24 @@ def lambda_invoker(function: str, payload: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+_REDEPLOY = "synthesise and deploy the stack again from the plan (cdk deploy -c plan=...)."
+
+
 @dataclass(frozen=True)
 class LayerPlan:
-    """MOELAMBDA_LAYER_PLAN: how this layer scatters to its experts."""
+    """MOELAMBDA_LAYER_PLAN: how this layer scatters to its experts, one entry per expert.
+
+    `replicas` is the plan's split, `max_replicas` the reserved concurrency the gate may spread
+    a batch's real tokens over, `max_tokens` what one replica can take; `payload_limit` bounds
+    a direct Invoke's JSON event (the plan's `direct_payload_bytes`).
+    """
 
     method: str
     beta: int
     replicas: tuple[int, ...]
+    max_replicas: tuple[int, ...]
+    max_tokens: tuple[int, ...]
+    payload_limit: int
     expert_functions: tuple[str, ...]
 
     @classmethod
@@ -61,14 +98,31 @@ class LayerPlan:
                 raw["method"],
                 int(raw["beta"]),
                 tuple(int(r) for r in raw["replicas"]),
+                tuple(int(r) for r in raw["max_replicas"]),
+                tuple(int(t) for t in raw["max_tokens"]),
+                int(raw["payload_limit"]),
                 tuple(str(f) for f in raw["expert_functions"]),
             )
         except (ValueError, KeyError, TypeError) as err:
-            raise ConfigError(f"MOELAMBDA_LAYER_PLAN is not a valid layer plan: {err}") from err
-        if plan.method not in METHODS or plan.beta < 1 or min(plan.replicas, default=0) < 1:
-            raise ConfigError(f"MOELAMBDA_LAYER_PLAN is out of range: {raw}")
-        if len(plan.replicas) != len(plan.expert_functions):
-            raise ConfigError("MOELAMBDA_LAYER_PLAN needs one replica count per expert function")
+            raise ConfigError(
+                f"MOELAMBDA_LAYER_PLAN is not a valid layer plan: {err!r}", _REDEPLOY
+            ) from err
+        lists = (plan.replicas, plan.max_replicas, plan.max_tokens, plan.expert_functions)
+        if len({len(values) for values in lists}) != 1:
+            raise ConfigError(
+                "MOELAMBDA_LAYER_PLAN needs replicas, max_replicas, max_tokens and a function "
+                "for every expert",
+                _REDEPLOY,
+            )
+        in_range = (
+            plan.method in METHODS
+            and plan.beta >= 1
+            and plan.payload_limit >= 1
+            and all(1 <= r <= m for r, m in zip(plan.replicas, plan.max_replicas, strict=True))
+            and min(plan.max_tokens, default=1) >= 1
+        )
+        if not in_range:
+            raise ConfigError(f"MOELAMBDA_LAYER_PLAN is out of range: {raw}", _REDEPLOY)
         return plan
 
 
@@ -119,9 +173,19 @@ class Config:
         return LayerPlan.from_json(self._get("MOELAMBDA_LAYER_PLAN"))
 
     @property
+    def threads(self) -> int:
+        """torch threads: the vCPUs of the function's memory (`ground.semantics.threads_for`)."""
+        return self._int("MOELAMBDA_THREADS")
+
+    @property
+    def payload_limit(self) -> int:
+        """The most JSON bytes a direct expert's response may have (the plan's limit)."""
+        return self._int("MOELAMBDA_PAYLOAD_LIMIT")
+
+    @property
     def poll_s(self) -> float:
         """How often a pipelined expert looks for its next minibatch."""
-        return float(self._env.get("MOELAMBDA_POLL_S") or 0.02)
+        return float(self._env.get("MOELAMBDA_POLL_S") or POLL_S)
 
     @property
     def timeout_s(self) -> float:

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from functions import config, weights
-from functions.common import s3_client
+from functions.common import s3_client, use_lambda_threads
 from ground import layout
 from pipeline import transports
 
@@ -20,6 +20,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     an event naming another layer or expert was routed to the wrong function and is refused.
     """
     cfg = config.current()
+    use_lambda_threads(cfg)
     index, number, method = cfg.layer, cfg.expert, cfg.method
     request_id = layout.validate_request_id(event.get("request_id"))
     for name, value in (("layer", index), ("expert", number)):
@@ -36,9 +37,11 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         return stage.run(torch.from_numpy(x)).numpy()
 
     result = {"request_id": request_id, "layer": index, "expert": number, "replica": replica}
-    if method == "direct":
+    if method == "direct":  # the response must fit the Invoke payload limit too
         y = compute(transports.direct_decode(event["payload"]))
-        return result | {"tokens": y.shape[0], "payload": transports.direct_encode(y)}
+        return transports.direct_event(
+            request_id, index, number, replica, y, limit=cfg.payload_limit
+        )
     if method == "s3":
         x = transports.read_tensors(
             s3, cfg.bucket, layout.shard_key(request_id, index, number, replica)

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from functions import config, weights
-from functions.common import s3_client
+from functions.common import s3_client, use_lambda_threads
 from ground import layout
 from pipeline import transports
 
@@ -15,6 +15,7 @@ from pipeline import transports
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """{"request_id", "input_key"} -> {"request_id", "hidden_key"}."""
     cfg = config.current()
+    use_lambda_threads(cfg)
     request_id = layout.validate_request_id(event.get("request_id"))
     s3 = s3_client()
     ids = transports.read_tensors(s3, cfg.bucket, event["input_key"])[0]

@@ -2,26 +2,44 @@
 
 The gather of layer LL-1 happens here (not in a function of its own) because the combine of
 LL-1 is exported with layer LL: one function, one round trip to S3 less per layer.
+
+The gate follows the batch's real routing where the method allows (`ground.semantics.adapts`):
+an s3 or direct expert gets as many replicas as its real tokens need, within its reserved
+concurrency; a pipelined layer's replicas started with the gate, so the plan's split is used.
 """
 
 from __future__ import annotations
 
+from itertools import groupby
 from typing import Any
 
+import numpy as np
 import torch
 
 from functions import config, weights
-from functions.common import gather_previous, s3_client
+from functions.common import gather_previous, s3_client, use_lambda_threads
 from ground import layout
+from ground.errors import MoelambdaError
+from ground.method import Method
+from ground.semantics import adapts, runtime_replicas
 from pipeline import transports
+
+__all__ = ["CapacityError", "handler", "replicas_for"]
+
+
+class CapacityError(MoelambdaError):
+    """A batch routes more tokens to an expert than its reserved replicas can take."""
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    """{"request_id", "hidden_key", "previous", "expert_failures"?} -> {..., "shards"}.
+    """{"request_id", "hidden_key", "previous", "expert_failures"?} -> {..., "experts"}.
 
-    A pipelined layer's experts are already running: if this fails, they are told to stop.
+    "experts" lists, in expert order, each expert with a non-empty shard as {"shards": [...]}:
+    the state machine maps over the experts, and over each one's shards. A pipelined layer's
+    experts are already running: if this fails, they are told to stop.
     """
     cfg = config.current()
+    use_lambda_threads(cfg)
     request_id = layout.validate_request_id(event.get("request_id"))
     s3 = s3_client()
     try:
@@ -33,12 +51,42 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         raise
 
 
+def replicas_for(plan: config.LayerPlan, layer: int, experts: torch.Tensor) -> list[int]:
+    """Replicas of each expert for this batch's routing `experts` (N, k).
+
+    Raises:
+        CapacityError: An expert's real tokens do not fit even its `max_replicas` replicas;
+            raised before anything is scattered, naming every such expert.
+    """
+    if not adapts(Method.parse(plan.method)):
+        return list(plan.replicas)
+    tokens = np.bincount(experts.reshape(-1).numpy(), minlength=len(plan.replicas))
+    cap = np.array(plan.max_replicas)
+    replicas = runtime_replicas(
+        tokens, np.array(plan.replicas), cap=cap, per_replica_max=np.array(plan.max_tokens)
+    )
+    over = np.flatnonzero(replicas > cap)
+    if over.size:
+        which = "; ".join(
+            f"expert {i}: {tokens[i]:,} tokens, at most {plan.max_tokens[i]:,} per replica on "
+            f"{cap[i]} replicas (its reserved concurrency)"
+            for i in over
+        )
+        raise CapacityError(
+            f"layer {layer} cannot take this batch ({plan.method}): {which}",
+            "make the plan again with more memory for these experts or a higher G "
+            "(max_replicas in the calibration), or send smaller batches.",
+        )
+    return [int(r) for r in replicas]
+
+
 def _run(cfg: config.Config, s3: Any, request_id: str, event: dict[str, Any]) -> dict[str, Any]:
     index, plan = cfg.layer, cfg.layer_plan
     experts = weights.loader(s3, cfg.bucket, cfg.weights_prefix).manifest.experts
     if len(plan.replicas) != experts:
         raise config.ConfigError(
-            f"MOELAMBDA_LAYER_PLAN lists {len(plan.replicas)} experts, the model has {experts}"
+            f"MOELAMBDA_LAYER_PLAN lists {len(plan.replicas)} experts, the model has {experts}",
+            "deploy the plan made for this model's export, or upload that export.",
         )
     hidden = torch.from_numpy(transports.read_tensors(s3, cfg.bucket, event["hidden_key"])[0])
     expert_sum = None
@@ -47,6 +95,7 @@ def _run(cfg: config.Config, s3: Any, request_id: str, event: dict[str, Any]) ->
             cfg, request_id, event.get("previous"), index - 1, event.get("expert_failures")
         )
     out = weights.layer(s3, cfg.bucket, cfg.weights_prefix, index).run(hidden, expert_sum)
+    replicas = replicas_for(plan, index, out.experts)
 
     residual_key = layout.residual_key(request_id, index)
     transports.write_tensors(s3, cfg.bucket, residual_key, out.residual.numpy())
@@ -54,11 +103,19 @@ def _run(cfg: config.Config, s3: Any, request_id: str, event: dict[str, Any]) ->
     transports.write_tensors(s3, cfg.bucket, layout.routing_key(request_id, index), *routing)
 
     ffn_in = out.ffn_in.numpy()
-    shards = transports.split_shards(out.experts, list(plan.replicas))
+    shards = transports.split_shards(out.experts, replicas)
     functions = list(plan.expert_functions)
     if plan.method == "direct":  # the experts have run when this returns: nothing to fan out
         transports.call_direct(
-            s3, cfg.bucket, request_id, index, ffn_in, shards, functions, cfg.invoke
+            s3,
+            cfg.bucket,
+            request_id,
+            index,
+            ffn_in,
+            shards,
+            functions,
+            cfg.invoke,
+            plan.payload_limit,
         )
         shards = []
     elif plan.method == "s3":
@@ -72,9 +129,10 @@ def _run(cfg: config.Config, s3: Any, request_id: str, event: dict[str, Any]) ->
         for s in shards
         if s.tokens.size
     ]
+    grouped = groupby(described, key=lambda shard: shard["expert"])
     return {
         "request_id": request_id,
         "hidden_key": residual_key,
         "layer": index,
-        "shards": described,
+        "experts": [{"shards": list(group)} for _, group in grouped],
     }

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from functions import config, weights
-from functions.common import gather_previous, s3_client
+from functions.common import gather_previous, s3_client, use_lambda_threads
 from ground import layout
 from pipeline import transports
 
@@ -19,6 +19,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     leaves them for the cleanup function and never loses the result.
     """
     cfg = config.current()
+    use_lambda_threads(cfg)
     request_id = layout.validate_request_id(event.get("request_id"))
     s3 = s3_client()
     last = weights.loader(s3, cfg.bucket, cfg.weights_prefix).manifest.num_layers - 1

@@ -2,8 +2,12 @@
 
 A function downloads manifest.json and config/ once (StageLoader needs them to build empty
 modules), then only its own stage's safetensors file: an expert never pays for the others.
-Built stages are kept in a module-level cache keyed by (bucket, key, ETag), so a warm
-container skips both the download and the build, and re-uploaded weights are picked up.
+Built stages are kept in a module-level cache keyed by (bucket, key), so a warm invocation
+makes no S3 request at all for its weights: the cost model bills a request only its own data.
+
+The price: weights re-uploaded under the same keys are not seen by warm containers. A new
+export goes under a new weights prefix (`cdk deploy -c weights_prefix=weights-v2/ ...`), and
+the redeploy, which changes every function's environment, starts fresh containers.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from botocore.exceptions import ClientError
+
 from ground.errors import ModelError
 from ground.manifest import HEAD_KEY, TAIL_KEY, expert_key, layer_key
 from moe import StageLoader
@@ -25,9 +31,10 @@ __all__ = ["expert", "head", "layer", "loader", "tail"]
 
 T = TypeVar("T")
 _LOCK = threading.RLock()  # one build at a time: the local runner runs handlers in threads
-_LOADERS: dict[tuple[str, str, str], StageLoader] = {}
-_STAGES: dict[tuple[str, str, str], Any] = {}
+_LOADERS: dict[tuple[str, str], StageLoader] = {}
+_STAGES: dict[tuple[str, str], Any] = {}
 _ROOT: list[Path] = []  # the per-process cache directory, created on first use
+_MISSING = ("404", "NoSuchKey", "NotFound")
 
 
 def _cache_dir() -> Path:
@@ -37,29 +44,25 @@ def _cache_dir() -> Path:
         return _ROOT[0]
 
 
-def _etag(s3: Any, bucket: str, key: str) -> str:
+def _download(s3: Any, bucket: str, key: str, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".part")
     try:
-        return s3.head_object(Bucket=bucket, Key=key)["ETag"]
-    except s3.exceptions.ClientError as err:
-        if err.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
+        s3.download_file(bucket, key, str(partial))
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") not in _MISSING:
             raise
         raise ModelError(
             f"the weights object s3://{bucket}/{key} is missing.",
             "upload the model export under the weights prefix (see the README's deploy section).",
         ) from err
-
-
-def _download(s3: Any, bucket: str, key: str, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".part")
-    s3.download_file(bucket, key, str(partial))
     partial.replace(path)
 
 
 def loader(s3: Any, bucket: str, prefix: str) -> StageLoader:
     """A StageLoader on a local copy of the manifest and config of the export under `prefix`."""
     manifest_key = prefix + "manifest.json"
-    cache_key = (bucket, prefix, _etag(s3, bucket, manifest_key))
+    cache_key = (bucket, manifest_key)
     with _LOCK:
         if cache_key not in _LOADERS:
             digest = hashlib.sha256("\0".join(cache_key).encode()).hexdigest()[:16]
@@ -72,7 +75,7 @@ def loader(s3: Any, bucket: str, prefix: str) -> StageLoader:
 
 
 def _stage(s3: Any, bucket: str, prefix: str, key: str, build: Callable[[StageLoader], T]) -> T:
-    cache_key = (bucket, prefix + key, _etag(s3, bucket, prefix + key))
+    cache_key = (bucket, prefix + key)
     with _LOCK:
         if cache_key not in _STAGES:
             stages = loader(s3, bucket, prefix)

@@ -3,8 +3,14 @@
 It says, per MoE layer, the scatter-gather method and pipeline degree, and per expert the Lambda
 memory, replicas and the predicted tokens and time; the totals (the paper's objective, the full
 bill, the latency against the SLO); the calibration it was computed with; and the model and the
-weight layout (S3 keys and sizes) it refers to. Loading validates what a deployment relies on:
-memory within Lambda's range, replicas within G, direct transfer only where the payload fits.
+weight layout (S3 keys and sizes) it refers to; the workflow type and the objective it was
+solved for. Loading validates what a deployment relies on, by the rules of `ground.semantics`:
+memory within Lambda's range, replicas within G and the Map's concurrency, a direct shard's
+encoded event within the Invoke limit, an Express workflow within its duration limit.
+
+Version 2 added `workflow`, `objective`, `nonmoe_memory_mb`, and per expert `max_replicas` (the
+reserved concurrency the gate may spread a batch's real tokens over) and
+`max_tokens_per_replica` (what one replica's memory, and for direct its payload, can take).
 """
 
 from __future__ import annotations
@@ -18,10 +24,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ground.errors import MoelambdaError
 from ground.files import read_document, write_file_atomically
 from ground.manifest import StageEntry
+from ground.semantics import direct_event_bytes
 
 __all__ = ["PLAN_VERSION", "ExpertPlan", "LayerPlan", "ModelRef", "Plan", "PlanError", "Totals"]
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2
+WORKFLOWS = ("express", "standard")
+OBJECTIVES = ("full", "experts")
 
 
 class PlanError(MoelambdaError):
@@ -39,6 +48,12 @@ class ExpertPlan(_Strict):
     tokens: float = Field(ge=0, description="Predicted tokens routed to this expert per batch.")
     time_s: float = Field(ge=0, description="Predicted run time of one replica.")
     cost_usd: float = Field(ge=0, description="Predicted cost of all replicas per batch.")
+    max_replicas: int = Field(
+        ge=1, description="Reserved concurrency: the most replicas the gate may use at run time."
+    )
+    max_tokens_per_replica: int = Field(
+        ge=1, description="Tokens one replica can take (memory; for direct also the payload)."
+    )
 
 
 class LayerPlan(_Strict):
@@ -77,8 +92,11 @@ class Totals(_Strict):
 class Plan(_Strict):
     """A deployment plan; see the module docstring."""
 
-    format_version: Literal[1] = PLAN_VERSION
+    format_version: Literal[2] = PLAN_VERSION
     solver: str
+    workflow: Literal["express", "standard"]
+    objective: Literal["full", "experts"]
+    nonmoe_memory_mb: int = Field(description="Memory of the head, gate and tail functions.")
     optimal: bool | None
     arch: Literal["x86_64", "arm64"]
     direct_payload_bytes: int = Field(gt=0)
@@ -105,18 +123,40 @@ class Plan(_Strict):
                 where = f"layer {layer.layer} expert {e.expert}"
                 if not low <= e.memory_mb <= high:
                     raise ValueError(f"{where}: memory {e.memory_mb} MB outside {low}-{high} MB")
-                if e.replicas > cal["max_replicas"]:
+                if not e.replicas <= e.max_replicas <= cal["max_replicas"]:
                     raise ValueError(
-                        f"{where}: {e.replicas} replicas exceed G = {cal['max_replicas']}"
+                        f"{where}: needs replicas <= max_replicas <= G = {cal['max_replicas']}"
+                    )
+                if layer.method != "direct" and e.max_replicas > cal["map_max_concurrency"]:
+                    raise ValueError(
+                        f"{where}: {e.max_replicas} replicas exceed an inline Map's "
+                        f"{cal['map_max_concurrency']} concurrent iterations"
                     )
                 if layer.method == "direct":
-                    shard = math.ceil(e.tokens / e.replicas)
-                    payload = shard * max(self.model.token_bytes_in, self.model.token_bytes_out)
-                    if payload > self.direct_payload_bytes:
-                        raise ValueError(
-                            f"{where}: a direct payload of {payload:,} bytes exceeds the "
-                            f"{self.direct_payload_bytes:,}-byte limit"
-                        )
+                    token_bytes = max(self.model.token_bytes_in, self.model.token_bytes_out)
+                    shard = -(-math.ceil(e.tokens) // e.replicas)
+                    for what, rows in (
+                        ("a planned shard", shard),
+                        ("max_tokens_per_replica", e.max_tokens_per_replica),
+                    ):
+                        payload = direct_event_bytes(rows, token_bytes)
+                        if payload > self.direct_payload_bytes:
+                            raise ValueError(
+                                f"{where}: {what} of {rows:,} tokens makes a direct event of "
+                                f"{payload:,} bytes (rows base64 in JSON), over the "
+                                f"{self.direct_payload_bytes:,}-byte limit"
+                            )
+            if layer.method != "direct" and len(layer.experts) > cal["map_max_concurrency"]:
+                raise ValueError(
+                    f"layer {layer.layer}: {len(layer.experts)} experts exceed an inline Map's "
+                    f"{cal['map_max_concurrency']} concurrent iterations; use direct"
+                )
+        limit = cal["express_max_duration_s"]
+        if self.workflow == "express" and self.totals.latency_s > limit:
+            raise ValueError(
+                f"latency {self.totals.latency_s:.1f} s exceeds an Express workflow's {limit} s; "
+                "use --workflow standard"
+            )
         return self
 
     def save(self, path: str | Path, *, force: bool = False) -> Path:

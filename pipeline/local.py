@@ -5,6 +5,9 @@ template the CDK app synthesises for the plan, so what runs here is what `cdk de
 deploy. moto's Step Functions interpreter executes the definition; its Lambda invoke would start a
 Docker container, so `InProcessLambdas` replaces that one method with a call of the function's
 handler in this process, under that function's own environment (`functions.config.local`).
+
+A metered run (`pipeline.meter`) first warms every function, as the plan prices steady state,
+then counts what AWS would bill for the executions alone.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ground import layout
+from pipeline.meter import Meter, entered_states
 from pipeline.tensorio import decode, encode
 
 __all__ = ["InProcessLambdas", "atomic_s3", "concrete", "function_label", "run_workflow"]
@@ -60,13 +64,16 @@ class InProcessLambdas:
 
     def __init__(self) -> None:
         self.functions: dict[str, tuple[str, dict[str, str]]] = {}
+        self.memory_mb: dict[str, int] = {}
         self.seconds: dict[str, list[float]] = defaultdict(list)
         self.errors: list[tuple[str, dict[str, str]]] = []
+        self.meter: Meter | None = None  # set while a metered execution runs
         self._running = 0
         self._idle = threading.Condition()
 
-    def register(self, name: str, handler: str, env: dict[str, str]) -> None:
+    def register(self, name: str, handler: str, env: dict[str, str], memory_mb: int) -> None:
         self.functions[name] = (handler, env)
+        self.memory_mb[name] = memory_mb
 
     def call(self, name: str, event: dict[str, Any]) -> Any:
         from functions.config import local
@@ -77,14 +84,55 @@ class InProcessLambdas:
         with self._idle:
             self._running += 1
         started = time.perf_counter()
+        response = None
         try:
             with local(env, invoker=self.call):
-                return handler(event, None)
+                response = handler(event, None)
+            return response
         finally:
-            self.seconds[name].append(time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            self.seconds[name].append(elapsed)
+            meter = self.meter
+            if meter is not None:
+                expert = _role(handler_path) == "expert"
+                meter.lambda_call(self.memory_mb[name], elapsed, event, response, expert=expert)
             with self._idle:
                 self._running -= 1
                 self._idle.notify_all()
+
+    def warm(self) -> None:
+        """Load every function's stage into the process-wide weights cache, as warm containers.
+
+        The plan prices steady state, where a warm invocation reads no weights from S3; the
+        cleanup function loads none.
+        """
+        from functions import weights
+        from functions.common import s3_client
+        from functions.config import current, local
+
+        for handler, env in self.functions.values():
+            role = _role(handler)
+            with local(env):
+                cfg = current()
+                where = (s3_client(), cfg.bucket, cfg.weights_prefix)
+                if role == "head":
+                    weights.head(*where)
+                elif role == "layer":
+                    weights.layer(*where, cfg.layer)
+                elif role == "expert":
+                    weights.expert(*where, cfg.layer, cfg.expert)
+                elif role == "tail":
+                    weights.tail(*where)
+
+    @contextlib.contextmanager
+    def metered(self, meter: Meter) -> Iterator[None]:
+        """Report every handler call of this block, and its S3 requests, to `meter`."""
+        self.meter = meter
+        try:
+            with meter.counting_s3():
+                yield
+        finally:
+            self.meter = None
 
     def drain(self, timeout_s: float) -> bool:
         """Wait for calls still running; False if some outlive `timeout_s`.
@@ -159,9 +207,14 @@ def atomic_s3() -> Iterator[None]:
                 _unpatched = None
 
 
+def _role(handler: str) -> str:
+    """head, layer, expert, tail or cleanup: the handler's module (functions.<role>.handler)."""
+    return handler.split(".")[-2]
+
+
 def function_label(handler: str, env: dict[str, str]) -> str:
     """A function's name in reports: head, layer03, layer03/expert01, tail, cleanup."""
-    role = handler.split(".")[-2]
+    role = _role(handler)
     if role == "layer":
         return f"layer{int(env['MOELAMBDA_LAYER']):02d}"
     if role == "expert":
@@ -177,17 +230,83 @@ def placeholder_zip() -> bytes:
     return buffer.getvalue()
 
 
+def _deploy(
+    resources: dict[str, Any], names: dict[str, str], bucket: str, lambdas: InProcessLambdas
+) -> str:
+    """Create the template's functions (registered with `lambdas`) and state machine; its ARN."""
+    import boto3
+
+    iam = boto3.client("iam", region_name=REGION)
+    trust = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"Service": ["lambda.amazonaws.com", "states.amazonaws.com"]},
+                "Action": "sts:AssumeRole",
+            }
+        ],
+    }
+    role = iam.create_role(RoleName=bucket, AssumeRolePolicyDocument=json.dumps(trust))
+    role_arn = role["Role"]["Arn"]
+    client = boto3.client("lambda", region_name=REGION)
+    for logical, res in resources.items():
+        if res["Type"] != "AWS::Lambda::Function":
+            continue
+        props = res["Properties"]
+        env = concrete(props.get("Environment", {}).get("Variables", {}), names)
+        env = {k: str(v) for k, v in env.items()}
+        handler = props["ImageConfig"]["Command"][0]
+        client.create_function(
+            FunctionName=names[logical],
+            Runtime="python3.11",
+            Role=role_arn,
+            Handler=handler,
+            Code={"ZipFile": placeholder_zip()},
+        )
+        # Lambda's default memory applies where the template sets none.
+        lambdas.register(names[logical], handler, env, int(props.get("MemorySize", 128)))
+    (machine,) = [r for r in resources.values() if r["Type"] == "AWS::StepFunctions::StateMachine"]
+    sfn = boto3.client("stepfunctions", region_name=REGION)
+    return sfn.create_state_machine(
+        name=bucket,
+        definition=concrete(machine["Properties"]["DefinitionString"], names),
+        roleArn=role_arn,
+        type=machine["Properties"].get("StateMachineType", "STANDARD"),
+    )["stateMachineArn"]
+
+
+def _wait(sfn: Any, execution_arns: list[str], deadline: float) -> list[dict[str, Any]]:
+    """describe_execution of each execution once it stopped running, or at `deadline`.
+
+    moto has no start_sync_execution, so an Express workflow is polled like a Standard one.
+    """
+    final = []
+    for execution_arn in execution_arns:
+        while True:
+            info = sfn.describe_execution(executionArn=execution_arn)
+            if info["status"] != "RUNNING" or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        final.append(info)
+    return final
+
+
 def run_workflow(
     template: dict[str, Any],
     weights_dir: Path,
     requests: list[np.ndarray],
     *,
     timeout_s: float = 600.0,
+    metered: bool = False,
 ) -> dict[str, Any]:
     """Deploy `template` onto moto, upload the weights, and run one execution per request.
 
     Returns per request its status, output array (or error and cause) and the intermediates
     left under its prefix; per function (by `function_label`) the wall time of every call.
+    `metered` warms every function first and adds "usage": what AWS would bill for the
+    executions (`pipeline.meter.USAGE_KEYS`), summed over them; the upload of the inputs and
+    the reading of the results are the client's, not the workflow's, and do not count.
     """
     import boto3
     from moto import mock_aws
@@ -206,6 +325,7 @@ def run_workflow(
         elif res["Type"] == "AWS::Lambda::Function":
             names[logical] = f"fn-{run}-{logical}"[:64]
     lambdas = InProcessLambdas()
+    meter = Meter(bucket)
     config = {"stepfunctions": {"execute_state_machine": True}}
     with mock_aws(config=config), lambdas.installed():
         s3 = boto3.client("s3", region_name=REGION)
@@ -213,68 +333,31 @@ def run_workflow(
         for path in sorted(p for p in weights_dir.rglob("*") if p.is_file()):
             key = "weights/" + path.relative_to(weights_dir).as_posix()
             s3.upload_file(str(path), bucket, key)
-        iam = boto3.client("iam", region_name=REGION)
-        trust = {
-            "Version": "2012-10-17",
-            "Statement": [
-                {
-                    "Effect": "Allow",
-                    "Principal": {"Service": ["lambda.amazonaws.com", "states.amazonaws.com"]},
-                    "Action": "sts:AssumeRole",
-                }
-            ],
-        }
-        role = iam.create_role(
-            RoleName=f"moelambda-local-{run}", AssumeRolePolicyDocument=json.dumps(trust)
-        )
-        role_arn = role["Role"]["Arn"]
-        client = boto3.client("lambda", region_name=REGION)
-        for logical, res in resources.items():
-            if res["Type"] != "AWS::Lambda::Function":
-                continue
-            props = res["Properties"]
-            env = concrete(props.get("Environment", {}).get("Variables", {}), names)
-            env = {k: str(v) for k, v in env.items()}
-            handler = props["ImageConfig"]["Command"][0]
-            client.create_function(
-                FunctionName=names[logical],
-                Runtime="python3.11",
-                Role=role_arn,
-                Handler=handler,
-                Code={"ZipFile": placeholder_zip()},
-            )
-            lambdas.register(names[logical], handler, env)
-        (machine,) = [
-            r for r in resources.values() if r["Type"] == "AWS::StepFunctions::StateMachine"
-        ]
-        definition = concrete(machine["Properties"]["DefinitionString"], names)
+        arn = _deploy(resources, names, bucket, lambdas)
         sfn = boto3.client("stepfunctions", region_name=REGION)
-        arn = sfn.create_state_machine(
-            name=f"moelambda-{run}", definition=definition, roleArn=role_arn
-        )["stateMachineArn"]
-        runs = []
-        for ids in requests:
-            rid = uuid.uuid4().hex[:16]
-            key = layout.input_key(rid)
-            s3.put_object(Bucket=bucket, Key=key, Body=encode(ids.astype(np.int64)))
-            execution = sfn.start_execution(
-                stateMachineArn=arn,
-                name=rid,
-                input=json.dumps({"request_id": rid, "input_key": key}),
+        rids = [uuid.uuid4().hex[:16] for _ in requests]
+        for rid, ids in zip(rids, requests, strict=True):
+            s3.put_object(
+                Bucket=bucket, Key=layout.input_key(rid), Body=encode(ids.astype(np.int64))
             )
-            runs.append((rid, execution["executionArn"]))
+        if metered:
+            lambdas.warm()
         deadline = time.monotonic() + timeout_s
-        final = []
-        for rid, execution_arn in runs:
-            while True:
-                info = sfn.describe_execution(executionArn=execution_arn)
-                if info["status"] != "RUNNING" or time.monotonic() > deadline:
-                    break
-                time.sleep(0.05)
-            final.append((rid, info))
-        lambdas.drain(max(deadline - time.monotonic(), 1.0))
+        with lambdas.metered(meter) if metered else contextlib.nullcontext():
+            executions = [
+                sfn.start_execution(
+                    stateMachineArn=arn,
+                    name=rid,
+                    input=json.dumps({"request_id": rid, "input_key": layout.input_key(rid)}),
+                )["executionArn"]
+                for rid in rids
+            ]
+            final = _wait(sfn, executions, deadline)
+            lambdas.drain(max(deadline - time.monotonic(), 1.0))
+        if metered:
+            meter.add_transitions(sum(entered_states(sfn, e) for e in executions))
         results = []
-        for rid, info in final:
+        for rid, info in zip(rids, final, strict=True):
             entry: dict[str, Any] = {"request_id": rid, "status": info["status"]}
             if "stopDate" in info:
                 entry["seconds"] = (info["stopDate"] - info["startDate"]).total_seconds()
@@ -289,4 +372,7 @@ def run_workflow(
             results.append(entry)
     labels = {name: function_label(*spec) for name, spec in lambdas.functions.items()}
     seconds = {labels[name]: times for name, times in lambdas.seconds.items()}
-    return {"requests": results, "seconds": seconds, "errors": lambdas.errors}
+    out = {"requests": results, "seconds": seconds, "errors": lambdas.errors}
+    if metered:
+        out["usage"] = meter.usage()
+    return out

@@ -30,13 +30,13 @@ from moe import gather_shards, routing_shards
 from pipeline.tensorio import decode, encode
 
 __all__ = [
-    "DIRECT_LIMIT_BYTES",
     "ShardRows",
     "TransportError",
     "call_direct",
     "delete_request",
     "direct_decode",
     "direct_encode",
+    "direct_event",
     "gather",
     "get_object",
     "list_keys",
@@ -49,8 +49,7 @@ __all__ = [
     "write_tensors",
 ]
 
-DIRECT_LIMIT_BYTES = 6 * 1024 * 1024  # Lambda's synchronous invocation payload limit
-_WORKERS = 16
+_WORKERS = 16  # concurrent S3 uploads and downloads of one function
 Invoke = Callable[[str, dict[str, Any]], dict[str, Any]]
 
 
@@ -201,6 +200,45 @@ def direct_decode(payload: str) -> np.ndarray:
     return decode(base64.b64decode(payload))[0]
 
 
+def direct_event(
+    request_id: str,
+    layer: int,
+    expert: int,
+    replica: int,
+    rows: np.ndarray,
+    *,
+    limit: int,
+    function: str | None = None,
+) -> dict[str, Any]:
+    """A direct Invoke's event (with `function`) or an expert's response (without it).
+
+    The contract's fields, in the order `ground.semantics.DIRECT_EVENT_BYTES` bounds, then the
+    rows base64-encoded as "payload". Lambda limits the JSON, not the tensor, so the encoded
+    JSON is measured here: an oversized message fails with its size before it is sent.
+    """
+    event: dict[str, Any] = {
+        "request_id": request_id,
+        "layer": layer,
+        "expert": expert,
+        "replica": replica,
+        "tokens": int(rows.shape[0]),
+    }
+    if function is not None:
+        event["function"] = function
+    event["payload"] = direct_encode(rows)
+    size = len(json.dumps(event))
+    if size > limit:
+        what = "event" if function is not None else "response"
+        raise TransportError(
+            f"layer {layer} expert {expert} replica {replica}: the direct {what} of "
+            f"{rows.shape[0]:,} tokens is {size:,} bytes of JSON, above the plan's direct "
+            f"payload limit of {limit:,} bytes",
+            "make the plan again (its max_tokens_per_replica must fit the payload), or plan "
+            "this layer with method 's3' or 'pipelined'.",
+        )
+    return event
+
+
 def call_direct(
     s3: Any,
     bucket: str,
@@ -210,30 +248,32 @@ def call_direct(
     shards: list[ShardRows],
     functions: list[str],
     invoke: Invoke,
-    limit: int = DIRECT_LIMIT_BYTES,
+    limit: int,
 ) -> None:
     """Invoke each non-empty shard's expert with its rows inline and store what comes back.
 
-    Every payload is built and checked against `limit` before anything is invoked, so an
-    oversized shard fails the request without paying for the other experts.
+    Every event is built and checked against `limit` before anything is invoked, so an
+    oversized shard fails the request without paying for the other experts. All shards are
+    invoked at once, one thread each: the gate is billed until the slowest returns.
     """
-    calls = []
-    for s in shards:
-        if not s.tokens.size:
-            continue
-        event = s.describe(request_id, layer, functions[s.expert])
-        event["payload"] = direct_encode(_rows(ffn_in, s))
-        size = len(json.dumps(event))
-        if size > limit:
-            raise TransportError(
-                f"layer {layer} expert {s.expert} replica {s.replica}: the inline payload of "
-                f"{s.tokens.size} tokens is {size} bytes, above the direct limit of {limit} bytes",
-                "plan this layer with method 's3' or 'pipelined', or give the expert more "
-                "replicas.",
-            )
-        calls.append((s, event))
+    calls = [
+        (
+            s,
+            direct_event(
+                request_id,
+                layer,
+                s.expert,
+                s.replica,
+                _rows(ffn_in, s),
+                limit=limit,
+                function=functions[s.expert],
+            ),
+        )
+        for s in shards
+        if s.tokens.size
+    ]
 
-    def call(item: tuple[ShardRows, dict]) -> None:
+    def call(item: tuple[ShardRows, dict[str, Any]]) -> None:
         s, event = item
         rows = direct_decode(invoke(functions[s.expert], event)["payload"])
         if rows.shape[0] != s.tokens.size:
@@ -244,8 +284,9 @@ def call_direct(
         key = layout.out_key(request_id, layer, s.expert, s.replica)
         put_object(s3, bucket, key, encode(rows))
 
-    with ThreadPoolExecutor(_WORKERS) as pool:
-        list(pool.map(call, calls))
+    if calls:
+        with ThreadPoolExecutor(len(calls)) as pool:
+            list(pool.map(call, calls))
 
 
 def _minibatches(
@@ -262,7 +303,9 @@ def _minibatches(
 
     Every poll costs GET requests, and an expert started alongside its gate waits the whole gate
     compute for minibatch 0: the wait doubles from `poll_s` up to 4 x `poll_s` while nothing
-    arrives, and drops back to `poll_s` once minibatches flow.
+    arrives, and drops back to `poll_s` once minibatches flow. Each minibatch is read by exactly
+    one successful GET; every other GET (a miss, or a read of done.bin) is a poll, which is how
+    `ground.semantics.request_counts` and the meter tell data GETs from polls.
     """
     done_key = layout.done_key(request_id, layer, expert, replica)
     m = misses = 0
@@ -270,14 +313,18 @@ def _minibatches(
     while True:
         key = layout.minibatch_key(request_id, layer, expert, replica, m)
         data = get_object(s3, bucket, key)
-        if data is not None:
-            yield decode(data)[0]
-            m += 1
-            misses = 0
-            deadline = time.monotonic() + timeout_s
-            continue
-        marker = get_object(s3, bucket, done_key)
-        if marker is not None:
+        if data is None:
+            marker = get_object(s3, bucket, done_key)
+            if marker is None:
+                if time.monotonic() > deadline:
+                    raise TransportError(
+                        f"no minibatch at {key} and no {done_key} after {timeout_s:g} s",
+                        "check that the layer function of this request ran; raise "
+                        "MOELAMBDA_PIPELINE_TIMEOUT_S if it is slow.",
+                    )
+                time.sleep(poll_s * 2 ** min(misses, 2))
+                misses += 1
+                continue
             count = int(decode(marker)[0][0])
             if count == ABORTED:
                 raise TransportError(
@@ -287,19 +334,18 @@ def _minibatches(
                 )
             if m >= count:
                 return
-            if get_object(s3, bucket, key) is None:  # done.bin is written after every minibatch
+            # done.bin is written after every minibatch: this one landed since the miss. What
+            # the re-check reads is the minibatch, so no minibatch is ever read twice.
+            data = get_object(s3, bucket, key)
+            if data is None:
                 raise TransportError(
-                    f"done.bin announces {count} minibatches but {key} is missing"
+                    f"done.bin announces {count} minibatches but {key} is missing",
+                    "the layer function or a cleanup removed it; rerun the request.",
                 )
-            continue
-        if time.monotonic() > deadline:
-            raise TransportError(
-                f"no minibatch at {key} and no {done_key} after {timeout_s:g} s",
-                "check that the layer function of this request ran; raise "
-                "MOELAMBDA_PIPELINE_TIMEOUT_S if it is slow.",
-            )
-        time.sleep(poll_s * 2 ** min(misses, 2))
-        misses += 1
+        yield decode(data)[0]
+        m += 1
+        misses = 0
+        deadline = time.monotonic() + timeout_s
 
 
 def serve_pipelined(

@@ -12,12 +12,12 @@ from ground.plan import Plan, PlanError
 from planner.baselines import lambdaml, random_methods, uniform
 from planner.build import instance_for, make_plan
 from planner.calibration import Calibration, default_calibration_path, load_calibration
-from planner.costmodel import Choice, Evaluation, Solution, bill, evaluate, expert_options
+from planner.costmodel import Choice, Evaluation, Solution, bill, evaluate, expert_options, usage
 from planner.exact import Frontier, solve_exact, solve_frontier
 from planner.instance import Instance, Method
 from planner.milp import solve_milp, solve_milp_mixed
 from planner.ods import solve_ods
-from planner.replay import choice_of, function_seconds, instance_of
+from planner.replay import choice_of, function_seconds, instance_of, planned_usage, price_usage
 
 __all__ = [
     "Calibration",
@@ -40,6 +40,8 @@ __all__ = [
     "lambdaml",
     "load_calibration",
     "make_plan",
+    "planned_usage",
+    "price_usage",
     "random_methods",
     "solve_exact",
     "solve_frontier",
@@ -47,4 +49,5 @@ __all__ = [
     "solve_milp_mixed",
     "solve_ods",
     "uniform",
+    "usage",
 ]

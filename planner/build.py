@@ -16,7 +16,7 @@ from ground.manifest import Manifest
 from ground.plan import ExpertPlan, LayerPlan, ModelRef, Plan, Totals
 from planner.calibration import Calibration
 from planner.compute import expert_compute_s
-from planner.costmodel import Solution, bill
+from planner.costmodel import Solution, bill, replica_limits
 from planner.instance import Instance, Method
 
 __all__ = ["instance_for", "make_plan"]
@@ -35,6 +35,8 @@ def instance_for(
     *,
     tokens: int,
     arch: str = "x86_64",
+    workflow: str = "express",
+    objective: str = "full",
     payload: str = "invoke",
     pipelined_residency: bool = False,
 ) -> Instance:
@@ -56,11 +58,10 @@ def instance_for(
         token_bytes=manifest.token_bytes_in,
         compute_s=expert_u,
         nonmoe_compute_s=nonmoe_u,
-        layer_bytes=layer_bytes,
-        head_bytes=sizes[("head", None, None)],
-        tail_bytes=sizes[("tail", None, None)],
         tokens=tokens,
         arch=arch,
+        workflow=workflow,
+        objective=objective,
         nonmoe_memory_mb=NONMOE_MEMORY_MB,
         payload=payload,
         pipelined_residency=pipelined_residency,
@@ -77,8 +78,15 @@ def make_plan(
     slo_s: float | None,
     counts_source: dict[str, Any],
 ) -> Plan:
-    """The Plan document of a solver's solution."""
+    """The Plan document of a solver's solution.
+
+    Each expert's cap: the gate of an s3 or direct layer may spread a batch's real tokens over up
+    to G replicas (its reserved concurrency); a pipelined layer's replicas start before the gate
+    knows the counts, so its cap is the planned count. `max_tokens_per_replica` is what one
+    replica's memory holds (and, for direct, what one Invoke event carries).
+    """
     choice, ev = solution.choice, solution.evaluation
+    caps, fits = replica_limits(inst, choice)
     layers = []
     for layer in range(inst.layers):
         method = Method(int(choice.method[layer]))
@@ -90,6 +98,8 @@ def make_plan(
                 tokens=float(inst.counts[layer, e]),
                 time_s=float(ev.expert_time[layer, e]),
                 cost_usd=float(ev.expert_cost[layer, e]),
+                max_replicas=int(caps[layer, e]),
+                max_tokens_per_replica=int(fits[layer, e]),
             )
             for e in range(inst.experts)
         ]
@@ -106,6 +116,9 @@ def make_plan(
     keep = set(ModelRef.model_fields)
     return Plan(
         solver=solution.solver,
+        workflow=inst.workflow,  # type: ignore[arg-type]
+        objective=inst.objective,  # type: ignore[arg-type]
+        nonmoe_memory_mb=int(inst.nonmoe_memory_mb),
         optimal=solution.optimal,
         arch=inst.arch,  # type: ignore[arg-type]
         direct_payload_bytes=inst.direct_payload_bytes,
@@ -115,7 +128,7 @@ def make_plan(
         layers=layers,
         totals=Totals(
             tokens=inst.tokens,
-            moe_cost_usd=ev.cost,
+            moe_cost_usd=ev.experts_usd,
             bill_usd=bill(inst, choice, ev),
             latency_s=ev.latency,
             slo_s=slo_s,

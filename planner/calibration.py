@@ -26,7 +26,7 @@ from pydantic import (
     field_validator,
 )
 
-from moelambda.exceptions import CalibrationError, did_you_mean
+from ground.errors import CalibrationError, did_you_mean
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -134,6 +134,14 @@ class Calibration(BaseModel):
     s3_put_request_usd: PositiveFloat
     s3_get_request_usd: PositiveFloat
     step_functions_transition_usd: PositiveFloat
+    map_max_concurrency: PositiveInt
+    express_max_duration_s: PositiveFloat
+    express_request_usd: PositiveFloat
+    express_gb_second_usd: PositiveFloat
+    express_memory_mb: PositiveInt
+    express_duration_step_s: PositiveFloat
+    s3_list_request_usd: PositiveFloat
+    s3_delete_request_usd: PositiveFloat
     expert_token_compute_s: tuple[PositiveFloat, ...] | None
     expert_compute_reference: ExpertComputeReference | None = None
     provenance: dict[str, Parameter] = Field(default_factory=dict, repr=False)

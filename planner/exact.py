@@ -1,10 +1,10 @@
 """The exact solver of problem (12): per-layer Pareto frontiers merged by a knapsack (§7 [beyond]).
 
 Why this is exact. Fix a layer's method and pipeline degree beta: its experts then interact only
-through the layer's slowest expert (and, for direct transfer, the slowest send), and the layer
-latency is monotone in those maxima. So for every threshold tau on the finish time (and sigma on
-the send time), giving each expert its cheapest feasible option within the thresholds dominates
-every other choice with the same maxima; enumerating the distinct finish (and send) values as
+through the layer's slowest expert, whose finish is the layer's latency, and the layer's own
+terms (`layer_terms`: a constant and a cost per second of latency) grow with that latency. So for
+every threshold tau on the finish time, giving each expert its cheapest feasible option within
+it dominates every other choice with the same maximum; enumerating the distinct finish values as
 thresholds therefore yields every cost-vs-latency Pareto point of the layer. Layers interact only
 through the sum of their latencies in the SLO (12d), so the global problem is a multiple-choice
 knapsack over the layer frontiers, solved exactly by adding the frontiers one layer at a time
@@ -28,7 +28,8 @@ from planner.costmodel import (
     Solution,
     evaluate,
     expert_options,
-    layer_latency,
+    global_terms,
+    layer_terms,
 )
 from planner.instance import Instance, Method
 
@@ -46,7 +47,7 @@ class LayerFrontier:
     """
 
     latency_s: np.ndarray  # (P,) t^lat_e
-    cost_usd: np.ndarray  # (P,) sum of the layer's expert costs
+    cost_usd: np.ndarray  # (P,) the layer's cost: its experts' plus `layer_terms`
     method: np.ndarray  # (P,) Method values
     beta: np.ndarray  # (P,) beta for pipelined points, 1 otherwise
     memory: np.ndarray  # (P, E) index into memory_mb
@@ -139,7 +140,8 @@ def solve_frontier(inst: Instance, methods: Iterable[Method] = tuple(Method)) ->
     if not methods:
         raise ValueError("solve_frontier needs at least one scatter-gather method")
     layers = tuple(layer_frontier(inst, layer, methods) for layer in range(inst.layers))
-    latency, cost = np.array([inst.fixed_s()]), np.zeros(1)
+    usd, per_s = global_terms(inst)
+    latency, cost = np.array([inst.fixed_s()]), np.array([usd + per_s * inst.fixed_s()])
     previous, pick, sizes = [], [], []
     for layer in layers:
         before, added = _merge(latency, cost, layer.latency_s, layer.cost_usd)
@@ -173,11 +175,10 @@ def layer_frontier(inst: Instance, layer: int, methods: tuple[Method, ...]) -> L
     # Pipelined with beta >= r costs what plain S3 costs; listing S3 and direct first makes such
     # ties go to the method with fewer S3 requests.
     for method in sorted(methods, key=lambda m: m is Method.PIPELINED):
+        usd, per_s = layer_terms(inst, layer, method)
         for beta in inst.betas if method is Method.PIPELINED else (1,):
-            opts = expert_options(inst, layer, method, beta)
-            points = _direct_points if method is Method.DIRECT else _s3_points
-            latency, cost, option = points(inst, opts)
-            parts.append((latency, cost, option, int(method), beta))
+            latency, cost, option = _points(inst, expert_options(inst, layer, method, beta))
+            parts.append((latency, cost + usd + per_s * latency, option, int(method), beta))
     latency = np.concatenate([p[0] for p in parts])
     cost = np.concatenate([p[1] for p in parts])
     option = np.concatenate([p[2] for p in parts]).reshape(-1, inst.experts)
@@ -205,44 +206,16 @@ def _flat(opts: Options) -> tuple[np.ndarray, np.ndarray]:
     return opts.cost.reshape(experts, -1), finish
 
 
-def _s3_points(inst: Instance, opts: Options) -> tuple[np.ndarray, ...]:
-    """Candidate points of an S3 method: one per finish threshold (latency, cost, options)."""
-    cost, finish = _flat(opts)
-    option, total, finish_max = _cheapest_within(cost, finish)
-    load = float(inst.load_s[opts.layer])
-    # layer_latency waits for max(slowest expert, T^load) and then reads every result: evaluate
-    # it once where the experts are not the bottleneck and add how much later they finish.
-    base = layer_latency(inst, opts.layer, opts.method, load)
-    latency = base + np.maximum(finish_max - load, 0.0)
-    keep = _pareto(latency, total)
-    return latency[keep], total[keep], option[keep]
+def _points(inst: Instance, opts: Options) -> tuple[np.ndarray, ...]:
+    """Candidate points of one (method, beta): one per finish threshold (latency, cost, options).
 
-
-def _direct_points(inst: Instance, opts: Options) -> tuple[np.ndarray, ...]:
-    """Candidate points of direct transfer: the two-threshold enumeration (send, then finish).
-
-    The gate's send time depends on the replica count only, and the layer latency adds the
-    slowest send to the slowest finish, so each send threshold sigma restricts the options and the
-    finish thresholds are enumerated within it. Sigmas below the largest per-expert minimum send
-    leave some expert without an option and are skipped.
+    The layer's latency is its slowest expert's finish, so each threshold admits every expert's
+    cheapest option finishing within it.
     """
     cost, finish = _flat(opts)
-    experts = cost.shape[0]
-    send = np.tile(opts.send, (1, opts.cost.shape[1]))  # (E, K): depends on g only
-    feasible_send = np.where(np.isfinite(finish), send, np.inf)
-    floor = feasible_send.min(axis=1).max(initial=0.0)
-    if not np.isfinite(floor):
-        return np.empty(0), np.empty(0), np.empty((0, experts), dtype=int)
-    rows = np.arange(experts)
-    parts = []
-    sigmas = feasible_send[np.isfinite(feasible_send) & (feasible_send >= floor)]
-    for sigma in np.unique(sigmas):
-        option, total, finish_max = _cheapest_within(cost, np.where(send <= sigma, finish, np.inf))
-        send_max = send[rows, option].max(axis=1, initial=0.0)
-        latency = layer_latency(inst, opts.layer, Method.DIRECT, finish_max, send_max)
-        keep = _pareto(latency, total)
-        parts.append((latency[keep], total[keep], option[keep]))
-    return tuple(np.concatenate(arrays) for arrays in zip(*parts, strict=True))
+    option, total, finish_max = _cheapest_within(cost, finish)
+    keep = _pareto(finish_max, total)
+    return finish_max[keep], total[keep], option[keep]
 
 
 def _cheapest_within(cost: np.ndarray, finish: np.ndarray) -> tuple[np.ndarray, ...]:

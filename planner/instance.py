@@ -56,13 +56,20 @@ class Instance:
     request_usd: float
     s3_put_usd: float
     s3_get_usd: float
-    transition_usd: float
+    s3_list_usd: float
+    s3_delete_usd: float
+    transition_usd: float  # Standard workflows, per state entered
+    express_request_usd: float
+    express_mb_s_usd: float  # Express duration, per MB-second of the billed memory
+    express_memory_mb: float
+    express_step_s: float
     nonmoe_memory_mb: float  # memory of the head, layer (gate) and tail functions
-    head_s: float  # T^head
-    tail_s: float  # T^tail
-    layer_s: np.ndarray  # (L,) T^NE_e: non-MoE block + gate of layer e
-    load_s: np.ndarray  # (L,) T^load_e: start of the next non-MoE function + its parameters
+    head_s: float  # T^head: warm start, read the input, write the hidden state
+    tail_s: float  # T^tail: gather the last layer, write the output, delete the intermediates
+    layer_s: np.ndarray  # (L,) the gate's work before its scatter (see `Instance.build`)
     tokens: int
+    workflow: str = "express"  # "express" or "standard": how the workflow itself is billed
+    objective: str = "full"  # "full": the whole bill; "experts": the expert functions only
     betas: tuple[int, ...] = ()
     pipelined_residency: bool = False  # [beyond]: only 2*beta tokens resident when pipelining
     arch: str = "x86_64"
@@ -99,23 +106,31 @@ class Instance:
         token_bytes: float,
         compute_s: np.ndarray,
         nonmoe_compute_s: float,
-        layer_bytes: np.ndarray,
-        head_bytes: float,
-        tail_bytes: float,
         tokens: int,
         arch: str = "x86_64",
         nonmoe_memory_mb: float = 1769.0,
+        workflow: str = "express",
+        objective: str = "full",
         payload: str = "invoke",
         betas: tuple[int, ...] = (),
         pipelined_residency: bool = False,
         meta: dict[str, object] | None = None,
     ) -> Instance:
-        """Derive the non-MoE timings from the stage sizes and put everything in one place.
+        """Derive the non-MoE timings from the batch and put everything in one place.
+
+        Every function is priced warm (steady state): its weights are cached in the container,
+        so a call costs the warm start and its own S3 traffic, each request T^dl plus its bytes
+        at B^s, in the order the handler makes them (`ground.semantics` lists them). The gate's
+        work before its scatter (`layer_s`) reads the hidden state, gathers the previous layer
+        (routing, a listing, the outputs), computes the block and gate, and writes the residual
+        and the routing.
 
         Args:
             compute_s: (J,) U_j for one expert of this model, at each memory option.
             nonmoe_compute_s: seconds per token of a layer function (attention block + gate) at
                 `nonmoe_memory_mb`.
+            workflow: "express" or "standard" Step Functions pricing.
+            objective: "full" (the whole bill) or "experts" (the paper's: expert functions).
             payload: "invoke" when the gate invokes its experts synchronously with the shard
                 inline (the emitted workflow: 6 MB each way), "step-functions" when a direct
                 payload would pass through a Step Functions state (256 KiB).
@@ -123,11 +138,20 @@ class Instance:
         counts = np.asarray(counts, dtype=float)
         price = calibration.price(arch)
         cal = calibration
-        load = cal.warm_start_s + cal.s3_access_delay_s
-        per_byte = 1.0 / cal.s3_bandwidth_bytes_per_s
-        layer_bytes = np.asarray(layer_bytes, dtype=float)
-        layer_s = load + layer_bytes * per_byte + tokens * nonmoe_compute_s
-        next_bytes = np.r_[layer_bytes[1:], tail_bytes]
+        if workflow not in ("express", "standard"):
+            raise UsageError(f"unknown workflow type '{workflow}'.", "use express or standard.")
+        if objective not in ("full", "experts"):
+            raise UsageError(f"unknown objective '{objective}'.", "use full or experts.")
+        dl, per_byte, start = (
+            cal.s3_access_delay_s,
+            1.0 / cal.s3_bandwidth_bytes_per_s,
+            cal.warm_start_s,
+        )
+        hidden = tokens * float(token_bytes) * per_byte  # one (N, h) tensor at B^s
+        routed = counts.sum(axis=1) * float(token_bytes) * per_byte  # a layer's shards at B^s
+        gather = np.r_[0.0, 3 * dl + routed[:-1]]  # routing, listing, outputs of layer e-1
+        routing = dl + counts.sum(axis=1) * 12 * per_byte  # int64 expert + float32 weight
+        layer_s = start + 2 * (dl + hidden) + gather + tokens * nonmoe_compute_s + routing
         limit = {
             "step-functions": cal.step_functions_payload_bytes,
             "invoke": cal.invoke_payload_bytes,
@@ -142,8 +166,8 @@ class Instance:
             memory_mb=np.asarray(cal.memory_options_mb, dtype=float),
             compute_s=np.asarray(compute_s, dtype=float),
             max_replicas=cal.max_replicas,
-            warm_start_s=cal.warm_start_s,
-            s3_delay_s=cal.s3_access_delay_s,
+            warm_start_s=start,
+            s3_delay_s=dl,
             s3_bandwidth=cal.s3_bandwidth_bytes_per_s,
             invoke_bandwidth=cal.invoke_bandwidth_bytes_per_s,
             direct_payload_bytes=limit[payload],
@@ -152,15 +176,23 @@ class Instance:
             request_usd=price.request_usd,
             s3_put_usd=cal.s3_put_request_usd,
             s3_get_usd=cal.s3_get_request_usd,
+            s3_list_usd=cal.s3_list_request_usd,
+            s3_delete_usd=cal.s3_delete_request_usd,
             transition_usd=cal.step_functions_transition_usd,
+            express_request_usd=cal.express_request_usd,
+            express_mb_s_usd=cal.express_gb_second_usd / cal.billing_mb_per_gb,
+            express_memory_mb=float(cal.express_memory_mb),
+            express_step_s=cal.express_duration_step_s,
             nonmoe_memory_mb=nonmoe_memory_mb,
-            # The head (embedding lookup) and tail (norm, pooling) compute next to nothing; their
-            # time is the start and the parameter download. A decoder's LM head is the exception.
-            head_s=load + head_bytes * per_byte,
-            tail_s=load + tail_bytes * per_byte,
+            # head: read the token ids (8 bytes each), write the hidden state; tail: gather the
+            # last layer, read the residual, write the output (one hidden row per token at
+            # most), list and delete the request's intermediates.
+            head_s=start + 2 * dl + tokens * 8 * per_byte + hidden,
+            tail_s=start + 3 * dl + float(routed[-1]) + 2 * (dl + hidden) + 2 * dl,
             layer_s=layer_s,
-            load_s=load + next_bytes * per_byte,
             tokens=tokens,
+            workflow=workflow,
+            objective=objective,
             betas=betas,
             pipelined_residency=pipelined_residency,
             arch=arch,

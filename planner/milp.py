@@ -8,31 +8,31 @@ Variables:
     w[l,v,e,k] in {0,1}  expert e takes option k = (memory j, replicas g) in block (l,v). The
         paper's product x[e,j] * y[e,g] of two one-hot binaries is linearised exactly by one
         binary per (j,g) pair, so no quadratic term remains;
-    phi[l] >= 0       slowest finish of an S3-type block (PIPELINED, S3), at least T^load_l;
-    phi_d[l], psi[l] >= 0  slowest finish and slowest send of a DIRECT block.
+    phi[l,c] >= 0     slowest finish of layer l's chosen variant, one column per class c of
+        variants that cost the same per second of latency (`layer_terms`: a direct gate waits
+        for its experts; Express bills duration); an unchosen class's phi falls to 0.
 
 Constraints:
     sum_k w[l,v,e,k] = z[l,v]                for every block and expert (one option if chosen);
     sum_v z[l,v] = 1                         one variant per layer;
-    phi[l] >= sum_k finish[k] w[l,v,e,k]     per S3-type block and expert (max linearised, phi
-        is pushed up only by the chosen block because the others have w = 0); likewise phi_d
-        with finish and psi with send for DIRECT;
-    phi[l] >= T^load_l * sum_{v S3-type} z[l,v];
-    fixed + sum_l (phi[l] + out_l z_S3[l] + phi_d[l] + psi[l] + T^load_l z_D[l]) <= SLO  (12d).
+    phi[l,c] >= sum_k finish[k] w[l,v,e,k]   per block of class c and expert (max linearised, phi
+        is pushed up only by the chosen block because the others have w = 0);
+    fixed + sum_l sum_c phi[l,c] <= SLO      (12d).
 
-Objective: sum cost[k] w[l,v,e,k] (eq. 4 summed over layers; scaled to O(1) for the solver).
+Objective: sum cost[k] w[l,v,e,k] + sum usd[l,v] z[l,v] + sum per_s[l,c] phi[l,c]: the full bill
+(or the experts' cost), as `evaluate` prices it, scaled to O(1) for the solver.
 
 Cuts (valid, so the optimum is unchanged): the per-expert rows let the LP relaxation meet the
 SLO with each expert's *mean* finish, a weak bound at tight SLOs. `_level_rows` adds, per layer
-and group, continuous u_t over the distinct finish (send) levels with
+and class, continuous u_t over the distinct finish levels with
 sum_{k: finish_k >= T_t} w_k <= u_t, which makes phi at least the LP's max over experts of the
 probability of reaching each level. On the paper-size instance they cut the gap at a tight SLO
 from ~30 % to ~1 % within 60 s.
 
 Exact reductions before the model is built:
 * only feasible options enter (12c and the payload limit);
-* finish and send are raised to the block's floor (`_block`) and an option that another option
-  of the same expert and block matches or beats in cost, finish and send is dropped;
+* finish times are raised to the block's floor (`_block`) and an option that another option
+  of the same expert and block matches or beats in cost and finish is dropped;
 * a variant (beta) whose every option is covered by another variant's is dropped
   (`_undominated_blocks`): small betas pay T^dl per minibatch and lose outright.
 Swapping a dropped option or variant for the one that covers it never breaks a constraint nor
@@ -53,13 +53,18 @@ import numpy as np
 from scipy import sparse
 
 from ground.errors import UsageError, did_you_mean
-from planner.costmodel import Choice, Solution, evaluate, expert_options, layer_latency
+from planner.costmodel import (
+    Choice,
+    Solution,
+    evaluate,
+    expert_options,
+    layer_terms,
+)
 from planner.instance import Instance, Method
 
 __all__ = ["Backend", "solve_milp", "solve_milp_mixed"]
 
 Backend = Literal["auto", "highs", "gurobi"]
-_S3_TYPE = (Method.PIPELINED, Method.S3)
 _TOLERANCE = 1e-9  # relative gap and feasibility: the optimum must match enumeration to 1e-7
 _warned_gurobi = False
 
@@ -76,25 +81,20 @@ class _Block:
     replicas: np.ndarray  # (K,) replica count g, 1-based
     cost: np.ndarray  # (K,) $
     finish: np.ndarray  # (K,) s
-    send: np.ndarray  # (K,) s, 0 for S3-type methods
+    usd: float  # the layer's constant cost under this method (`layer_terms`)
+    per_s: float  # the layer's cost per second of latency under this method
 
 
-def _undominated(cost: np.ndarray, finish: np.ndarray, send: np.ndarray) -> np.ndarray:
+def _undominated(cost: np.ndarray, finish: np.ndarray) -> np.ndarray:
     """Mask of the options of one expert that no other option matches or beats everywhere.
 
     Among identical options the first survives, so every pruned option has a surviving one at
-    least as good in cost, finish and send (the relation is a strict partial order).
+    least as good in cost and finish (the relation is a strict partial order).
     """
-    as_good = (
-        (cost[None, :] <= cost[:, None])
-        & (finish[None, :] <= finish[:, None])
-        & (send[None, :] <= send[:, None])
+    as_good = (cost[None, :] <= cost[:, None]) & (
+        finish[None, :] <= finish[:, None]
     )  # [a, b]: b is at least as good as a
-    better = (
-        (cost[None, :] < cost[:, None])
-        | (finish[None, :] < finish[:, None])
-        | (send[None, :] < send[:, None])
-    )
+    better = (cost[None, :] < cost[:, None]) | (finish[None, :] < finish[:, None])
     index = np.arange(cost.size)
     return ~(as_good & (better | (index[None, :] < index[:, None]))).any(axis=1)
 
@@ -104,30 +104,25 @@ def _block(
 ) -> _Block | None:
     """Feasible, undominated options of every expert; None if some expert has no feasible one.
 
-    Finish (and send) times are first raised to the block's floor: the latency the layer has
-    whatever its experts choose, i.e. the slowest expert's fastest option (and T^load for
-    S3-type methods). Below the floor a faster option buys nothing, so after raising, only the
-    cheapest of those options survives dominance, and the max rows are unchanged for every
-    choice (max_e max(f_e, floor) = max_e f_e when floor <= max_e f_e). On skewed counts most
-    cold experts keep a single option. Without an SLO (`timed` False) only cost counts, and
-    each expert keeps its cheapest option.
+    Finish times are first raised to the block's floor: the latency the layer has whatever its
+    experts choose, i.e. the slowest expert's fastest option. Below the floor a faster option
+    buys nothing, so after raising, only the cheapest of those options survives dominance, and
+    the max rows are unchanged for every choice (max_e max(f_e, floor) = max_e f_e when floor <=
+    max_e f_e). On skewed counts most cold experts keep a single option. When latency neither
+    meets an SLO nor costs money (`timed` False) only cost counts, and each expert keeps its
+    cheapest option.
     """
     opts = expert_options(inst, layer, method, beta)
     if not opts.feasible.reshape(inst.experts, -1).any(axis=1).all():
         return None
     shape = opts.cost.shape
-    finish = np.where(opts.feasible, opts.finish, np.inf)
-    send = np.where(opts.feasible, np.broadcast_to(opts.send[:, None, :], shape), np.inf)
-    floor = finish.min(axis=(1, 2)).max()
-    if method in _S3_TYPE:
-        floor = max(floor, float(inst.load_s[layer]))
-    finish = np.maximum(finish, floor)
-    send = np.maximum(send, send.min(axis=(1, 2)).max())
-    speed = (finish, send) if timed else (np.zeros(shape), np.zeros(shape))
+    finish = np.maximum(np.where(opts.feasible, opts.finish, np.inf), 0.0)
+    finish = np.maximum(finish, finish.min(axis=(1, 2)).max())
+    speed = finish if timed else np.zeros(shape)
     kept = []
     for e in range(inst.experts):
         ok = np.flatnonzero(opts.feasible[e].ravel())
-        mask = _undominated(opts.cost[e].ravel()[ok], *(a[e].ravel()[ok] for a in speed))
+        mask = _undominated(opts.cost[e].ravel()[ok], speed[e].ravel()[ok])
         kept.append(e * shape[1] * shape[2] + ok[mask])
     flat = np.concatenate(kept)
     expert, memory, replica = np.unravel_index(flat, shape)
@@ -140,24 +135,22 @@ def _block(
         replica + 1,
         opts.cost.ravel()[flat],
         finish.ravel()[flat],
-        send.ravel()[flat],
+        *layer_terms(inst, layer, method),
     )
 
 
 def _covers(better: _Block, worse: _Block) -> bool:
     """Whether every option of `worse` has an option of `better` (same expert) at least as good.
 
-    Both blocks must share a latency formula (both S3-type or both DIRECT). Finish and send are
-    the floor-raised values, whose per-expert max is the block's true slowest finish and send.
+    The layer's own terms must be no dearer either. Finish times are the floor-raised values,
+    whose per-expert max is the block's true slowest finish.
     """
-    if (better.method is Method.DIRECT) != (worse.method is Method.DIRECT):
+    if better.usd > worse.usd or better.per_s > worse.per_s:
         return False
     for e in np.unique(worse.expert):
         b, w = better.expert == e, worse.expert == e
-        as_good = (
-            (better.cost[b][None, :] <= worse.cost[w][:, None])
-            & (better.finish[b][None, :] <= worse.finish[w][:, None])
-            & (better.send[b][None, :] <= worse.send[w][:, None])
+        as_good = (better.cost[b][None, :] <= worse.cost[w][:, None]) & (
+            better.finish[b][None, :] <= worse.finish[w][:, None]
         )
         if not as_good.any(axis=1).all():
             return False
@@ -278,11 +271,11 @@ def _build(
 ) -> _Model | None:
     """Assemble the MILP, or None when a layer has no variant where every expert fits."""
     blocks = []
+    # Latency matters for the SLO and, under the full bill, for what it costs per second.
+    timed = slo_s is not None or inst.objective == "full"
     for layer, methods in enumerate(allowed):
         found = [
-            _block(inst, layer, m, beta, timed=slo_s is not None)
-            for m in methods
-            for beta in _betas(inst, m)
+            _block(inst, layer, m, beta, timed=timed) for m in methods for beta in _betas(inst, m)
         ]
         blocks.append(_undominated_blocks([blk for blk in found if blk is not None]))
         if not blocks[-1]:
@@ -295,7 +288,8 @@ def _build(
     for layer in blocks:
         zs: list[int | None] = [None]
         if len(layer) > 1:
-            zs = b.columns(len(layer), binary=True).tolist()
+            fixed = np.array([blk.usd for blk in layer]) / scale
+            zs = b.columns(len(layer), binary=True, cost=fixed).tolist()
             b.row(zs, [1.0] * len(zs), 1.0, 1.0)
         ws = []
         for blk, z in zip(layer, zs, strict=True):
@@ -305,8 +299,8 @@ def _build(
             b.per_expert(blk.expert, ws[-1], ones, z, rhs, rhs)
         w_cols.append(ws)
         z_cols.append(zs)
-    if slo_s is not None:
-        _latency_rows(inst, b, blocks, w_cols, z_cols, slo_s)
+    if timed:
+        _latency_rows(inst, b, blocks, w_cols, z_cols, scale, slo_s)
     return b.model(blocks, w_cols, z_cols)
 
 
@@ -327,7 +321,7 @@ def _level_rows(
 ) -> None:
     """Cuts through which the LP relaxation sees the max over experts, not each one's mean.
 
-    With T_0 < T_1 < ... the distinct values (finish or send) of a layer's group and u_t >= 0
+    With T_0 < T_1 < ... the distinct finish values of a layer's class and u_t >= 0
     continuous: u_t <= u_{t-1}; for every block, expert and level T_t of its own options,
     sum_{k: value_k >= T_t} w_k <= u_t; and bound >= T_0 * on + sum_t (T_t - T_{t-1}) u_t.
     With integral w every u_t up to the chosen slowest level is forced to 1, so the bound is
@@ -359,62 +353,48 @@ def _latency_rows(
     blocks: list[list[_Block]],
     w_cols: list[list[np.ndarray]],
     z_cols: list[list[int | None]],
-    slo_s: float,
+    scale: float,
+    slo_s: float | None,
 ) -> None:
-    """The max linearisation per layer and the SLO row (12d)."""
+    """The max linearisation per layer, its cost per second, and the SLO row (12d).
+
+    Variants of a layer that cost the same per second of latency share one column phi >= the
+    chosen variant's slowest finish (phi of an unchosen group falls to 0); phi carries that cost
+    in the objective, and the SLO row bounds the sum of every phi.
+    """
     slo_cols: list[int] = []
-    slo_vals: list[float] = []
-    budget = slo_s - inst.fixed_s()
-    for layer, (blks, ws, zs) in enumerate(zip(blocks, w_cols, z_cols, strict=True)):
-        load = float(inst.load_s[layer])
-        # The cost model's S3-type latency is max(finish, load) + out: at finish 0, load + out.
-        out = layer_latency(inst, layer, Method.S3, 0.0) - load
-        for methods in (_S3_TYPE, (Method.DIRECT,)):
-            members = [i for i, blk in enumerate(blks) if blk.method in methods]
-            if not members:
-                continue
+    for blks, ws, zs in zip(blocks, w_cols, z_cols, strict=True):
+        groups: dict[float, list[int]] = {}
+        for i, blk in enumerate(blks):
+            groups.setdefault(blk.per_s, []).append(i)
+        for per_s, members in groups.items():
             on = [z for z in (zs[i] for i in members) if z is not None]  # the group is chosen
             always = 1.0 if zs[members[0]] is None else 0.0
-            if methods is _S3_TYPE:
-                phi = int(b.columns(1, binary=False, lower=load * always)[0])
-                if on:
-                    b.row([phi, *on], [1.0, *[-load] * len(on)], 0.0, np.inf)
-                bounds = {"finish": phi}
-                slo_cols += [phi, *on]
-                slo_vals += [1.0, *[out] * len(on)]
-                budget -= out * always
-            else:
-                phi, psi = b.columns(2, binary=False).tolist()
-                bounds = {"finish": phi, "send": psi}
-                slo_cols += [phi, psi, *on]
-                slo_vals += [1.0, 1.0, *[load] * len(on)]
-                budget -= load * always
+            phi = int(b.columns(1, binary=False, cost=np.array([per_s / scale]))[0])
             group, gw = [blks[i] for i in members], [ws[i] for i in members]
-            for name, bound in bounds.items():
-                values = [getattr(blk, name) for blk in group]
-                for blk, w, value in zip(group, gw, values, strict=True):
-                    _max_rows(b, blk, w, value, bound)
-                _level_rows(b, group, gw, values, bound, on, always)
-    b.row(slo_cols, slo_vals, -np.inf, budget)
+            values = [blk.finish for blk in group]
+            for blk, w, value in zip(group, gw, values, strict=True):
+                _max_rows(b, blk, w, value, phi)
+            _level_rows(b, group, gw, values, phi, on, always)
+            slo_cols.append(phi)
+    if slo_s is not None:
+        b.row(slo_cols, [1.0] * len(slo_cols), -np.inf, slo_s - inst.fixed_s())
 
 
 def _fastest_start(inst: Instance, model: _Model) -> np.ndarray:
     """A starting point (binaries only): in every layer the variant and options of least latency.
 
     Layers interact only through the SLO sum, so when any deployment meets the SLO this one
-    does (exactly for S3-type layers; for DIRECT, whose latency adds two maxima, each expert
-    takes its least finish + send, which is near the least). Solvers given it never end a time
+    does. Solvers given it never end a time
     limit empty-handed on a feasible instance and prune with its cost from the start.
     """
     x = np.zeros(model.cost.size)
-    for layer, (blks, ws, zs) in enumerate(zip(model.blocks, model.w, model.z, strict=True)):
+    for blks, ws, zs in zip(model.blocks, model.w, model.z, strict=True):
         starts = []
         for blk, w in zip(blks, ws, strict=True):
-            order = np.lexsort((blk.cost, blk.finish + blk.send, blk.expert))
+            order = np.lexsort((blk.cost, blk.finish, blk.expert))
             first = order[np.r_[True, np.diff(blk.expert[order]) != 0]]  # one per expert
-            latency = layer_latency(
-                inst, layer, blk.method, blk.finish[first].max(), blk.send[first].max()
-            )
+            latency = blk.finish[first].max()  # the layer's latency: its slowest expert
             starts.append((latency, w[first]))
         pick = min(range(len(starts)), key=lambda i: starts[i][0])
         x[starts[pick][1]] = 1.0

@@ -7,16 +7,26 @@ numbers `moelambda run-local` sets against the measured ones.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ground.manifest import Manifest
 from ground.plan import Plan, PlanError
+from ground.semantics import adapts, runtime_replicas
 from planner.build import instance_for
 from planner.calibration import Calibration
-from planner.costmodel import Choice, evaluate, expert_options
+from planner.costmodel import Choice, evaluate, price, usage
 from planner.instance import Instance, Method
 
-__all__ = ["choice_of", "function_seconds", "instance_of"]
+__all__ = [
+    "choice_of",
+    "function_seconds",
+    "instance_of",
+    "planned_usage",
+    "price_usage",
+    "runtime_choice",
+]
 
 
 def instance_of(plan: Plan, manifest: Manifest, counts: np.ndarray, tokens: int) -> Instance:
@@ -25,7 +35,14 @@ def instance_of(plan: Plan, manifest: Manifest, counts: np.ndarray, tokens: int)
     via_invoke = plan.direct_payload_bytes == calibration.invoke_payload_bytes
     payload = "invoke" if via_invoke else "step-functions"
     return instance_for(
-        manifest, counts, calibration, tokens=tokens, arch=plan.arch, payload=payload
+        manifest,
+        counts,
+        calibration,
+        tokens=tokens,
+        arch=plan.arch,
+        workflow=plan.workflow,
+        objective=plan.objective,
+        payload=payload,
     )
 
 
@@ -52,26 +69,96 @@ def choice_of(plan: Plan, inst: Instance) -> Choice:
     )
 
 
-def function_seconds(inst: Instance, choice: Choice) -> dict[str, float]:
-    """Predicted wall time of one call of every function, named as run-local reports them.
+def runtime_choice(plan: Plan, inst: Instance) -> Choice:
+    """The plan's decisions as the gates apply them to `inst.counts`: replicas follow the counts.
 
-    Experts: one replica's t_rep (idle experts are not invoked and are left out). Layer (gate)
-    functions: T^NE; a direct gate also waits for its slowest expert, as it invokes them itself.
+    An s3 or direct gate spreads an expert's real tokens over as many replicas as memory and
+    payload need (`ground.semantics.runtime_replicas`, up to the plan's cap); pipelined layers
+    keep the plan's replicas.
+
+    Raises:
+        PlanError: An expert's real tokens need more replicas than its cap: the gate refuses it.
+    """
+    choice = choice_of(plan, inst)
+    replicas = choice.replicas.copy()
+    tokens = np.ceil(inst.counts)
+    for layer in plan.layers:
+        if not adapts(Method.parse(layer.method)):
+            continue
+        cap = np.array([e.max_replicas for e in layer.experts])
+        fit = np.array([e.max_tokens_per_replica for e in layer.experts])
+        wanted = runtime_replicas(tokens[layer.layer], replicas[layer.layer], cap, fit)
+        over = np.flatnonzero(wanted > cap)
+        if over.size:
+            e = int(over[0])
+            raise PlanError(
+                f"layer {layer.layer} expert {e}: {int(tokens[layer.layer, e])} tokens need "
+                f"{wanted[e]} replicas of at most {fit[e]} tokens, over its cap of {cap[e]}.",
+                "re-plan with more memory for this expert, or a larger max_replicas (G).",
+            )
+        replicas[layer.layer] = wanted
+    return Choice(choice.method, choice.beta, choice.memory, replicas)
+
+
+def planned_usage(
+    plan: Plan, manifest: Manifest, counts: np.ndarray, tokens: int
+) -> dict[str, Any]:
+    """What the model says one execution of `plan` on a batch with `counts` uses and costs.
+
+    Returns {"usage": the meter's keys, "bill": USD by item, "latency_s": the model's latency}.
+    """
+    inst = instance_of(plan, manifest, np.asarray(counts, dtype=float), tokens)
+    choice = runtime_choice(plan, inst)
+    ev = evaluate(inst, choice)
+    used = usage(inst, choice, ev)
+    return {
+        "usage": used,
+        "bill": price(inst, used, ev.latency),
+        "latency_s": ev.latency,
+    }
+
+
+def price_usage(plan: Plan, used: dict[str, float], seconds: float) -> dict[str, float]:
+    """USD by item of a metered usage at the plan's prices; `seconds` is the execution's."""
+    calibration = Calibration.model_validate(plan.calibration)
+    zeros = np.zeros((1, 1))
+    prices = Instance.build(
+        zeros,
+        calibration,
+        expert_bytes=zeros,
+        token_bytes=1,
+        compute_s=np.zeros(len(calibration.memory_options_mb)),
+        nonmoe_compute_s=0.0,
+        tokens=1,
+        arch=plan.arch,
+        workflow=plan.workflow,
+        objective=plan.objective,
+    )
+    return price(prices, used, seconds)
+
+
+def function_seconds(inst: Instance, choice: Choice) -> dict[str, float]:
+    """Predicted billed seconds of one call of every function, named as run-local reports them.
+
+    Experts: one busy replica's billed time (idle s3/direct experts are not invoked and are left
+    out). Gates: their `layer_s` plus the upload (s3, pipelined) or the whole layer (direct).
     """
     ev = evaluate(inst, choice)
     seconds = {"head": float(inst.head_s)}
-    experts = np.arange(inst.experts)
     for layer in range(inst.layers):
         name = f"layer{layer:02d}"
         method = Method(int(choice.method[layer]))
         gate = float(inst.layer_s[layer])
         if method is Method.DIRECT:
-            opts = expert_options(inst, layer, method, int(choice.beta[layer]))
-            g = choice.replicas[layer] - 1
-            j = choice.memory[layer]
-            gate += float(opts.send[experts, g].max() + opts.finish[experts, j, g].max())
+            gate += float(ev.layer_latency[layer])
+        else:
+            routed = float(np.ceil(inst.counts[layer]).sum())
+            gate += inst.s3_delay_s + routed * inst.token_bytes_in / inst.s3_bandwidth
         seconds[name] = gate
-        for e in np.flatnonzero(inst.counts[layer] > 0):
+        busy = inst.counts[layer] > 0
+        if method is Method.PIPELINED:
+            busy[:] = True
+        for e in np.flatnonzero(busy):
             seconds[f"{name}/expert{e:02d}"] = float(ev.expert_time[layer, e])
     seconds["tail"] = float(inst.tail_s)
     return seconds

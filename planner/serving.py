@@ -1,17 +1,19 @@
 """What a plan is billed when it serves a real batch: the serving-cost simulator of BO (§8).
 
-A plan is made from *predicted* counts; the batch that arrives routes its tokens as it will. Each
-expert keeps its planned memory and replicas, unless the real tokens per replica break a
-constraint of (12), in which case the deployment reacts as Alg. 2 does, by replicating:
+A plan is made from *predicted* counts; the batch that arrives routes its tokens as it will. The
+simulator does what the deployed gates do (`ground.semantics.runtime_replicas`, the rule
+`functions/layer.py` applies): in an s3 or direct layer the gate spreads an expert's real tokens
+over as many replicas as memory and payload need, from the plan's count up to its cap (the
+reserved concurrency); a pipelined layer's replicas were started with the gate and cannot
+change, so more tokens only make them run longer (they hold two minibatches, not the shard).
+Alg. 2's cases, per expert:
 
-* (i) memory: the real tokens per replica do not fit the configured memory. The expert is
-  replicated until each replica's tokens fit (g' = ceil(d / t_max) with t_max the tokens its
-  memory holds); if the memory does not hold the weights and one token, it is raised to the
-  smallest option that does (a plan may give an expert predicted idle any memory);
-* (ii) payload: direct transfer, and one replica's shard exceeds the payload limit D^p: replicate
-  until every shard fits (g'' = ceil(d / t_pay));
-* (iii) a misprediction of more than `alpha` tokens per replica that breaks no constraint: the
-  replica runs longer or shorter, nothing is replicated.
+* (i) memory: the real tokens per planned replica do not fit its memory; the gate adds replicas
+  (or, past the cap, the request fails: `Served.failed`);
+* (ii) payload: direct, and a planned replica's shard would exceed the Invoke limit; the gate
+  adds replicas likewise;
+* (iii) a misprediction of more than `alpha` tokens per replica that breaks no limit: the
+  replicas run longer or shorter.
 
 The billed cost and latency are then the cost model's own (`evaluate`, `bill`) on an instance
 whose counts are the real ones: the same formulas the planner optimised, not a second copy.
@@ -25,8 +27,9 @@ from enum import IntEnum
 
 import numpy as np
 
-from planner.costmodel import Choice, Evaluation, bill, evaluate
-from planner.instance import MB, Instance, Method
+from ground.semantics import runtime_replicas
+from planner.costmodel import Choice, Evaluation, bill, evaluate, replica_limits
+from planner.instance import Instance, Method
 
 __all__ = ["Case", "Served", "serve"]
 
@@ -49,10 +52,11 @@ class Served:
     bill_usd: dict[str, float]
     case: np.ndarray  # (L, E) Case values
     planned_replicas: np.ndarray  # (L, E)
+    failed: np.ndarray  # (L, E) the real tokens need more replicas than the cap: refused
 
     @property
     def cost(self) -> float:
-        """The paper's objective on the real batch: the billed cost of all MoE layers."""
+        """The plan's objective on the real batch (the full bill, or the experts' cost)."""
         return self.evaluation.cost
 
     @property
@@ -61,15 +65,6 @@ class Served:
 
     def worst_case(self) -> Case:
         return Case(int(self.case.min()))
-
-
-def _tokens_that_fit(inst: Instance, memory_mb: np.ndarray) -> np.ndarray:
-    """Tokens one replica can hold resident in `memory_mb` ((L, E) or (L, E, J)) beside its
-    weights and the runtime."""
-    fixed = inst.expert_bytes / MB + inst.runtime_mb
-    free = memory_mb - (fixed if memory_mb.ndim == 2 else fixed[..., None])
-    per_token = (inst.token_bytes_in + inst.token_bytes_out) / MB
-    return np.floor(free / per_token)
 
 
 def serve(
@@ -89,45 +84,22 @@ def serve(
         raise ValueError(
             f"real counts {real.shape} do not match the plan {plan_inst.counts.shape}"
         )
-    memory = choice.memory.copy()
     planned = choice.replicas
-    active = real > 0
-    options = plan_inst.memory_mb
-    # A memory that cannot hold the weights and a single token: the smallest option that can.
-    every_option = np.broadcast_to(options, (*real.shape, options.size))  # (L, E, J)
-    fits_one = _tokens_that_fit(plan_inst, every_option) >= 1
-    too_small = active & ~np.take_along_axis(fits_one, memory[..., None], axis=2)[..., 0]
-    if too_small.any():
-        if not fits_one.any(axis=2)[too_small].all():
-            raise ValueError("an expert does not fit the largest memory option with one token")
-        memory = np.where(too_small, fits_one.argmax(axis=2), memory)
-    t_max = np.maximum(_tokens_that_fit(plan_inst, options[memory]), 1.0)  # idle: any
-    per_replica = np.ceil(real / planned)
-    need_memory = np.ceil(real / t_max).astype(int)
-    piped = (choice.method == Method.PIPELINED)[:, None]
-    if plan_inst.pipelined_residency:
-        # Pipelining keeps only 2*beta tokens resident: no shortfall while those fit.
-        two_beta = 2 * np.minimum(choice.beta[:, None], per_replica)
-        need_memory = np.where(piped & (two_beta <= t_max), 1, need_memory)
-    shortfall = active & ((need_memory > planned) | too_small)
+    caps, fits = replica_limits(plan_inst, choice)
+    tokens = np.ceil(real)
+    wanted = runtime_replicas(tokens, planned, caps, fits)
+    failed = (wanted > caps) & (tokens > 0)
+    replicas = np.minimum(wanted, caps)
     direct = (choice.method == Method.DIRECT)[:, None]
-    t_pay = plan_inst.direct_payload_bytes // max(
-        plan_inst.token_bytes_in, plan_inst.token_bytes_out
-    )
-    need_payload = np.where(direct, np.ceil(real / t_pay), 1).astype(int)
-    overflow = active & (need_payload > planned)
-    replicas = np.maximum(planned, np.where(active, np.maximum(need_memory, need_payload), 1))
+    grown = (replicas > planned) | failed
+    per_replica = np.ceil(real / planned)
     off = np.abs(np.ceil(plan_inst.counts / planned) - per_replica) > alpha
     case = np.full(real.shape, int(Case.OK))
     case[off] = Case.MISPREDICTED
-    case[overflow] = Case.PAYLOAD
-    case[shortfall] = Case.MEMORY
-    served = dataclasses.replace(choice, memory=memory, replicas=replicas)
-    inst = dataclasses.replace(
-        plan_inst,
-        counts=real,
-        max_replicas=max(plan_inst.max_replicas, int(replicas.max())),
-        betas=plan_inst.betas,
-    )
+    case[grown & direct] = Case.PAYLOAD
+    memory_fit = replica_limits(plan_inst, choice, payload=False)[1]
+    case[grown & (per_replica > memory_fit)] = Case.MEMORY
+    served = dataclasses.replace(choice, replicas=replicas)
+    inst = dataclasses.replace(plan_inst, counts=real, betas=plan_inst.betas)
     evaluation = evaluate(inst, served)
-    return Served(served, evaluation, bill(inst, served, evaluation), case, planned.copy())
+    return Served(served, evaluation, bill(inst, served, evaluation), case, planned.copy(), failed)

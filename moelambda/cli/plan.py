@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -153,15 +154,15 @@ def _write_pareto(path: Path, frontier: Any, title: str, force: bool) -> list[st
     from ground.files import write_file_atomically
 
     latency, cost = frontier.latency_s, frontier.cost_usd
-    rows = "slo_s,moe_cost_usd\n" + "".join(
-        f"{lat:.9f},{c:.9g}\n" for lat, c in zip(latency, cost, strict=True)
+    rows = "slo_s,cost_usd\n" + "".join(
+        f"{lat:.17g},{c:.17g}\n" for lat, c in zip(latency, cost, strict=True)
     )
     write_file_atomically(path, lambda tmp: tmp.write_text(rows), force=force)
     png = path.with_suffix(".png")
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.step(latency, cost * 1e6, where="post")
     ax.set_xlabel("SLO (s)")
-    ax.set_ylabel("cost of the MoE layers per batch (µ$)")
+    ax.set_ylabel("cost per batch (µ$, the plan's objective)")
     ax.set_yscale("log")  # the cost rises steeply near the smallest feasible SLO
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -203,6 +204,20 @@ def plan(
         Path | None, typer.Option(help="Also write the cost-vs-SLO curve: CSV here, PNG beside.")
     ] = None,
     seed: Annotated[int, typer.Option(help="Seeds the held-out batch drawn from --traces.")] = 0,
+    workflow: Annotated[
+        str | None,
+        typer.Option(
+            help="Step Functions type: express (synchronous, up to 5 minutes) or standard. "
+            "Default: express when the plan's latency fits, else standard."
+        ),
+    ] = None,
+    objective: Annotated[
+        str,
+        typer.Option(
+            help="full: minimise the whole bill (Lambda, S3 requests, workflow); experts: the "
+            "paper's objective, the expert functions alone."
+        ),
+    ] = "full",
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -232,15 +247,34 @@ def plan(
     manifest = describe_model(
         load_with_status(model["model"], model["experts"], model["top_k"], model["seed"], True)
     )
-    inst = instance_for(manifest, predicted, cal, tokens=tokens, arch=arch)
+    if workflow not in (None, "express", "standard"):
+        raise UsageError(f"unknown --workflow '{workflow}'.", "use express or standard.")
+    if objective not in ("full", "experts"):
+        raise UsageError(f"unknown --objective '{objective}'.", "use full or experts.")
     started = time.perf_counter()
+    chosen = workflow or "express"
+    inst = instance_for(
+        manifest, predicted, cal, tokens=tokens, arch=arch, workflow=chosen, objective=objective
+    )
     solution, frontier = _solve(inst, solver, methods, slo_s)
+    if workflow is None and solution.latency > cal.express_max_duration_s:
+        # The request does not fit an Express execution: plan it as a Standard workflow.
+        inst = dataclasses.replace(inst, workflow="standard")
+        solution, frontier = _solve(inst, solver, methods, slo_s)
+    if inst.workflow == "express" and solution.latency > cal.express_max_duration_s:
+        raise InfeasibleError(
+            f"the plan takes {solution.latency:.1f} s, over an Express workflow's "
+            f"{cal.express_max_duration_s:.0f} s.",
+            "pass --workflow standard, or plan for fewer --tokens.",
+        )
     seconds = time.perf_counter() - started
     document = make_plan(inst, solution, manifest, cal, slo_s=slo_s, counts_source=source)
     document.save(out, force=force)
     summary: dict[str, Any] = {
         "plan": str(out),
         "solver": solution.solver,
+        "workflow": inst.workflow,
+        "objective": objective,
         "optimal": solution.optimal,
         "seconds": round(seconds, 4),
         "note": solution.note,
@@ -248,7 +282,8 @@ def plan(
         "tokens": tokens,
         "slo_s": slo_s,
         "latency_s": round(solution.latency, 6),
-        "moe_cost_usd": solution.cost,
+        "objective_usd": solution.cost,
+        "moe_cost_usd": solution.evaluation.experts_usd,
         "bill_usd": document.totals.bill_usd,
         "smallest_slo_s": round(frontier.min_latency(), 6),
         "layers": [
@@ -295,8 +330,8 @@ def _print_plan(summary: dict[str, Any]) -> None:
         f"{summary['smallest_slo_s']:.3f} s). "
         f"Expert functions ${summary['moe_cost_usd']:.6f} per batch; full bill "
         f"${bill['total_usd']:.6f} (non-MoE ${bill['nonmoe_usd']:.6f}, requests "
-        f"${bill['requests_usd']:.6f}, S3 ${bill['s3_usd']:.6f}, Step Functions "
-        f"${bill['transitions_usd']:.6f}). Solver {summary['solver']} in "
+        f"${bill['requests_usd']:.6f}, S3 ${bill['s3_usd']:.6f}, {summary['workflow']} "
+        f"workflow ${bill['workflow_usd']:.6f}). Solver {summary['solver']} in "
         f"{summary['seconds']:.3f} s. "
         f"Wrote {summary['plan']}"
         + (f", {', '.join(summary['pareto'])}" if "pareto" in summary else "")
@@ -338,9 +373,6 @@ def _paper_instance(traces: Path | None, tokens: int) -> tuple[Any, dict[str, An
         token_bytes=hidden * 4,
         compute_s=compute,
         nonmoe_compute_s=nonmoe,
-        layer_bytes=np.full(12, float(layer_bytes)),
-        head_bytes=(30522 + 512 + 2) * hidden * 4,
-        tail_bytes=2 * hidden * 4,
         tokens=tokens,
     )
     facts = {

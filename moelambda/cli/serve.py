@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from ground.errors import UsageError
-from moelambda.cli._app import JsonOpt, app, err, load_with_status, user_errors
+from moelambda.cli._app import DEFAULT_BATCH, JsonOpt, app, err, load_with_status, user_errors
+
+if TYPE_CHECKING:
+    import numpy as np
+
+WINDOW = 128  # tokens per window, as `moelambda profile` cuts them by default
 
 
 @app.command("run-local")
@@ -19,55 +25,76 @@ def run_local(
     plan: Annotated[Path, typer.Option(help="Plan JSON from `moelambda plan`.")] = Path(
         "out/plan.json"
     ),
-    text: Annotated[str, typer.Option(help="Request text (one window).")] = (
-        "Serverless functions bill by the millisecond, so idle experts cost nothing."
-    ),
-    requests: Annotated[int, typer.Option(help="Concurrent executions of the same text.")] = 1,
+    tokens: Annotated[
+        int | None,
+        typer.Option(
+            help="Tokens in the one request's batch, rounded up to whole 128-token windows of "
+            "--corpus. Default: the plan's batch (totals.tokens)."
+        ),
+    ] = None,
+    corpus: Annotated[
+        str | None,
+        typer.Option(help="'wiki' (embedded, the default) or a text/JSONL file for the batch."),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seeds the shuffle of the corpus windows.")] = 0,
+    text: Annotated[
+        str | None, typer.Option(help="Run one window of this text instead of a corpus batch.")
+    ] = None,
+    requests: Annotated[
+        int, typer.Option(help="Concurrent executions of the same input (metered only if 1).")
+    ] = 1,
     max_tokens: Annotated[
-        int, typer.Option(help="Truncate the request to this many tokens.")
+        int, typer.Option(help="With --text: truncate it to this many tokens.")
     ] = 128,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the plan's Step Functions workflow on moto, handlers in-process, and check the result.
 
     The state machine and every function's environment come from the template `moelambda synth`
-    would produce; the output is compared with the monolithic MoE forward of the same text.
+    would produce; the output is compared with the monolithic MoE forward of the same input. One
+    execution is metered (functions warm, as the plan prices them): its billed requests,
+    transitions and GB-seconds are set against the plan's, and both are priced.
     """
-    import numpy as np
-    import torch
-
     from cdk.app import build_app
+    from ground.plan import Plan
     from moe import export_model
     from pipeline.local import run_workflow
-    from planner import Plan, choice_of, evaluate, function_seconds, instance_of
+    from planner import function_seconds, instance_of, planned_usage, price_usage
+    from planner.replay import runtime_choice
 
-    if requests < 1 or max_tokens < 2 or not text.strip():
+    if requests < 1 or max_tokens < 2 or (tokens is not None and tokens < 1):
         raise UsageError(
-            "--requests must be >= 1, --max-tokens >= 2 and --text non-empty.",
+            "--requests and --tokens must be >= 1, and --max-tokens >= 2.",
             "pass sensible values.",
         )
+    if text is not None and (tokens is not None or corpus is not None):
+        raise UsageError(
+            "--text runs one window of your text; --tokens and --corpus make a corpus batch.",
+            "pass either --text or --tokens/--corpus.",
+        )
+    if text is not None and not text.strip():
+        raise UsageError("--text is empty.", "pass some text, or leave --text out.")
     document = Plan.load(plan)
     ref = document.model
     model = load_with_status(ref.model, ref.experts, ref.top_k, ref.seed, True)
+    ids = _batch(model.tokenizer, text, tokens or document.totals.tokens, corpus, seed, max_tokens)
+    with err.status(f"running the monolithic model on {ids.size:,} tokens"):
+        reference, counts = _reference(model, ids, ref.experts)
+    metered = requests == 1
     with tempfile.TemporaryDirectory(prefix="moelambda-local-") as tmp:
         root = Path(tmp)
         with err.status("exporting weights and synthesising the stack"):
             manifest = export_model(model, root / "weights")
             template = build_app(plan, root / "cdk.out").stacks[0].template
-        ids = model.tokenizer([text], return_tensors="pt", truncation=True, max_length=max_tokens)[
-            "input_ids"
-        ].numpy()
+        # Before the run: a batch the plan cannot serve (more tokens than an expert's replicas
+        # can take) is refused here, as its gate would refuse it.
+        inst = instance_of(document, manifest, counts, int(ids.size))
+        predicted = function_seconds(inst, runtime_choice(document, inst))
+        planned = planned_usage(document, manifest, counts, int(ids.size))
         with err.status(f"running {requests} execution(s) on moto"):
-            result = run_workflow(template, root / "weights", [ids] * requests)
-    routing: list = []
-    reference = model.forward(torch.from_numpy(ids), reference=True, routing=routing).numpy()
-    counts = np.stack([np.bincount(r.experts.reshape(-1), minlength=ref.experts) for r in routing])
-    inst = instance_of(document, manifest, counts.astype(float), int(ids.size))
-    choice = choice_of(document, inst)
-    predicted = function_seconds(inst, choice)
-    latency = evaluate(inst, choice).latency
+            result = run_workflow(template, root / "weights", [ids] * requests, metered=metered)
     runs = result["requests"]
-    diffs = [float(np.abs(r["output"] - reference).max()) for r in runs if "output" in r]
+    diffs = [float(abs(r["output"] - reference).max()) for r in runs if "output" in r]
     failed = [r for r in runs if r["status"] != "SUCCEEDED"]
     summary: dict[str, Any] = {
         "status": "SUCCEEDED" if not failed else failed[0]["status"],
@@ -76,19 +103,66 @@ def run_local(
             name: round(sum(times), 4) for name, times in sorted(result["seconds"].items())
         },
         "predicted_vs_measured": _predicted_vs_measured(
-            predicted, latency, result["seconds"], runs
+            predicted, planned["latency_s"], result["seconds"], runs
         ),
         "requests": len(runs),
         "tokens": int(ids.size),
         "intermediates_left": sum(r.get("intermediates_left", 0) for r in runs),
         "errors": [{"error": r.get("error"), "cause": r.get("cause")} for r in failed],
+        "metered": None,
+        "planned": None,
+        "bill": None,
     }
+    if metered:
+        (run,) = runs
+        usage = result["usage"]
+        summary["metered"] = usage
+        summary["planned"] = planned["usage"]
+        summary["bill"] = {
+            "planned": planned["bill"],
+            "metered": price_usage(document, usage, run.get("seconds", 0.0)),
+        }
     if as_json:
         print(json.dumps(summary))
     else:
         _print_summary(summary)
     if failed:
         raise typer.Exit(1)
+
+
+def _batch(
+    tokenizer: Any, text: str | None, tokens: int, corpus: str | None, seed: int, max_tokens: int
+) -> np.ndarray:
+    """The request's token ids, (windows, 128): `tokens` of the corpus, or one window of text.
+
+    Whole windows after a seeded shuffle, as `moelambda profile` cuts them, so the batch looks
+    like the traffic the counts were predicted for.
+    """
+    if text is not None:
+        encoded = tokenizer([text], return_tensors="np", truncation=True, max_length=max_tokens)
+        return encoded["input_ids"]
+    from moelambda.corpus import load_corpus, make_windows
+
+    with err.status("cutting the corpus into windows"):
+        source = load_corpus(corpus or "wiki")
+        return make_windows(source, tokenizer, tokens=tokens, window=WINDOW, seed=seed)
+
+
+def _reference(model: Any, ids: np.ndarray, experts: int) -> tuple[np.ndarray, np.ndarray]:
+    """The monolithic forward's output and its routing counts (layers, experts) for the batch.
+
+    In chunks of `DEFAULT_BATCH` windows, which bounds the memory of a large batch.
+    """
+    import numpy as np
+    import torch
+
+    outputs, counts = [], []
+    for start in range(0, ids.shape[0], DEFAULT_BATCH):
+        routing: list = []
+        chunk = torch.from_numpy(ids[start : start + DEFAULT_BATCH])
+        outputs.append(model.forward(chunk, reference=True, routing=routing).numpy())
+        counts.append([np.bincount(r.experts.reshape(-1), minlength=experts) for r in routing])
+    return np.concatenate(outputs), np.sum(counts, axis=0)
 
 
 def _predicted_vs_measured(
@@ -99,8 +173,8 @@ def _predicted_vs_measured(
 ) -> dict[str, Any]:
     """Per function the cost model's time of one call against the mean measured call.
 
-    The prediction is for Lambda at the plan's memory size (warm start, weights read from S3);
-    the measurement is this machine running every handler in-process on moto, concurrently.
+    The prediction is for a warm Lambda function at the plan's memory size; the measurement is
+    this machine running every handler in-process on moto, concurrently.
     """
     functions = {}
     for name in sorted(predicted.keys() | measured.keys()):
@@ -121,7 +195,7 @@ def _predicted_vs_measured(
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
-    """The verdict, then per function predicted against measured seconds (slowest first)."""
+    """Per function predicted against measured seconds, metered against planned, the verdict."""
     from rich.console import Console
     from rich.table import Table
 
@@ -140,6 +214,26 @@ def _print_summary(summary: dict[str, Any]) -> None:
         )
     console = Console()
     console.print(table)
+    if summary["metered"] is not None:
+        # Polls and GB-seconds depend on timing (handlers here run slower than on Lambda); the
+        # requests and transitions of a successful run do not.
+        console.print(
+            _side_by_side(
+                "usage: metered on moto vs planned",
+                ("metered", "planned"),
+                (summary["metered"], summary["planned"]),
+                _amount,
+            )
+        )
+        bill = summary["bill"]
+        console.print(
+            _side_by_side(
+                "bill in USD, at the plan's prices",
+                ("planned", "metered"),
+                (bill["planned"], bill["metered"]),
+                lambda usd: f"{usd:.3g}",
+            )
+        )
     request = compared["request"]
     diff = summary["max_abs_diff_vs_monolithic"]
     console.print(
@@ -148,5 +242,28 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f"intermediates left: {summary['intermediates_left']}; request latency predicted "
         f"{request['predicted_s']} s, measured {request['measured_s']} s."
     )
+    if summary["metered"] is None:
+        console.print("Metering needs one execution: run with --requests 1.")
     for error in summary["errors"]:
         console.print(f"[red]{error['error']}[/red]: {error['cause']}")
+
+
+def _side_by_side(
+    title: str, columns: tuple[str, str], values: tuple[dict, dict], fmt: Callable[[float], str]
+) -> Any:
+    """A table of two dicts by key (the first dict's order, then the second's other keys)."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("item", *columns):
+        table.add_column(column, justify="left" if column == "item" else "right")
+    first, second = values
+    for key in [*first, *(k for k in second if k not in first)]:
+        cells = [first.get(key), second.get(key)]
+        table.add_row(key, *("-" if v is None else fmt(v) for v in cells))
+    return table
+
+
+def _amount(value: float) -> str:
+    """A count with thousands separators; a fractional amount (GB-s) to three decimals."""
+    return f"{value:,.3f}" if value != int(value) else f"{int(value):,}"

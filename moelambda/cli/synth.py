@@ -72,6 +72,13 @@ def synth(
     expert_timeout: Annotated[int, typer.Option(help="Expert function timeout, seconds.")] = 300,
     stack_name: Annotated[str, typer.Option(help="CloudFormation stack name.")] = "MoeLambda",
     lint: Annotated[bool, typer.Option(help="Run cfn-lint on the template.")] = True,
+    workflow: Annotated[
+        str | None,
+        typer.Option(
+            help="Check that the plan's workflow type is this one (express or standard); the "
+            "type is the plan's, since its bill was priced for it."
+        ),
+    ] = None,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -85,7 +92,14 @@ def synth(
     check_out(out, force)
     if not 1 <= expert_timeout <= 900:
         raise UsageError(f"--expert-timeout {expert_timeout} s is not 1-900 s.", "pick 1-900.")
-    Plan.load(plan)  # a bad plan fails here with its PlanError, before the CDK starts
+    document = Plan.load(plan)  # a bad plan fails here with its PlanError, before the CDK starts
+    if workflow not in (None, "express", "standard"):
+        raise UsageError(f"unknown --workflow '{workflow}'.", "use express or standard.")
+    if workflow is not None and workflow != document.workflow:
+        raise UsageError(
+            f"the plan was priced for a {document.workflow} workflow, not {workflow}.",
+            f"re-plan with `moelambda plan --workflow {workflow}`, then synthesise that plan.",
+        )
     from cdk._functions import FunctionOptions
     from cdk.app import build_app
 
@@ -104,6 +118,7 @@ def synth(
         "template": str(template_path),
         "assembly": str(out),
         "stack": stack_name,
+        "workflow": document.workflow,
         "resources": sum(resources.values()),
         "resource_types": dict(sorted(resources.items())),
         "outputs": len(template.get("Outputs", {})),

@@ -1,9 +1,11 @@
 """Alg. 2's black box: write the pairs into Omega, predict, plan, serve the real learning batches.
 
-The value is the billed cost of all MoE layers (the paper's objective), averaged over the learning
-batches, each served by the plan made from its own predicted counts (`planner.serving.serve`). A
-plan whose real latency overruns the SLO is charged `slo_penalty` times the overrun on top, so the
-search cannot buy a lower bill by predicting fewer tokens and missing the SLO it was planned for.
+The value is the plan's objective on the real batch (the full bill by default, the expert
+functions' cost with the paper's objective), averaged over the learning batches, each served by
+the plan made from its own predicted counts (`planner.serving.serve`). A plan whose real latency
+overruns the SLO is charged `slo_penalty` times the overrun on top, and a batch the gates refuse
+(more tokens than an expert's replica cap can hold) as a 100 % overrun, so the search cannot buy
+a lower bill by predicting fewer tokens and missing the SLO it was planned for.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class Outcome:
     """One adjustment evaluated on the learning batches."""
 
     value: float  # the objective: mean cost, with the SLO penalty
-    cost: float  # mean billed cost of the MoE layers
+    cost: float  # mean billed cost under the plan's objective
     served: tuple[Served, ...]
     predicted: tuple[np.ndarray, ...]
 
@@ -111,6 +113,8 @@ class ServingObjective:
                 return None
             run = serve(inst, solution.choice, real, alpha=self.alpha)
             overrun = 0.0 if self.slo_s is None else max(0.0, run.latency / self.slo_s - 1.0)
+            if run.failed.any():  # the gate refused the batch: as bad as doubling the latency
+                overrun = max(overrun, 1.0)
             served.append(run)
             predicted.append(counts)
             values.append(run.cost * (1.0 + self.slo_penalty * overrun))

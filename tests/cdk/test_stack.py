@@ -1,30 +1,117 @@
 """The serving stack of a small Plan: bucket, functions, IAM, the state machine, cfn-lint.
 
 One synthesis per module (it takes seconds), through `moelambda synth --json`, so the CLI, the
-CDK app and cfn-lint are exercised together; the tests read the template it wrote.
+CDK app and cfn-lint are exercised together; the tests read the template it wrote. Plans are
+built by hand (`make_plan`) and validated by `ground.plan.Plan`: the planner is not needed.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
-from moe import expert_key, layer_key
+from cdk._state_machine import workflow_timeout_s
+from ground.errors import UsageError
+from ground.manifest import expert_key, layer_key
+from ground.plan import ModelRef, Plan
+from ground.semantics import threads_for
 from moelambda.cli import app
-from planner import Plan, load_calibration
 
 runner = CliRunner()
+REPO = Path(__file__).resolve().parents[2]
+CALIBRATION_FILE = REPO / "planner" / "data" / "calibration.json"
 METHODS = ("s3", "pipelined", "direct")
 EXPERTS = 3
 REPLICAS = [[2, 1, 1], [1, 3, 1], [1, 1, 2]]  # replicas > 1 in every method
+MAX_REPLICAS = [[4, 2, 1], [1, 3, 1], [3, 1, 2]]  # pipelined: the plan's replicas
 MEMORY = [[768, 1024, 1536], [2048, 768, 1024], [1024, 1769, 768]]
+NONMOE_MEMORY_MB = 3008
+DIRECT_LIMIT = 262144
 
 
-def small_plan(methods: tuple[str, ...] = METHODS, arch: str = "x86_64") -> Plan:
+def calibration() -> dict[str, Any]:
+    """The calibration as a plan embeds it: every parameter's value, read from the file."""
+    document = json.loads(CALIBRATION_FILE.read_text())
+    return {"region": document["region"]} | {
+        name: parameter["value"] for name, parameter in document["parameters"].items()
+    }
+
+
+def make_plan(
+    model: dict[str, Any],
+    methods: tuple[str, ...] | list[str],
+    replicas: list[list[int]],
+    *,
+    max_replicas: list[list[int]] | None = None,
+    max_tokens: list[list[int]] | None = None,
+    memory: list[list[int]] | None = None,
+    beta: int = 16,
+    arch: str = "x86_64",
+    workflow: str = "standard",
+    direct_payload_bytes: int = DIRECT_LIMIT,
+) -> Plan:
+    """A validated format-2 plan of `model` (ModelRef fields) with these methods and replicas.
+
+    `max_replicas` defaults to the replicas, `max_tokens` to 64 per replica, memory to 1,024 MB.
+    """
+    experts = model["experts"]
+    max_replicas = max_replicas or replicas
+    max_tokens = max_tokens or [[64] * experts for _ in methods]
+    memory = memory or [[1024] * experts for _ in methods]
+    return Plan.model_validate(
+        {
+            "solver": "test",
+            "workflow": workflow,
+            "objective": "full",
+            "nonmoe_memory_mb": NONMOE_MEMORY_MB,
+            "optimal": True,
+            "arch": arch,
+            "direct_payload_bytes": direct_payload_bytes,
+            "counts_source": {"test": True},
+            "model": model,
+            "calibration": calibration(),
+            "layers": [
+                {
+                    "layer": layer,
+                    "method": method,
+                    "beta": beta if method == "pipelined" else 1,
+                    "latency_s": 0.1,
+                    "cost_usd": 1e-6,
+                    "experts": [
+                        {
+                            "expert": e,
+                            "memory_mb": memory[layer][e],
+                            "replicas": replicas[layer][e],
+                            "tokens": 40.0,
+                            "time_s": 0.01,
+                            "cost_usd": 1e-7,
+                            "max_replicas": max_replicas[layer][e],
+                            "max_tokens_per_replica": max_tokens[layer][e],
+                        }
+                        for e in range(experts)
+                    ],
+                }
+                for layer, method in enumerate(methods)
+            ],
+            "totals": {"tokens": 64, "moe_cost_usd": 1e-6, "bill_usd": {}, "latency_s": 1.0},
+        }
+    )
+
+
+def model_ref(manifest: Any) -> dict[str, Any]:
+    """The plan's model reference of an export's manifest."""
+    return manifest.model_dump(mode="json", include=set(ModelRef.model_fields))
+
+
+def small_plan(
+    methods: tuple[str, ...] = METHODS, arch: str = "x86_64", workflow: str = "standard"
+) -> Plan:
     """A deployable plan of a 3-expert model with one layer per method."""
     layers = len(methods)
     stages = [{"role": "head", "key": "head.safetensors", "bytes": 1000}]
@@ -41,50 +128,27 @@ def small_plan(methods: tuple[str, ...] = METHODS, arch: str = "x86_64") -> Plan
             for e in range(EXPERTS)
         ]
     stages.append({"role": "tail", "key": "tail.safetensors", "bytes": 100})
-    return Plan.model_validate(
-        {
-            "solver": "test",
-            "optimal": True,
-            "arch": arch,
-            "direct_payload_bytes": 262144,
-            "counts_source": {"test": True},
-            "model": {
-                "model": "tiny",
-                "model_type": "bert",
-                "moefied": True,
-                "seed": 0,
-                "num_layers": layers,
-                "experts": EXPERTS,
-                "top_k": 2,
-                "hidden_size": 8,
-                "token_bytes_in": 32,
-                "token_bytes_out": 32,
-                "stages": stages,
-            },
-            "calibration": load_calibration().model_dump(mode="json", exclude={"provenance"}),
-            "layers": [
-                {
-                    "layer": layer,
-                    "method": method,
-                    "beta": 16 if method == "pipelined" else 1,
-                    "latency_s": 0.1,
-                    "cost_usd": 1e-6,
-                    "experts": [
-                        {
-                            "expert": e,
-                            "memory_mb": MEMORY[layer][e],
-                            "replicas": REPLICAS[layer][e],
-                            "tokens": 40.0,
-                            "time_s": 0.01,
-                            "cost_usd": 1e-7,
-                        }
-                        for e in range(EXPERTS)
-                    ],
-                }
-                for layer, method in enumerate(methods)
-            ],
-            "totals": {"tokens": 64, "moe_cost_usd": 1e-6, "bill_usd": {}, "latency_s": 1.0},
-        }
+    model = {
+        "model": "tiny",
+        "model_type": "bert",
+        "moefied": True,
+        "seed": 0,
+        "num_layers": layers,
+        "experts": EXPERTS,
+        "top_k": 2,
+        "hidden_size": 8,
+        "token_bytes_in": 32,
+        "token_bytes_out": 32,
+        "stages": stages,
+    }
+    return make_plan(
+        model,
+        methods,
+        REPLICAS[:layers],
+        max_replicas=MAX_REPLICAS[:layers],
+        memory=MEMORY[:layers],
+        arch=arch,
+        workflow=workflow,
     )
 
 
@@ -254,12 +318,14 @@ def test_one_function_per_expert_and_stage_with_the_plans_memory(
     names = {"Head", "Tail", "Cleanup"} | {f"Layer{la.layer:02d}" for la in plan.layers}
     names |= {f"Layer{la.layer:02d}Expert{e.expert:02d}" for la in plan.layers for e in la.experts}
     assert set(functions) == names
+    mb_per_vcpu = plan.calibration["mb_per_vcpu"]
     for layer in plan.layers:
         for e in layer.experts:
             props = functions[f"Layer{layer.layer:02d}Expert{e.expert:02d}"]["Properties"]
             assert props["MemorySize"] == e.memory_mb
             assert props["Timeout"] == 300
-            assert props["ReservedConcurrentExecutions"] >= e.replicas
+            # The gate may spread a batch over max_replicas: that is what is reserved.
+            assert props["ReservedConcurrentExecutions"] == e.max_replicas
             assert props["Architectures"] == ["x86_64"]
             assert props["PackageType"] == "Image"
             assert props["ImageConfig"]["Command"] == ["functions.expert.handler"]
@@ -270,9 +336,33 @@ def test_one_function_per_expert_and_stage_with_the_plans_memory(
             assert env["MOELAMBDA_BETA"] == str(layer.beta)
             assert env["MOELAMBDA_WEIGHTS_PREFIX"] == "weights/"
             assert env["MOELAMBDA_BUCKET"].startswith("<Ref:")
+            assert env["MOELAMBDA_THREADS"] == str(threads_for(e.memory_mb, mb_per_vcpu))
+            # A direct expert checks its response against the plan's payload limit.
+            limit = env.get("MOELAMBDA_PAYLOAD_LIMIT")
+            assert limit == (str(DIRECT_LIMIT) if layer.method == "direct" else None)
+    assert {e.memory_mb for la in plan.layers for e in la.experts} & {768, 2048}  # 1 and 2 vCPUs
     for role in ("Head", "Tail", "Cleanup"):
         command = functions[role]["Properties"]["ImageConfig"]["Command"]
         assert command == [f"functions.{role.lower()}.handler"]
+    # head, gates and tail run at the plan's non-MoE memory, with its vCPUs as threads
+    for name in ["Head", "Tail", *(f"Layer{la.layer:02d}" for la in plan.layers)]:
+        props = functions[name]["Properties"]
+        assert props["MemorySize"] == plan.nonmoe_memory_mb == NONMOE_MEMORY_MB
+        threads = props["Environment"]["Variables"]["MOELAMBDA_THREADS"]
+        assert threads == str(threads_for(NONMOE_MEMORY_MB, mb_per_vcpu)) == "2"
+    assert functions["Cleanup"]["Properties"]["Environment"]["Variables"]["MOELAMBDA_THREADS"]
+
+
+def test_cdk_does_not_need_the_planner() -> None:
+    """The CDK app reads only the Plan: a planner being rewritten cannot break a deployment."""
+    code = (
+        "import sys, cdk.stack, cdk.app; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'planner'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]"
 
 
 def test_layer_functions_get_their_layer_plan(
@@ -291,6 +381,9 @@ def test_layer_functions_get_their_layer_plan(
             "method": layer.method,
             "beta": layer.beta,
             "replicas": [e.replicas for e in layer.experts],
+            "max_replicas": [e.max_replicas for e in layer.experts],
+            "max_tokens": [e.max_tokens_per_replica for e in layer.experts],
+            "payload_limit": DIRECT_LIMIT,
             "expert_functions": [
                 f"<Ref:{functions[f'{ll}Expert{e:02d}']['LogicalId']}>" for e in range(EXPERTS)
             ],
@@ -329,41 +422,60 @@ def test_state_machine_chains_head_layers_tail_by_method(
         "previous"
     ] == {"layer": 0, "method": "s3"}
     assert states["Tail"]["Parameters"]["Payload"]["previous"] == {"layer": 2, "method": "direct"}
-    # s3: a Map over the gate's shards, invoking the function each shard names.
+    # s3: a Map over the gate's experts, each a Map over that expert's shards, invoking the
+    # function each shard names: no inline Map iterates over more than E or G items.
     fan_out = states["Layer00Experts"]
-    assert fan_out["Type"] == "Map" and fan_out["ItemsPath"] == "$.shards"
-    inner = fan_out["ItemProcessor"]["States"]["Layer00Expert"]
-    assert inner["Resource"].endswith(":states:::lambda:invoke")
-    assert inner["Parameters"] == {"FunctionName.$": "$.function", "Payload.$": "$"}
-    # pipelined: a Parallel of the gate and a Map over every (expert, replica).
+    assert fan_out["Type"] == "Map" and fan_out["ItemsPath"] == "$.experts"
+    assert fan_out["ResultPath"] == "$.failures" and "ItemSelector" not in fan_out
+    (replicas,) = fan_out["ItemProcessor"]["States"].values()
+    assert replicas["Type"] == "Map" and replicas["ItemsPath"] == "$.shards"
+    invoke = replicas["ItemProcessor"]["States"]["Layer00Expert"]
+    assert invoke["Resource"].endswith(":states:::lambda:invoke")
+    assert invoke["Parameters"] == {"FunctionName.$": "$.function", "Payload.$": "$"}
+    # pipelined: a Parallel of the gate and the same nested Map over every planned (expert,
+    # replica), experts with no predicted tokens included.
     parallel = states["Layer01Pipelined"]
     assert parallel["Type"] == "Parallel" and len(parallel["Branches"]) == 2
     assert parallel["Branches"][0]["StartAt"] == "Layer01"
-    shards = parallel["Branches"][1]["States"]["Layer01Shards"]["Parameters"]["shards"]
+    branch = parallel["Branches"][1]["States"]
+    assert branch["Layer01Shards"]["Parameters"]["request_id.$"] == "$.request_id"
+    experts = branch["Layer01Shards"]["Parameters"]["experts"]
     expected = [
         {
-            "layer": 1,
-            "expert": e,
-            "replica": r,
-            "function": f"<Ref:{functions[f'Layer01Expert{e:02d}']['LogicalId']}>",
+            "shards": [
+                {
+                    "layer": 1,
+                    "expert": e,
+                    "replica": r,
+                    "function": f"<Ref:{functions[f'Layer01Expert{e:02d}']['LogicalId']}>",
+                }
+                for r in range(REPLICAS[1][e])
+            ]
         }
         for e in range(EXPERTS)
-        for r in range(REPLICAS[1][e])
     ]
-    assert shards == expected
-    assert parallel["Branches"][1]["States"]["Layer01Experts"]["Type"] == "Map"
+    assert experts == expected
+    pipelined_map = branch["Layer01Experts"]
+    assert pipelined_map["Type"] == "Map" and pipelined_map["ItemsPath"] == "$.experts"
+    assert pipelined_map["ItemSelector"] == {
+        "request_id.$": "$.request_id",
+        "shards.$": "$$.Map.Item.Value.shards",
+    }
+    inner = pipelined_map["ItemProcessor"]["States"]["Layer01Replicas"]
+    assert inner["ItemsPath"] == "$.shards"
+    assert inner["ItemSelector"] == {"request_id.$": "$.request_id"} | {
+        f"{k}.$": f"$$.Map.Item.Value.{k}" for k in ("layer", "expert", "replica", "function")
+    }
     assert states["Layer01Output"]["Parameters"] == {
         "request_id.$": "$.branches.gate.request_id",
         "hidden_key.$": "$.branches.gate.hidden_key",
         "failures.$": "$.branches.experts.failures",
     }
-    # Failures never cut a fan-out short: every invocation catches its own error, and the Map
-    # (or the Parallel, for the pipelined gate) waits for all before the cleanup runs.
-    for processor in (
-        fan_out["ItemProcessor"],
-        parallel["Branches"][1]["States"]["Layer01Experts"]["ItemProcessor"],
-    ):
-        (task,) = [s for s in processor["States"].values() if s["Type"] == "Task"]
+    # Failures never cut a fan-out short: every invocation catches its own error, and the Maps
+    # (or the Parallel, for the pipelined gate) wait for all before the cleanup runs.
+    for outer in (fan_out, pipelined_map):
+        (inner_map,) = outer["ItemProcessor"]["States"].values()
+        (task,) = [s for s in inner_map["ItemProcessor"]["States"].values() if s["Type"] == "Task"]
         assert task["Catch"][0]["ErrorEquals"] == ["States.ALL"]
     assert parallel["Branches"][0]["States"]["Layer01"]["Catch"][0]["Next"] == "Layer01GateCaught"
     assert states["Layer01GateOk"]["Choices"][0]["Next"] == "Layer01GateFailed"
@@ -401,6 +513,18 @@ def test_every_task_retries_and_every_stage_catches_into_cleanup(template: dict)
     }
     (machine,) = _resources(template, "AWS::StepFunctions::StateMachine").values()
     assert machine["Properties"].get("StateMachineType", "STANDARD") == "STANDARD"
+    assert _definition(template)["TimeoutSeconds"] == 1800
+
+
+def test_express_plan_gets_an_express_workflow_within_its_duration_limit(tmp_path: Path) -> None:
+    summary, template = _synth(tmp_path, small_plan(workflow="express"))
+    assert summary["cfn_lint"]["ok"], summary["cfn_lint"]["error_messages"]
+    (machine,) = _resources(template, "AWS::StepFunctions::StateMachine").values()
+    assert machine["Properties"]["StateMachineType"] == "EXPRESS"
+    assert _definition(template)["TimeoutSeconds"] == 300
+    with pytest.raises(UsageError, match="exceeds an Express workflow's 300 s"):
+        workflow_timeout_s(small_plan(workflow="express"), 600)
+    assert workflow_timeout_s(small_plan(), 3600) == 3600
 
 
 def _actions(statement: dict[str, Any]) -> list[str]:
@@ -489,6 +613,27 @@ def test_concurrency_reservation_can_be_turned_off(tmp_path: Path) -> None:
     # A plan with no Map needs no dynamic invoke permission for the state machine.
     definition = _definition(template)
     assert not any(s["Type"] in ("Map", "Parallel") for s in definition["States"].values())
+
+
+def test_the_image_holds_every_package_the_handlers_import_and_pins_no_threads() -> None:
+    """A package the handlers import but the image lacks fails only on AWS, at cold start."""
+    from cdk._functions import _ASSET_EXCLUDE
+
+    code = (
+        "import sys, functions.head, functions.layer, functions.expert, functions.tail, "
+        "functions.cleanup; print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    ours = {name for name in done.stdout.split() if (REPO / name / "__init__.py").is_file()}
+    assert {"functions", "ground", "moe", "pipeline"} <= ours
+    dockerfile = (REPO / "Dockerfile.expert").read_text()
+    lines = dockerfile.splitlines()
+    copied = {line.split()[1].rstrip("/") for line in lines if line.startswith("COPY ")}
+    assert ours <= copied
+    assert ours <= {rule[1:] for rule in _ASSET_EXCLUDE if rule.startswith("!")}
+    assert "OMP_NUM_THREADS=" not in dockerfile  # torch uses the vCPUs: MOELAMBDA_THREADS
 
 
 def test_bad_plan_exits_2(tmp_path: Path) -> None:

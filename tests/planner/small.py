@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 
-from planner.costmodel import Choice, expert_options, layer_latency
+from planner.costmodel import Choice, expert_options, global_terms, layer_terms
 from planner.instance import Instance, Method
 
 
@@ -18,6 +18,8 @@ def small_instance(
     memories: int = 3,
     replicas: int = 2,
     betas: tuple[int, ...] = (8, 64),
+    workflow: str = "express",
+    objective: str = "full",
 ) -> Instance:
     """Counts from a skewed distribution, a few memory options, realistic platform constants."""
     rng = np.random.default_rng(seed)
@@ -42,22 +44,33 @@ def small_instance(
         request_usd=2e-7,
         s3_put_usd=5e-6,
         s3_get_usd=4e-7,
+        s3_list_usd=5e-6,
+        s3_delete_usd=5e-6,
         transition_usd=2.5e-5,
+        express_request_usd=1e-6,
+        express_mb_s_usd=1.6667e-5 / 1024,
+        express_memory_mb=64.0,
+        express_step_s=0.1,
         nonmoe_memory_mb=1769.0,
         head_s=0.05,
         tail_s=0.05,
         layer_s=np.full(layers, 0.1),
-        load_s=np.full(layers, 0.06),
         tokens=400,
+        workflow=workflow,
+        objective=objective,
         betas=betas,
     )
 
 
 def layer_table(inst: Instance, layer: int, methods=tuple(Method)):  # type: ignore[no-untyped-def]
-    """Every complete decision of one layer: (cost, latency, method, beta, memory, replicas)."""
+    """Every complete decision of one layer: (cost, latency, method, beta, memory, replicas).
+
+    The cost is the layer's share of the objective: its experts' costs plus `layer_terms`.
+    """
     rows = []
     per_method_betas = {m: (inst.betas if m is Method.PIPELINED else (1,)) for m in methods}
     for method in methods:
+        usd, per_s = layer_terms(inst, layer, method)
         for beta in per_method_betas[method]:
             opts = expert_options(inst, layer, method, beta)
             e_idx = np.arange(inst.experts)
@@ -67,14 +80,9 @@ def layer_table(inst: Instance, layer: int, methods=tuple(Method)):  # type: ign
                 g = np.array([c[1] for c in combo])
                 if not opts.feasible[e_idx, j, g].all():
                     continue
-                latency = layer_latency(
-                    inst,
-                    layer,
-                    method,
-                    float(opts.finish[e_idx, j, g].max()),
-                    float(opts.send[e_idx, g].max()),
-                )
-                rows.append((float(opts.cost[e_idx, j, g].sum()), latency, method, beta, j, g + 1))
+                latency = float(opts.finish[e_idx, j, g].max())
+                cost = float(opts.cost[e_idx, j, g].sum()) + usd + per_s * latency
+                rows.append((cost, latency, method, beta, j, g + 1))
     return rows
 
 
@@ -89,7 +97,8 @@ def brute_force(inst: Instance, slo_s: float | None, methods=tuple(Method)):  # 
     combinations = int(np.prod([len(rows) for rows in tables], dtype=float))
     if combinations > 10**8:
         raise ValueError(f"{combinations:.2e} combinations: too many to enumerate; shrink it")
-    cost = np.zeros(1)
+    usd, per_s = global_terms(inst)
+    cost = np.array([usd + per_s * inst.fixed_s()])
     latency = np.zeros(1)
     for rows in tables:  # every combination, as an outer sum
         cost = (cost[:, None] + np.array([r[0] for r in rows])[None, :]).ravel()

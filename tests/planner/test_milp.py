@@ -19,7 +19,12 @@ from planner.milp import solve_milp, solve_milp_mixed
 from planner.ods import solve_ods
 from tests.planner.small import brute_force, layer_table, small_instance
 
-SHAPES = {"2x3x3": {}, "3x2x2": {"layers": 3, "experts": 2, "memories": 2}}
+SHAPES = {
+    "2x3x3": {},
+    "3x2x2": {"layers": 3, "experts": 2, "memories": 2},
+    "standard": {"workflow": "standard"},
+    "experts": {"objective": "experts"},
+}
 CASES = [(shape, seed) for shape in SHAPES for seed in range(5)]
 ALL = tuple(Method)
 
@@ -102,7 +107,12 @@ def test_ods_is_feasible_and_never_beats_the_optimum(case: tuple[str, int]) -> N
 
 
 def test_ods_reports_its_swaps() -> None:
-    inst = small_instance(0)
+    """Under the paper's objective the cheapest method per layer is too slow at a medium SLO.
+
+    (Under the full bill, direct is both the cheapest and the fastest on these tiny instances,
+    so ODS never has to swap there.)
+    """
+    inst = small_instance(2, objective="experts")
     ods = solve_ods(inst, None)
     assert ods is not None and ods.note.startswith("0 swaps")
     slo = _slos(inst, ALL)["medium"]
@@ -162,7 +172,7 @@ def test_mixed_milp_rejects_a_wrong_number_of_layers() -> None:
 def test_undominated_keeps_the_frontier_and_one_of_each_tie() -> None:
     cost = np.array([1.0, 2.0, 1.0, 3.0, 0.5])
     finish = np.array([5.0, 4.0, 5.0, 4.0, 6.0])
-    keep = milp._undominated(cost, finish, np.zeros(5))
+    keep = milp._undominated(cost, finish)
     assert keep.tolist() == [True, True, False, False, True]
 
 

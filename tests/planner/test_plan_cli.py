@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from ground.semantics import max_direct_tokens
 from moelambda.cli import app
 from planner import Plan, PlanError, load_calibration
 from predictor import PredictedCounts
@@ -57,9 +58,10 @@ def test_contract_pareto_and_solvers_agree(counts: Path, tmp_path: Path) -> None
         0
     ] == "layers/00/experts/00.safetensors"
     with (tmp_path / "c.csv").open() as f:
-        rows = [(float(r["slo_s"]), float(r["moe_cost_usd"])) for r in csv.DictReader(f)]
+        rows = [(float(r["slo_s"]), float(r["cost_usd"])) for r in csv.DictReader(f)]
     assert rows[0][0] == pytest.approx(cheapest["smallest_slo_s"], rel=1e-5)
-    assert all(a[0] <= b[0] and a[1] > b[1] for a, b in zip(rows, rows[1:], strict=False))
+    # latency ascends to the nanosecond (the frontier's resolution), cost strictly descends
+    assert all(a[0] <= b[0] + 1e-9 and a[1] > b[1] for a, b in zip(rows, rows[1:], strict=False))
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
 
     slo = (cheapest["latency_s"] + cheapest["smallest_slo_s"]) / 2
@@ -71,16 +73,16 @@ def test_contract_pareto_and_solvers_agree(counts: Path, tmp_path: Path) -> None
         )
         assert results[solver]["latency_s"] <= slo * (1 + 1e-9)
         assert Plan.load(out).totals.slo_s == slo
-    exact = results["exact"]["moe_cost_usd"]
-    assert exact > cheapest["moe_cost_usd"]  # the SLO binds
-    assert results["milp"]["moe_cost_usd"] == pytest.approx(exact, rel=1e-6)
-    assert results["ods"]["moe_cost_usd"] >= exact * (1 - 1e-9)
+    exact = results["exact"]["objective_usd"]
+    assert exact > cheapest["objective_usd"]  # the SLO binds
+    assert results["milp"]["objective_usd"] == pytest.approx(exact, rel=1e-6)
+    assert results["ods"]["objective_usd"] >= exact * (1 - 1e-9)
 
     forced = _json(_plan(counts, tmp_path / "s3.json", "--method", "s3", "--json"))
     assert {layer["method"] for layer in forced["layers"]} == {"s3"}
-    assert forced["moe_cost_usd"] >= cheapest["moe_cost_usd"] * (1 - 1e-9)
-    throughput = _json(_plan(counts, tmp_path / "t.json", "--throughput", "1000", "--json"))
-    assert throughput["slo_s"] == pytest.approx(10.24)
+    assert forced["objective_usd"] >= cheapest["objective_usd"] * (1 - 1e-9)
+    throughput = _json(_plan(counts, tmp_path / "t.json", "--throughput", "900", "--json"))
+    assert throughput["slo_s"] == pytest.approx(10240 / 900)
 
 
 def test_infeasible_slo_names_the_smallest_feasible(counts: Path, tmp_path: Path) -> None:
@@ -139,13 +141,45 @@ def test_plan_validation_on_load(counts: Path, tmp_path: Path) -> None:
     def replicas(doc) -> None:  # type: ignore[no-untyped-def]
         doc["layers"][1]["experts"][2]["replicas"] = 9
 
-    def direct(doc) -> None:  # type: ignore[no-untyped-def]
-        doc["layers"][0]["method"] = "direct"
-        doc["layers"][0]["experts"][0].update(tokens=5000.0, replicas=1)  # 7.7 MB > 6 MB
+    limit = max_direct_tokens(good["direct_payload_bytes"], good["model"]["token_bytes_in"])
+
+    def direct(tokens: int):  # type: ignore[no-untyped-def]
+        def change(doc) -> None:  # type: ignore[no-untyped-def]
+            doc["layers"][0]["method"] = "direct"
+            for e, expert in enumerate(doc["layers"][0]["experts"]):
+                rows = float(tokens) if e == 0 else 100.0
+                expert.update(tokens=rows, replicas=1, max_tokens_per_replica=limit)
+
+        return change
+
+    def express_too_long(doc) -> None:  # type: ignore[no-untyped-def]
+        doc["workflow"], doc["totals"]["latency_s"] = "express", 301.0
 
     assert "outside 128-10240 MB" in broken(memory)
-    assert "exceed G = 8" in broken(replicas)
-    assert "direct payload" in broken(direct)
+    assert "G = 8" in broken(replicas)
+    # Rows travel base64 in the JSON event: 3,071 MiniLM tokens fit 6 MiB, not 4,096.
+    assert limit == 3071
+    assert "direct event" in broken(direct(limit + 1))
+    doc = json.loads(json.dumps(good))
+    direct(limit)(doc)
+    Plan.model_validate(doc)  # just under the limit: a valid plan
+    assert "Express" in broken(express_too_long)
+
+
+def test_workflow_and_objective(counts: Path, tmp_path: Path) -> None:
+    express = _json(_plan(counts, tmp_path / "e.json", "--json"))
+    standard = _json(_plan(counts, tmp_path / "s.json", "--workflow", "standard", "--json"))
+    paper = _json(_plan(counts, tmp_path / "x.json", "--objective", "experts", "--json"))
+    assert Plan.load(tmp_path / "e.json").workflow == "express" == express["workflow"]
+    assert Plan.load(tmp_path / "s.json").workflow == "standard"
+    assert Plan.load(tmp_path / "x.json").objective == "experts"
+    # Standard bills state transitions; Express a request and its duration.
+    assert standard["bill_usd"]["workflow_usd"] > express["bill_usd"]["workflow_usd"]
+    # The paper's objective finds the cheapest expert functions, not the cheapest bill.
+    assert paper["moe_cost_usd"] <= express["moe_cost_usd"] * (1 + 1e-9)
+    assert paper["bill_usd"]["total_usd"] >= express["bill_usd"]["total_usd"] * (1 - 1e-9)
+    bad = _plan(counts, tmp_path / "b.json", "--workflow", "lambda")
+    assert bad.exit_code == 2 and "unknown --workflow" in bad.output
 
 
 @pytest.mark.parametrize("method", ["pipelined", "s3", "direct"])
@@ -166,7 +200,7 @@ def test_a_plan_replayed_on_its_own_counts_reproduces_its_times_and_cost(
             name = f"layer{layer.layer:02d}/expert{e.expert:02d}"
             assert seconds[name] == pytest.approx(e.time_s, rel=1e-9)
     ev = evaluate(inst, choice, plan.totals.slo_s)
-    assert ev.feasible and ev.cost == pytest.approx(plan.totals.moe_cost_usd, rel=1e-9)
+    assert ev.feasible and ev.experts_usd == pytest.approx(plan.totals.moe_cost_usd, rel=1e-9)
     assert ev.latency == pytest.approx(plan.totals.latency_s, rel=1e-9)
     if method == "direct":  # the gate waits for the experts it invokes
         assert seconds["layer00"] > max(seconds[f"layer00/expert{e:02d}"] for e in range(4))

@@ -1,13 +1,19 @@
-"""A tiny in-process stand-in for the state machine: the handlers in the workflow's order.
+"""Running the handlers: a tiny in-process stand-in for the state machine.
 
-Each handler runs inside `config.local` with the environment its Lambda function would have,
-in the thread that calls it, so concurrent handlers never see each other's configuration.
+`run_request` calls the handlers in the workflow's order. Each runs inside `config.local` with
+the environment its Lambda function would have, in the thread that calls it, so concurrent
+handlers never see each other's configuration. The synthesised template's own definition runs
+through `pipeline.local.run_workflow` instead, which meters what AWS would bill.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,20 +21,29 @@ import numpy as np
 
 from functions import cleanup, config, expert, head, layer, tail
 from ground import layout
+from ground.semantics import S3_REQUEST_TYPES
 from pipeline.tensorio import decode, encode
 
 Handler = Any
 
 
+DIRECT_LIMIT = 6 * 1024 * 1024
+
+
 @dataclass
 class Deployment:
-    """What the CDK stack would configure: per layer a method and β, per expert its replicas."""
+    """What the CDK stack would configure: per layer a method and β, per expert its replicas.
+
+    `max_replicas` defaults to the replicas, `max_tokens` to a count no batch here reaches.
+    """
 
     bucket: str
     methods: list[str]
     beta: int
     replicas: list[list[int]]
     expert_env: dict[tuple[int, int], dict[str, str]] = field(default_factory=dict)
+    max_replicas: list[list[int]] | None = None
+    max_tokens: list[list[int]] | None = None
 
     @staticmethod
     def function(layer: int, expert: int) -> str:
@@ -40,10 +55,14 @@ class Deployment:
         return env | {"MOELAMBDA_PIPELINE_TIMEOUT_S": "20"} | (extra or {})
 
     def layer_env(self, index: int) -> dict[str, str]:
+        experts = len(self.replicas[index])
         plan = {
             "method": self.methods[index],
             "beta": self.beta,
             "replicas": self.replicas[index],
+            "max_replicas": (self.max_replicas or self.replicas)[index],
+            "max_tokens": self.max_tokens[index] if self.max_tokens else [100_000] * experts,
+            "payload_limit": DIRECT_LIMIT,
             "expert_functions": [
                 self.function(index, e) for e in range(len(self.replicas[index]))
             ],
@@ -56,6 +75,7 @@ class Deployment:
             "MOELAMBDA_EXPERT": str(number),
             "MOELAMBDA_METHOD": self.methods[index],
             "MOELAMBDA_BETA": str(self.beta),
+            "MOELAMBDA_PAYLOAD_LIMIT": str(DIRECT_LIMIT),
         }
         return self.env(own | self.expert_env.get((index, number), {}))
 
@@ -116,7 +136,8 @@ def run_request(
             out, *results = _run_all([gate, *_experts(dep, index, static)])
         else:
             out = call(*gate)
-            results = _run_all(_experts(dep, index, out["shards"]))
+            shards = [shard for entry in out["experts"] for shard in entry["shards"]]
+            results = _run_all(_experts(dep, index, shards))
         log += results
         previous = {"layer": index, "method": method}
     event = {"request_id": request_id, "hidden_key": out["hidden_key"], "previous": previous}
@@ -128,3 +149,36 @@ def run_request(
 def clean(dep: Deployment, request_id: str) -> dict[str, Any]:
     """What the Catch does on a failure."""
     return call(cleanup.handler, dep.env(), {"request_id": request_id})
+
+
+@contextmanager
+def s3_requests(client: Any) -> Iterator[Counter[str]]:
+    """Count the requests `client` makes in this block by the billed types of `Requests`.
+
+    A GetObject that found nothing, or that read a done.bin marker, is a poll; an operation
+    the cost model does not know counts under its own name, so a comparison shows it.
+    """
+    counts: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def remember_key(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        context["moelambda_key"] = params.get("Key", "")
+
+    def count(http_response: Any, model: Any, context: dict[str, Any], **_: Any) -> None:
+        kind = S3_REQUEST_TYPES.get(model.name, model.name)
+        key = context.get("moelambda_key", "")
+        if model.name == "GetObject" and (
+            http_response.status_code == 404 or key.endswith("/done.bin")
+        ):
+            kind = "s3_get_poll"
+        with lock:
+            counts[kind] += 1
+
+    events = client.meta.events
+    events.register("before-parameter-build.s3", remember_key, unique_id="moelambda-key")
+    events.register("after-call.s3", count, unique_id="moelambda-count")
+    try:
+        yield counts
+    finally:
+        events.unregister("before-parameter-build.s3", unique_id="moelambda-key")
+        events.unregister("after-call.s3", unique_id="moelambda-count")

@@ -1,7 +1,11 @@
-"""The tensor codec, the key scheme and the per-invocation configuration: no model needed."""
+"""The tensor codec, direct events, the key scheme and the per-invocation configuration.
+
+No model needed.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -10,6 +14,8 @@ import pytest
 from functions import config
 from ground import layout
 from ground.errors import UsageError
+from ground.semantics import DIRECT_EVENT_BYTES, direct_event_bytes, max_direct_tokens
+from pipeline import transports
 from pipeline.tensorio import TensorIOError, decode, encode
 
 
@@ -87,9 +93,60 @@ def test_local_configuration_wins_over_the_process_environment(
 
 
 def test_layer_plan_is_validated() -> None:
-    ok = '{"method": "s3", "beta": 8, "replicas": [1, 2], "expert_functions": ["a", "b"]}'
-    with config.local({"MOELAMBDA_LAYER_PLAN": ok}):
-        assert config.current().layer_plan.replicas == (1, 2)
-    for bad in ('{"method": "ftp", "beta": 8, "replicas": [1], "expert_functions": ["a"]}', "{"):
-        with config.local({"MOELAMBDA_LAYER_PLAN": bad}), pytest.raises(config.ConfigError):
+    ok = {
+        "method": "s3",
+        "beta": 8,
+        "replicas": [1, 2],
+        "max_replicas": [3, 2],
+        "max_tokens": [100, 50],
+        "payload_limit": 6291456,
+        "expert_functions": ["a", "b"],
+    }
+    with config.local({"MOELAMBDA_LAYER_PLAN": json.dumps(ok)}):
+        plan = config.current().layer_plan
+    assert (plan.replicas, plan.max_replicas, plan.max_tokens) == ((1, 2), (3, 2), (100, 50))
+    assert plan.payload_limit == 6291456
+    bad = [
+        ok | {"method": "ftp"},
+        ok | {"max_replicas": [3]},  # one per expert
+        ok | {"max_replicas": [1, 1]},  # fewer than the planned replicas
+        ok | {"max_tokens": [0, 5]},
+        {k: v for k, v in ok.items() if k != "payload_limit"},
+    ]
+    for text in [*(json.dumps(b) for b in bad), "{"]:
+        with config.local({"MOELAMBDA_LAYER_PLAN": text}), pytest.raises(config.ConfigError):
             _ = config.current().layer_plan
+
+
+WIDEST = {"request_id": "r" * 64, "layer": 999999, "expert": 999999, "replica": 999999}
+
+
+@pytest.mark.parametrize("function", ["f" * 64, None], ids=["event", "response"])
+def test_direct_envelope_is_within_the_bound_the_planner_uses(function: str | None) -> None:
+    rows = np.zeros((999999, 0), np.float32)  # the widest token count, no bytes to carry
+    event = transports.direct_event(**WIDEST, rows=rows, limit=10**9, function=function)
+    envelope = len(json.dumps(event)) - len(event["payload"])
+    assert envelope <= DIRECT_EVENT_BYTES
+    assert (envelope == DIRECT_EVENT_BYTES) == (function is not None)  # the bound is tight
+
+
+@pytest.mark.parametrize("tokens", [0, 1, 2, 3, 7, 100, 1001])
+def test_direct_event_bytes_bounds_the_real_event(tokens: int) -> None:
+    hidden = 384
+    rows = np.ones((tokens, hidden), np.float32)
+    for function in ("f" * 64, None):
+        event = transports.direct_event(**WIDEST, rows=rows, limit=10**9, function=function)
+        real = len(json.dumps(event))
+        assert real <= direct_event_bytes(tokens, 4 * hidden)
+        # base64 padding and a token count narrower than the bound's six digits are the slack
+        assert direct_event_bytes(tokens, 4 * hidden) - real < (8 if function else 100)
+    assert transports.direct_decode(event["payload"]).shape == (tokens, hidden)
+
+
+@pytest.mark.parametrize("limit", [262144, 6291456])
+def test_the_planners_direct_capacity_is_accepted_and_one_byte_less_refused(limit: int) -> None:
+    rows = np.ones((max_direct_tokens(limit, 4 * 384), 384), np.float32)
+    event = transports.direct_event(**WIDEST, rows=rows, limit=limit, function="f" * 64)
+    size = len(json.dumps(event))
+    with pytest.raises(transports.TransportError, match=f"is {size:,} bytes of JSON, above"):
+        transports.direct_event(**WIDEST, rows=rows, limit=size - 1, function="f" * 64)

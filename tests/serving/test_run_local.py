@@ -19,6 +19,7 @@ from predictor import PredictedCounts
 
 runner = CliRunner()
 METHODS = ["s3", "pipelined", "direct"] * 2
+TEXT = "Serverless functions bill by the millisecond, so idle experts cost nothing."
 
 
 @pytest.fixture(scope="module")
@@ -61,13 +62,17 @@ def weights(minilm: MoEModel, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_every_method_through_the_synthesised_workflow(mixed_plan: Path) -> None:
-    """Eight concurrent executions, every method, replicas > 1: all equal the monolithic model."""
+    """Eight concurrent executions, every method, replicas > 1: all equal the monolithic model.
+
+    Several executions are not metered: the meter compares one execution with the plan.
+    """
     result = runner.invoke(
-        app, ["run-local", "--plan", str(mixed_plan), "--requests", "8", "--json"]
+        app, ["run-local", "--plan", str(mixed_plan), "--text", TEXT, "--requests", "8", "--json"]
     )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert summary["status"] == "SUCCEEDED" and summary["requests"] == 8
+    assert summary["metered"] is summary["planned"] is summary["bill"] is None
     assert summary["max_abs_diff_vs_monolithic"] <= 1e-4
     assert summary["intermediates_left"] == 0
     functions = summary["predicted_vs_measured"]["functions"]
@@ -97,3 +102,13 @@ def test_a_failing_expert_fails_the_execution_with_its_cause_and_no_leftovers(
     assert run["error"] == ("ModelError" if METHODS[layer] == "direct" else "ExpertFailed")
     assert f"weights/layers/{layer:02d}/experts/01.safetensors is missing" in run["cause"]
     assert run["intermediates_left"] == 0
+
+
+@pytest.mark.parametrize("extra", [["--tokens", "256"], ["--corpus", "wiki"]])
+def test_text_and_a_corpus_batch_are_exclusive(extra: list[str], tmp_path: Path) -> None:
+    """One window of --text or a batch of --tokens from --corpus: asking for both is an error."""
+    result = runner.invoke(
+        app, ["run-local", "--plan", str(tmp_path / "absent.json"), "--text", TEXT, *extra]
+    )
+    assert result.exit_code == 2
+    assert "--text runs one window" in result.output

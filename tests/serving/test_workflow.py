@@ -10,9 +10,14 @@ import pytest
 import torch
 
 from functions import expert
+from functions.layer import CapacityError
 from ground.errors import ModelError
+from ground.method import Method
+from ground.semantics import request_counts, runtime_replicas
 from moe import Manifest, MoEModel
 from pipeline import transports
+from pipeline.local import run_workflow
+from tests.cdk.test_stack import make_plan, model_ref
 from tests.serving.conftest import BUCKET
 from tests.serving.driver import Deployment, call, clean, run_request
 
@@ -110,10 +115,8 @@ def test_oversized_direct_payload_is_refused_before_any_invocation(s3: object) -
     def invoke(function: str, payload: dict) -> dict:
         raise AssertionError("nothing may be invoked when a payload is too large")
 
-    with pytest.raises(transports.TransportError, match="above the direct limit of 65536 bytes"):
-        transports.call_direct(
-            s3, BUCKET, "big", 0, ffn_in, shards, ["f0", "f1"], invoke, limit=65536
-        )
+    with pytest.raises(transports.TransportError, match="above the plan's direct payload limit"):
+        transports.call_direct(s3, BUCKET, "big", 0, ffn_in, shards, ["f0", "f1"], invoke, 65536)
 
 
 def test_expert_refuses_an_event_for_another_expert(exported: object, s3: object) -> None:
@@ -126,3 +129,111 @@ def test_expert_refuses_an_event_for_another_expert(exported: object, s3: object
     event = {"request_id": "r", "layer": 0, "expert": 3, "replica": 0}
     with pytest.raises(Exception, match="expert 3 reached the function of layer 0 expert 1"):
         call(expert.handler, env, event)
+
+
+def _counts(model: MoEModel, ids: np.ndarray) -> np.ndarray:
+    """Tokens per (layer, expert) of the request's real routing."""
+    routing: list = []
+    model.forward(torch.from_numpy(ids), reference=True, routing=routing)
+    return np.stack(
+        [np.bincount(r.experts.reshape(-1).numpy(), minlength=model.experts) for r in routing]
+    )
+
+
+def test_gate_spreads_a_busy_expert_over_more_replicas_within_its_cap(
+    minilm: MoEModel, wiki_windows: np.ndarray, exported: tuple[Path, Manifest], s3: object
+) -> None:
+    _, manifest = exported
+    ids = wiki_windows[:1]  # 128 tokens, 256 routed: about 64 per expert
+    layers, experts = manifest.num_layers, manifest.experts
+    methods = ["s3", "direct"] * (layers // 2)
+    dep = Deployment(BUCKET, methods, 16, [REPLICAS] * layers)
+    dep.max_replicas = [[8] * experts] * layers
+    dep.max_tokens = [[20] * experts] * layers
+    results: list[dict] = []
+    output = run_request(dep, s3, "spread", ids, results)
+    assert float(np.abs(output - _reference(minilm, ids)).max()) <= TOL
+    counts = _counts(minilm, ids)
+    expected = [
+        runtime_replicas(counts[e], np.array(REPLICAS), np.full(experts, 8), np.full(experts, 20))
+        for e in range(0, layers, 2)
+    ]
+    # every s3 shard was invoked, more than the plan's replicas; each holds at most 20 tokens
+    assert len(results) == sum(int(r.sum()) for r in expected) > sum(REPLICAS) * len(expected)
+    assert max(r["tokens"] for r in results) <= 20
+    assert _leftovers(s3) == []
+
+
+def test_gate_refuses_a_batch_over_its_reserved_replicas_before_scattering(
+    wiki_windows: np.ndarray, exported: tuple[Path, Manifest], s3: object
+) -> None:
+    _, manifest = exported
+    dep = Deployment(BUCKET, ["s3"] * manifest.num_layers, 16, [REPLICAS] * manifest.num_layers)
+    dep.max_tokens = [[4] * manifest.experts] * manifest.num_layers
+    with pytest.raises(CapacityError, match=r"layer 0 cannot take this batch \(s3\): expert 0: "):
+        run_request(dep, s3, "over", wiki_windows[:1, :32])
+    assert _leftovers(s3) == ["requests/over/head.bin", "requests/over/input.bin"]
+    clean(dep, "over")
+
+
+@pytest.mark.parametrize("workflow", ["standard", "express"])
+def test_the_synthesised_workflow_does_what_the_planner_bills(
+    workflow: str,
+    minilm: MoEModel,
+    wiki_windows: np.ndarray,
+    exported: tuple[Path, Manifest],
+    tmp_path: Path,
+) -> None:
+    """The template's definition on moto: states entered, Lambda and S3 requests as counted.
+
+    Every method, twice; experts with two replicas; an s3 layer whose gate adds replicas for
+    the real counts. The weights are warm (cached), as in a warm container. An Express
+    workflow enters the same states (moto runs it the same way and keeps its history).
+    """
+    from cdk.app import build_app
+
+    _, manifest = exported
+    ids = wiki_windows[:1, :48]
+    counts = _counts(minilm, ids)
+    layers, experts = manifest.num_layers, manifest.experts
+    methods = ["s3", "pipelined", "direct"] * (layers // 3)
+    replicas = [[2, 1, 1, 2] if e % 2 == 0 else [1, 2, 1, 1] for e in range(layers)]
+    max_replicas = [list(r) for r in replicas]
+    max_tokens = [[1000] * experts for _ in range(layers)]
+    max_replicas[0], max_tokens[0] = [4] * experts, [-(-int(c) // 3) or 1 for c in counts[0]]
+    plan = make_plan(
+        model_ref(manifest),
+        methods,
+        replicas,
+        max_replicas=max_replicas,
+        max_tokens=max_tokens,
+        beta=8,
+        workflow=workflow,
+        direct_payload_bytes=6 * 1024 * 1024,
+    )
+    template = build_app(plan.save(tmp_path / "plan.json"), tmp_path / "cdk.out")
+    template = template.stacks[0].template
+
+    result = run_workflow(template, exported[0], [ids], metered=True)
+
+    (run,) = result["requests"]
+    assert run["status"] == "SUCCEEDED", run.get("cause")
+    assert float(np.abs(run["output"] - _reference(minilm, ids)).max()) <= TOL
+    assert run["intermediates_left"] == 0
+    used = np.array(
+        [
+            runtime_replicas(counts[e], np.array(replicas[e]), cap, per)
+            if methods[e] != "pipelined"
+            else np.array(replicas[e])
+            for e, (cap, per) in enumerate(zip(max_replicas, max_tokens, strict=True))
+        ]
+    )
+    assert (used[0] > np.array(replicas[0]))[counts[0] >= 3].all()  # the gate adapted
+    billed = request_counts([Method.parse(m) for m in methods], [8] * layers, counts, used)
+    metered = result["usage"]
+    polls = metered["s3_get_poll"]
+    assert {k: metered[k] for k in billed.as_dict() if k != "s3_get_poll"} == {
+        k: v for k, v in billed.as_dict().items() if k != "s3_get_poll"
+    }
+    pipelined = sum(sum(replicas[e]) for e in range(layers) if methods[e] == "pipelined")
+    assert polls >= 2 * pipelined  # each replica's last miss and its read of done.bin

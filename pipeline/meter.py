@@ -1,0 +1,139 @@
+"""What AWS would bill for executions run on moto: requests by type, transitions, GB-seconds.
+
+`moelambda run-local` sets these numbers against the plan's (`ground.semantics`), so they are
+counted where the requests really happen, not derived from the workflow's shape:
+
+- S3: every request the handlers make with boto3 passes moto's `BotocoreStubber`, botocore's
+  before-send handler, which knows the operation and answers with the status. A GetObject that
+  found nothing, or that read a pipelined `done.bin` marker, is a poll (its number depends on
+  timing); other GETs and HEADs are data reads. Only the run's bucket counts.
+- Lambda: the local runner reports every handler call (Step Functions' Tasks and a direct gate's
+  own Invokes alike) with its wall time and the function's memory; "experts_gb_s" is the expert
+  functions' share of "gb_s", which the plan prices as the paper's objective.
+- Transitions: the states each execution entered, from its history, which moto records for
+  every state, those inside Map iterations and Parallel branches included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from ground.semantics import S3_REQUEST_TYPES, USAGE_KEYS
+
+__all__ = ["Meter", "entered_states"]
+
+_DONE_MARKER = "/done.bin"
+_MB_PER_GB = 1024
+
+
+def _object_key(url: str, bucket: str) -> str | None:
+    """The key a request to `url` addresses in `bucket` ("" for the bucket), None if elsewhere.
+
+    boto3 addresses a bucket by host (virtual-hosted style) or by the path's first segment.
+    """
+    parts = urlsplit(url)
+    path = unquote(parts.path)
+    if (parts.hostname or "").startswith(bucket + "."):
+        return path.lstrip("/")
+    if path == "/" + bucket or path.startswith(f"/{bucket}/"):
+        return path[len(bucket) + 2 :]
+    return None
+
+
+def _s3_kind(operation: str, key: str, status: int) -> str | None:
+    """The usage key of one S3 request, None for operations the handlers never make."""
+    kind = S3_REQUEST_TYPES.get(operation)
+    if operation == "GetObject" and (status == 404 or key.endswith(_DONE_MARKER)):
+        return "s3_get_poll"
+    return kind
+
+
+class Meter:
+    """Thread-safe counters of one metered run against `bucket`."""
+
+    def __init__(self, bucket: str) -> None:
+        self.bucket = bucket
+        self._lock = threading.Lock()
+        self._usage: dict[str, int | float] = dict.fromkeys(USAGE_KEYS, 0)
+
+    def _add(self, key: str, amount: int | float = 1) -> None:
+        with self._lock:
+            self._usage[key] += amount
+
+    def s3_request(self, operation: str, url: str, status: int) -> None:
+        """Count one S3 request if it went to the metered bucket."""
+        key = _object_key(url, self.bucket)
+        kind = None if key is None else _s3_kind(operation, key, status)
+        if kind is not None:
+            self._add(kind)
+
+    def lambda_call(
+        self,
+        memory_mb: int,
+        seconds: float,
+        event: dict[str, Any],
+        response: Any,
+        *,
+        expert: bool,
+    ) -> None:
+        """Count one handler call: a request, its GB-seconds, and a direct payload's size.
+
+        Only direct expert invocations carry rows inline ("payload"); their JSON event and
+        response are what Lambda's 6 MB Invoke limit applies to.
+        """
+        gb_s = seconds * memory_mb / _MB_PER_GB
+        self._add("lambda_requests")
+        self._add("gb_s", gb_s)
+        if expert:
+            self._add("experts_gb_s", gb_s)
+        if "payload" in event:
+            sizes = [len(json.dumps(event))]
+            if isinstance(response, dict):
+                sizes.append(len(json.dumps(response)))
+            with self._lock:
+                self._usage["payload_max_bytes"] = max(self._usage["payload_max_bytes"], *sizes)
+
+    def add_transitions(self, count: int) -> None:
+        self._add("transitions", count)
+
+    def usage(self) -> dict[str, int | float]:
+        """The usage keys (`USAGE_KEYS`) counted so far."""
+        with self._lock:
+            return dict(self._usage)
+
+    @contextlib.contextmanager
+    def counting_s3(self) -> Iterator[None]:
+        """Count the S3 requests made in this block (under `moto.mock_aws`).
+
+        Wraps `BotocoreStubber.__call__`, which calls `process_request` (the method
+        `pipeline.local.atomic_s3` patches), so both hold together; restored on exit.
+        """
+        from moto.core.botocore_stubber import BotocoreStubber
+
+        original = BotocoreStubber.__call__
+
+        def counted(stubber: BotocoreStubber, event_name: str, request: Any, **kwargs: Any) -> Any:
+            response = original(stubber, event_name, request, **kwargs)
+            _, service, operation = event_name.split(".", 2)
+            if response is not None and service == "s3":
+                self.s3_request(operation, request.url, response.status_code)
+            return response
+
+        BotocoreStubber.__call__ = counted  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            BotocoreStubber.__call__ = original  # type: ignore[method-assign]
+
+
+def entered_states(sfn: Any, execution_arn: str) -> int:
+    """States the execution entered: one billed transition each (Standard workflows)."""
+    pages = sfn.get_paginator("get_execution_history").paginate(executionArn=execution_arn)
+    return sum(
+        1 for page in pages for event in page["events"] if event["type"].endswith("StateEntered")
+    )
