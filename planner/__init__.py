@@ -13,7 +13,7 @@ from planner.baselines import lambdaml, random_methods, uniform
 from planner.build import instance_for, make_plan
 from planner.calibration import Calibration, default_calibration_path, load_calibration
 from planner.costmodel import Choice, Evaluation, Solution, bill, evaluate, expert_options, usage
-from planner.exact import Frontier, solve_exact, solve_frontier
+from planner.exact import Frontier, solve_bounded, solve_exact, solve_frontier
 from planner.instance import Instance, Method
 from planner.milp import solve_milp, solve_milp_mixed
 from planner.ods import solve_ods
@@ -43,6 +43,7 @@ __all__ = [
     "planned_usage",
     "price_usage",
     "random_methods",
+    "solve_bounded",
     "solve_exact",
     "solve_frontier",
     "solve_milp",

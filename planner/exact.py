@@ -11,13 +11,20 @@ knapsack over the layer frontiers, solved exactly by adding the frontiers one la
 (Minkowski sum) and pruning dominated points after each step. The result is the whole cost-vs-SLO
 curve, from which any SLO's optimum is read off; optimal means optimal over the instance's
 decision space (the given methods, `inst.betas`, memory options and 1..G replicas).
+
+One SLO needs far less than the whole curve (`solve_exact`): a partial plan over the first layers
+is dropped when even the fastest remaining layers overrun the SLO, or when a Lagrangian lower
+bound on what the remaining layers must cost puts it above a feasible plan found beforehand
+(`_Bound`). Both tests only remove partial plans that cannot complete to a plan at most as
+costly as one already known, so the optimum survives and the solve stays exact; the candidate
+sums are filtered before the Pareto sort, which is where the time goes.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,10 +40,18 @@ from planner.costmodel import (
 )
 from planner.instance import Instance, Method
 
-__all__ = ["Frontier", "LayerFrontier", "layer_frontier", "solve_exact", "solve_frontier"]
+__all__ = [
+    "Frontier",
+    "LayerFrontier",
+    "layer_frontier",
+    "solve_bounded",
+    "solve_exact",
+    "solve_frontier",
+]
 
 SLO_RTOL = 1e-9  # the relative tolerance `evaluate` allows on the SLO
 TIE_RTOL = 1e-12  # costs this close are equal: summation order differs between methods
+BOUND_RTOL, BOUND_ATOL = 1e-9, 1e-12  # `_Bound` keeps what rounding could put on the optimum
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,6 +91,7 @@ class Frontier:
     pick: tuple[np.ndarray, ...]
     merged_sizes: tuple[int, ...]  # curve size after merging layers 0..l, for l = 0..L-1
     seconds: float  # wall time to build the curve
+    bounded: bool = False  # only the points that can be optimal for one SLO (`solve_exact`)
 
     @property
     def layer_sizes(self) -> tuple[int, ...]:
@@ -83,6 +99,10 @@ class Frontier:
 
     def min_latency(self) -> float:
         """The smallest SLO any plan meets (inf when no plan is feasible at all)."""
+        if self.bounded:  # the fastest plan may have been pruned: it is every layer's fastest
+            if any(layer.size == 0 for layer in self.layers):
+                return math.inf
+            return self.inst.fixed_s() + sum(float(layer.latency_s[0]) for layer in self.layers)
         return float(self.latency_s[0]) if self.latency_s.size else math.inf
 
     def points(self) -> list[tuple[float, float]]:
@@ -129,22 +149,49 @@ class Frontier:
             evaluation=evaluation,
             seconds=self.seconds + time.perf_counter() - start,
             optimal=True,
-            note=f"curve of {self.cost_usd.size} points; layer frontiers {list(self.layer_sizes)}",
+            note=(
+                f"{'bounded ' if self.bounded else ''}curve of {self.cost_usd.size} points; "
+                f"layer frontiers {list(self.layer_sizes)}"
+            ),
         )
 
 
 def solve_frontier(inst: Instance, methods: Iterable[Method] = tuple(Method)) -> Frontier:
     """The whole cost-vs-SLO curve of `inst`, every layer restricted to `methods`."""
+    return _build(inst, tuple(methods), slo_s=None, bounded=False)
+
+
+def solve_bounded(
+    inst: Instance, slo_s: float | None, methods: Iterable[Method] = tuple(Method)
+) -> Frontier:
+    """The part of the curve that can hold the optimum at `slo_s` (`_Bound`); its `best(slo_s)`
+    is the optimum and `min_latency()` the smallest feasible SLO, as on the whole curve."""
+    return _build(inst, tuple(methods), slo_s=slo_s, bounded=True)
+
+
+def solve_exact(
+    inst: Instance, slo_s: float | None, methods: Iterable[Method] = tuple(Method)
+) -> Solution | None:
+    """The optimum of (12) for one SLO (None when infeasible), from the curve bounded to it."""
+    return solve_bounded(inst, slo_s, methods).best(slo_s)
+
+
+def _build(
+    inst: Instance, methods: tuple[Method, ...], *, slo_s: float | None, bounded: bool
+) -> Frontier:
     start = time.perf_counter()
-    methods = tuple(methods)
     if not methods:
         raise ValueError("solve_frontier needs at least one scatter-gather method")
     layers = tuple(layer_frontier(inst, layer, methods) for layer in range(inst.layers))
     usd, per_s = global_terms(inst)
     latency, cost = np.array([inst.fixed_s()]), np.array([usd + per_s * inst.fixed_s()])
+    bound = _Bound.make(layers, float(latency[0]), float(cost[0]), slo_s) if bounded else None
+    if bounded and bound is None:  # not even every layer's fastest point meets the SLO
+        latency, cost = latency[:0], cost[:0]
     previous, pick, sizes = [], [], []
-    for layer in layers:
-        before, added = _merge(latency, cost, layer.latency_s, layer.cost_usd)
+    for index, layer in enumerate(layers):
+        keep = None if bound is None else bound.keeper(index)
+        before, added = _merge(latency, cost, layer.latency_s, layer.cost_usd, keep)
         latency = latency[before] + layer.latency_s[added]
         cost = cost[before] + layer.cost_usd[added]
         previous.append(before)
@@ -159,14 +206,84 @@ def solve_frontier(inst: Instance, methods: Iterable[Method] = tuple(Method)) ->
         pick=tuple(pick),
         merged_sizes=tuple(sizes),
         seconds=time.perf_counter() - start,
+        bounded=bounded,
     )
 
 
-def solve_exact(
-    inst: Instance, slo_s: float | None, methods: Iterable[Method] = tuple(Method)
-) -> Solution | None:
-    """The optimum of (12) for one SLO (None when infeasible), by building the whole curve."""
-    return solve_frontier(inst, methods).best(slo_s)
+@dataclass(frozen=True)
+class _Bound:
+    """What lets one SLO's solve drop partial plans that cannot beat a known plan, exactly.
+
+    For the layers after layer l, `rest_latency[l]` is the least latency they can add and
+    `rest_dual[l]` the least of (cost + lam * latency) they can add. By weak duality, layers that
+    get a latency budget B cost at least rest_dual[l] - lam * B for any lam >= 0. A partial plan
+    (t, c) over layers <= l is kept only if t + rest_latency[l] meets the SLO and
+    c + rest_dual[l] - lam * (SLO - t) does not exceed `upper`, the cost of a feasible plan.
+    lam is the multiplier at which the per-layer minimisers of cost + lam * latency first meet
+    the SLO (found by bisection), whose plan gives `upper`; without an SLO, lam = 0.
+    """
+
+    slo_s: float  # inf without an SLO
+    lam: float
+    upper: float
+    rest_latency: np.ndarray  # (L,)
+    rest_dual: np.ndarray  # (L,)
+
+    @classmethod
+    def make(
+        cls,
+        layers: tuple[LayerFrontier, ...],
+        base_latency: float,
+        base_cost: float,
+        slo_s: float | None,
+    ) -> _Bound | None:
+        """The bound for `slo_s`, or None when no plan meets it."""
+        if any(layer.size == 0 for layer in layers):
+            return None
+        slo = math.inf if slo_s is None else slo_s * (1 + SLO_RTOL)
+
+        def minimisers(lam: float) -> list[int]:  # each layer's point minimising c + lam*t
+            return [int(np.argmin(f.cost_usd + lam * f.latency_s)) for f in layers]
+
+        def latency(chosen: list[int]) -> float:
+            return _totals(layers, chosen, base_latency, base_cost)[0]
+
+        fastest = [0] * len(layers)
+        if latency(fastest) > slo:
+            return None
+        lam, chosen = 0.0, minimisers(0.0)
+        if latency(chosen) > slo:
+            low, high = 0.0, 1.0
+            while latency(minimisers(high)) > slo and high < 1e15:
+                low, high = high, high * 16
+            for _ in range(64):
+                middle = (low + high) / 2
+                low, high = (low, middle) if latency(minimisers(middle)) <= slo else (middle, high)
+            lam, chosen = high, minimisers(high)
+            if latency(chosen) > slo:  # lam so large that sums round: start from the fastest
+                chosen = fastest
+        upper = _spend_slack(layers, chosen, base_latency, base_cost, slo)
+        dual = np.array([float(np.min(f.cost_usd + lam * f.latency_s)) for f in layers])
+        least = np.array([float(f.latency_s[0]) for f in layers])
+
+        def after(values: np.ndarray) -> np.ndarray:  # sum over the layers after each one
+            return np.r_[np.cumsum(values[::-1])[::-1][1:], 0.0]
+
+        return cls(slo, lam, upper, after(least), after(dual))
+
+    def keeper(self, layer: int) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+        """The test of partial plans over layers <= `layer` (latency, cost) -> keep mask."""
+        rest_latency, rest_dual = self.rest_latency[layer], self.rest_dual[layer]
+        slack = BOUND_ATOL + abs(self.upper) * BOUND_RTOL
+
+        def keep(latency: np.ndarray, cost: np.ndarray) -> np.ndarray:
+            fits = latency + rest_latency <= self.slo_s + BOUND_ATOL
+            if self.lam == 0.0:
+                return fits & (cost + rest_dual <= self.upper + slack)
+            least = cost + rest_dual - self.lam * (self.slo_s - latency)
+            return fits & (least <= self.upper + slack)
+
+        return keep
 
 
 def layer_frontier(inst: Instance, layer: int, methods: tuple[Method, ...]) -> LayerFrontier:
@@ -261,15 +378,61 @@ def _pareto(latency: np.ndarray, cost: np.ndarray) -> np.ndarray:
     return order[keep]
 
 
+def _totals(
+    layers: tuple[LayerFrontier, ...], chosen: list[int], base_latency: float, base_cost: float
+) -> tuple[float, float]:
+    """(latency, cost) of the plan taking point chosen[l] of every layer l."""
+    latency = base_latency + sum(
+        float(f.latency_s[i]) for f, i in zip(layers, chosen, strict=True)
+    )
+    cost = base_cost + sum(float(f.cost_usd[i]) for f, i in zip(layers, chosen, strict=True))
+    return latency, cost
+
+
+def _spend_slack(
+    layers: tuple[LayerFrontier, ...],
+    chosen: list[int],
+    base_latency: float,
+    base_cost: float,
+    slo: float,
+) -> float:
+    """Cost of a feasible plan improved greedily: while some layer can move to a cheaper point
+    within the SLO's slack, move the one that saves most. A tighter `upper` prunes more."""
+    chosen = list(chosen)
+    while True:
+        latency, cost = _totals(layers, chosen, base_latency, base_cost)
+        slack = slo - latency
+        best_saving, best_move = 0.0, None
+        for index, (frontier, point) in enumerate(zip(layers, chosen, strict=True)):
+            fits = frontier.latency_s <= frontier.latency_s[point] + slack
+            candidate = int(np.flatnonzero(fits)[-1])  # cost descends: the slowest that fits
+            saving = float(frontier.cost_usd[point] - frontier.cost_usd[candidate])
+            if saving > best_saving:
+                best_saving, best_move = saving, (index, candidate)
+        if best_move is None:
+            return cost
+        chosen[best_move[0]] = best_move[1]
+
+
 def _merge(
-    latency: np.ndarray, cost: np.ndarray, layer_latency_s: np.ndarray, layer_cost: np.ndarray
+    latency: np.ndarray,
+    cost: np.ndarray,
+    layer_latency_s: np.ndarray,
+    layer_cost: np.ndarray,
+    keep: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """One knapsack step: Minkowski sum of the curve and a layer frontier, Pareto-pruned.
 
     Returns, for each surviving point, the curve point and the layer point it adds. The sums are
     laid out layer point by layer point, so the sort meets long ascending runs of the curve.
+    `keep` filters the sums before the sort (a `_Bound`): the sort is the expensive part.
     """
     total_latency = (layer_latency_s[:, None] + latency[None, :]).ravel()
     total_cost = (layer_cost[:, None] + cost[None, :]).ravel()
-    added, before = np.divmod(_pareto(total_latency, total_cost), latency.size)
+    if keep is None:
+        chosen = _pareto(total_latency, total_cost)
+    else:
+        candidates = np.flatnonzero(keep(total_latency, total_cost))
+        chosen = candidates[_pareto(total_latency[candidates], total_cost[candidates])]
+    added, before = np.divmod(chosen, max(latency.size, 1))
     return before, added

@@ -109,7 +109,7 @@ def _infeasible(
     inst: Any, frontier: Any, slo_s: float | None, methods: tuple[Any, ...]
 ) -> InfeasibleError:
     """Name the binding constraint and the smallest SLO that can be met."""
-    if not frontier.cost_usd.size:
+    if not math.isfinite(frontier.min_latency()):
         return _why_empty(inst, methods)
     fastest = frontier.min_latency()
     return InfeasibleError(
@@ -121,12 +121,16 @@ def _infeasible(
     )
 
 
-def _solve(inst: Any, solver: str, methods: tuple[Any, ...], slo_s: float | None) -> Any:
-    from planner.exact import solve_frontier
+def _solve(
+    inst: Any, solver: str, methods: tuple[Any, ...], slo_s: float | None, whole: bool
+) -> Any:
+    """The solution and the curve: the whole curve when `whole` (for --pareto), else only the
+    part that can hold the optimum at this SLO, which is much faster on large instances."""
+    from planner.exact import solve_bounded, solve_frontier
     from planner.milp import solve_milp, solve_milp_mixed
     from planner.ods import solve_ods
 
-    frontier = solve_frontier(inst, methods)
+    frontier = solve_frontier(inst, methods) if whole else solve_bounded(inst, slo_s, methods)
     if solver == "exact":
         solution = frontier.best(slo_s)
     elif solver == "milp":
@@ -256,11 +260,12 @@ def plan(
     inst = instance_for(
         manifest, predicted, cal, tokens=tokens, arch=arch, workflow=chosen, objective=objective
     )
-    solution, frontier = _solve(inst, solver, methods, slo_s)
+    whole = pareto is not None
+    solution, frontier = _solve(inst, solver, methods, slo_s, whole)
     if workflow is None and solution.latency > cal.express_max_duration_s:
         # The request does not fit an Express execution: plan it as a Standard workflow.
         inst = dataclasses.replace(inst, workflow="standard")
-        solution, frontier = _solve(inst, solver, methods, slo_s)
+        solution, frontier = _solve(inst, solver, methods, slo_s, whole)
     if inst.workflow == "express" and solution.latency > cal.express_max_duration_s:
         raise InfeasibleError(
             f"the plan takes {solution.latency:.1f} s, over an Express workflow's "

@@ -28,7 +28,7 @@ from planner.bo._sampler import (
 from planner.build import instance_for
 from planner.calibration import Calibration
 from planner.costmodel import Solution
-from planner.exact import solve_frontier
+from planner.exact import solve_exact
 from planner.instance import Instance
 from planner.serving import Case, Served, serve
 from predictor._adjust import AdjustableBatch, Adjustment
@@ -51,7 +51,7 @@ class Planner:
 
     def __call__(self, counts: np.ndarray) -> tuple[Instance, Solution | None]:
         inst = instance_for(self.manifest, counts, self.calibration, tokens=self.tokens)
-        return inst, solve_frontier(inst).best(self.slo_s)
+        return inst, solve_exact(inst, self.slo_s)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from planner.bo._sampler import (
 from planner.build import instance_for
 from planner.calibration import Calibration
 from planner.costmodel import Solution
-from planner.exact import solve_frontier
+from planner.exact import solve_bounded
 from planner.instance import Instance
 from planner.serving import serve
 from predictor import RoutingTrace, build_tables, make_predictor
@@ -306,8 +306,8 @@ def run_bo(
     slo_s = s.slo_s
     if slo_s is None:
         fastest = [
-            solve_frontier(
-                instance_for(manifest, real, calibration, tokens=s.tokens)
+            solve_bounded(
+                instance_for(manifest, real, calibration, tokens=s.tokens), None
             ).min_latency()
             for real in learn_real
         ]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from planner.costmodel import evaluate, global_terms
-from planner.exact import Frontier, solve_exact, solve_frontier
+from planner.exact import Frontier, solve_bounded, solve_exact, solve_frontier
 from planner.instance import Instance, Method
 
 from .small import brute_force, layer_table, small_instance
@@ -44,8 +44,19 @@ def _all_plans(inst: Instance, methods: tuple[Method, ...]) -> tuple[np.ndarray,
     return inst.fixed_s() + latency, cost
 
 
-def _check_solution(frontier: Frontier, slo: float | None, expected: tuple | None) -> None:
+def _check_solution(
+    frontier: Frontier,
+    slo: float | None,
+    expected: tuple | None,
+    methods: tuple[Method, ...] = tuple(Method),
+) -> None:
+    """The whole curve's answer and the SLO-bounded solve's both equal brute force."""
     solution = frontier.best(slo)
+    bounded = solve_exact(frontier.inst, slo, methods)
+    assert (bounded is None) == (expected is None)
+    if bounded is not None:
+        assert bounded.cost == pytest.approx(expected[0], rel=RTOL, abs=0)
+        assert evaluate(frontier.inst, bounded.choice, slo).feasible
     assert (solution is None) == (expected is None)
     if solution is None:
         return
@@ -65,7 +76,7 @@ def test_optimum_matches_brute_force(shape: str, seed: int, methods: tuple[Metho
     fastest = float(latency.min())
     assert frontier.min_latency() == pytest.approx(fastest, rel=1e-12)
     cheapest = brute_force(inst, None, methods)
-    _check_solution(frontier, None, cheapest)
+    _check_solution(frontier, None, cheapest, methods)
     if cheapest is None:
         assert not np.isfinite(fastest) and frontier.best(1e6) is None
         return
@@ -77,7 +88,7 @@ def test_optimum_matches_brute_force(shape: str, seed: int, methods: tuple[Metho
         fastest - 1e-6,
         0.5 * inst.fixed_s(),
     ):
-        _check_solution(frontier, slo, brute_force(inst, slo, methods))
+        _check_solution(frontier, slo, brute_force(inst, slo, methods), methods)
 
 
 @pytest.mark.parametrize(("shape", "seed"), CASES[::3])
@@ -132,6 +143,26 @@ def test_idle_layer_and_determinism() -> None:
     assert first.evaluation.expert_cost[1].sum() == 0  # an idle layer's experts cost nothing
     for field in ("method", "beta", "memory", "replicas"):
         np.testing.assert_array_equal(getattr(first.choice, field), getattr(second.choice, field))
+
+
+def test_the_bounded_solve_equals_the_whole_curve_everywhere() -> None:
+    """solve_exact prunes by the SLO and a Lagrangian bound: at every breakpoint of the curve,
+    between breakpoints, below the fastest plan and with no SLO it returns the curve's optimum."""
+    inst = small_instance(7, layers=4, experts=8, memories=6, replicas=8, betas=(1, 4, 16, 64))
+    frontier = solve_frontier(inst)
+    latency = frontier.latency_s
+    slos = [None, latency[0] * (1 - 1e-6), *latency[::3], *((latency[1:] + latency[:-1]) / 2)]
+    for slo in slos:
+        whole, bounded = frontier.best(slo), solve_exact(inst, slo)
+        assert (whole is None) == (bounded is None)
+        if whole is not None:
+            assert bounded.cost == pytest.approx(whole.cost, rel=RTOL)
+            assert evaluate(inst, bounded.choice, slo).feasible
+    middle = float(latency[latency.size // 2])
+    part = solve_bounded(inst, middle)
+    assert part.cost_usd.size < frontier.cost_usd.size  # the bound prunes
+    assert part.min_latency() == pytest.approx(frontier.min_latency(), rel=1e-12)
+    assert part.best(middle).note.startswith("bounded curve of ")
 
 
 def test_larger_instance_is_consistent() -> None:
