@@ -6,10 +6,9 @@ from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-__all__ = ["REQUESTS_PREFIX", "OUTPUTS_PREFIX", "ServingBucket"]
+from ground.layout import INPUTS_PREFIX, OUTPUTS_PREFIX, REQUESTS_PREFIX
 
-REQUESTS_PREFIX = "requests/"
-OUTPUTS_PREFIX = "outputs/"
+__all__ = ["INPUTS_PREFIX", "OUTPUTS_PREFIX", "REQUESTS_PREFIX", "ServingBucket"]
 
 
 class ServingBucket(Construct):
@@ -33,6 +32,13 @@ class ServingBucket(Construct):
                     prefix=REQUESTS_PREFIX,
                     expiration=Duration.days(request_expiry_days),
                     abort_incomplete_multipart_upload_after=Duration.days(1),
-                )
+                ),
+                # Uploaded inputs are the callers': the workflow reads them and leaves them.
+                s3.LifecycleRule(
+                    id="ExpireRequestInputs",
+                    prefix=INPUTS_PREFIX,
+                    expiration=Duration.days(request_expiry_days),
+                    abort_incomplete_multipart_upload_after=Duration.days(1),
+                ),
             ],
         )

@@ -23,7 +23,7 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from cdk._bucket import OUTPUTS_PREFIX, REQUESTS_PREFIX
+from cdk._bucket import INPUTS_PREFIX, OUTPUTS_PREFIX, REQUESTS_PREFIX
 from ground.plan import Plan
 from ground.semantics import threads_for
 
@@ -110,6 +110,7 @@ class ServingFunctions(Construct):
             memory_mb=plan.nonmoe_memory_mb,
             timeout=stage_timeout,
             weights=[keys[("head", None, None)]],
+            inputs=True,
         )
         self.experts: list[list[lambda_.DockerImageFunction]] = []
         self.layers: list[lambda_.DockerImageFunction] = []
@@ -202,12 +203,13 @@ class ServingFunctions(Construct):
         requests: bool = True,
         delete: bool = False,
         outputs: bool = False,
+        inputs: bool = False,
         invokes: list[lambda_.IFunction] | None = None,
         reserved: int | None = None,
     ) -> lambda_.DockerImageFunction:
         prefix = self._options.weights_prefix
         statements = self._statements(
-            weights=weights, requests=requests, delete=delete, outputs=outputs
+            weights=weights, requests=requests, delete=delete, outputs=outputs, inputs=inputs
         )
         if invokes:
             arns = [fn.function_arn for fn in invokes]
@@ -256,9 +258,16 @@ class ServingFunctions(Construct):
         )
 
     def _statements(
-        self, *, weights: list[str] | None, requests: bool, delete: bool, outputs: bool
+        self,
+        *,
+        weights: list[str] | None,
+        requests: bool,
+        delete: bool,
+        outputs: bool,
+        inputs: bool,
     ) -> list[iam.PolicyStatement]:
-        """S3 access: own weights, request intermediates, outputs; listing only where needed."""
+        """S3 access: own weights, request intermediates, outputs, the callers' uploaded
+        inputs (the head only); listing only where needed."""
         prefix, bucket = self._options.weights_prefix, self._bucket
         statements = []
         listed = []  # prefixes this function may list
@@ -283,6 +292,14 @@ class ServingFunctions(Construct):
             # Listing lets a missing key read as 404 (a pipelined expert polls for minibatches)
             # and lets the tail and cleanup find the request's keys to delete.
             listed.append(f"{REQUESTS_PREFIX}*")
+        if inputs:  # listing makes a missing upload a 404 the head reports, not a 403
+            statements.append(
+                iam.PolicyStatement(
+                    actions=["s3:GetObject"],
+                    resources=[bucket.arn_for_objects(f"{INPUTS_PREFIX}*")],
+                )
+            )
+            listed.append(f"{INPUTS_PREFIX}*")
         if outputs:
             statements.append(
                 iam.PolicyStatement(

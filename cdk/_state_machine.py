@@ -109,11 +109,22 @@ class ServingStateMachine(Construct):
         cleanup.next(fail)
         self._cleanup = cleanup
 
+        # The workflow owns the request's keys: their id is the hash of this execution's ARN
+        # (unique for Express too, whose names may repeat). The caller's input is only data.
         head = self._task(
-            "Head", functions.head, {"request_id": "$.request_id", "input_key": "$.input_key"}
+            "Head",
+            functions.head,
+            {},
+            static={
+                "request_id": sfn.JsonPath.hash(sfn.JsonPath.execution_id, "SHA-256"),
+                "execution": sfn.JsonPath.execution_name,
+                "input": sfn.JsonPath.entire_payload,
+            },
         )
         self._previous: LayerPlan | None = None
-        self._catch(head)
+        # Nothing to clean up yet (the head's one write is its last step) and no request id in
+        # the state to clean up by: a failed head fails the execution with its cause.
+        head.add_catch(fail, errors=[sfn.Errors.ALL], result_path="$.error")
         chain = sfn.Chain.start(head)
         previous: dict[str, Any] | None = None
         for layer in plan.layers:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -25,6 +27,8 @@ __all__ = ["Config", "ConfigError", "Invoker", "LayerPlan", "current", "lambda_i
 
 Invoker = Callable[[str, dict[str, Any]], dict[str, Any]]
 _INVOKE_POOL = 64  # HTTP connections kept for a direct gate's concurrent invokes
+_LAMBDA_MAX_S = 900  # Lambda max_timeout_s (calibration.json, which handlers do not read)
+_THROTTLE_ATTEMPTS = 8  # throttled Invokes, backing off up to 20 s each
 
 _ENV: ContextVar[Mapping[str, str] | None] = ContextVar("moelambda_env", default=None)
 _INVOKER: ContextVar[Invoker | None] = ContextVar("moelambda_invoker", default=None)
@@ -42,8 +46,9 @@ def _lambda_client() -> Any:
     """One Lambda client per process, like `functions.common.s3_client` (boto3's default
     session is not thread-safe, and a direct gate invokes from many threads at once).
 
-    The read timeout is Lambda's longest run, so a slow expert is never invoked a second time
-    because the client gave up waiting; the pool holds a connection per concurrent invoke.
+    botocore never retries an Invoke here: a retried read timeout or dropped connection would
+    run the expert a second time. The read timeout outlasts Lambda's longest run, and
+    `lambda_invoker` retries only throttling, which Lambda reports before running anything.
     """
     with _LAMBDA_LOCK:
         if not _LAMBDA:
@@ -53,20 +58,40 @@ def _lambda_client() -> Any:
             _LAMBDA.append(
                 boto3.client(
                     "lambda",
-                    config=BotoConfig(read_timeout=900, max_pool_connections=_INVOKE_POOL),
+                    config=BotoConfig(
+                        read_timeout=_LAMBDA_MAX_S + 30,
+                        retries={"mode": "standard", "total_max_attempts": 1},
+                        max_pool_connections=_INVOKE_POOL,
+                    ),
                 )
             )
         return _LAMBDA[0]
 
 
 def lambda_invoker(function: str, payload: dict[str, Any]) -> dict[str, Any]:
-    """Invoke a Lambda function synchronously and return its decoded result, raising its error."""
-    response = _lambda_client().invoke(
-        FunctionName=function, InvocationType="RequestResponse", Payload=json.dumps(payload)
-    )
+    """Invoke a Lambda function synchronously and return its decoded result, raising its error.
+
+    Throttling (TooManyRequestsException: the function did not run) is retried with full
+    jitter; any other failure surfaces at once, so an expert never runs twice for one call.
+    """
+    from botocore.exceptions import ClientError
+
+    for attempt in range(_THROTTLE_ATTEMPTS):
+        try:
+            response = _lambda_client().invoke(
+                FunctionName=function,
+                InvocationType="RequestResponse",
+                Payload=json.dumps(payload),
+            )
+            break
+        except ClientError as err:
+            throttled = err.response.get("Error", {}).get("Code") == "TooManyRequestsException"
+            if not throttled or attempt == _THROTTLE_ATTEMPTS - 1:
+                raise
+            time.sleep(random.uniform(0, min(20.0, 0.1 * 2**attempt)))
     body = json.loads(response["Payload"].read() or b"null")
-    if response.get("FunctionError"):
-        raise RuntimeError(f"expert function {function} failed: {body}")
+    if "FunctionError" in response:
+        raise RuntimeError(f"{function} failed: {body}")
     return body
 
 

@@ -4,22 +4,53 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from functions import config, weights
 from functions.common import s3_client, use_lambda_threads
 from ground import layout
+from ground.errors import UsageError
 from pipeline import transports
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    """{"request_id", "input_key"} -> {"request_id", "hidden_key"}."""
+    """{"request_id", "execution", "input"} -> {"request_id", "hidden_key"}.
+
+    The state machine sets `request_id` (the hash of the execution's ARN) and `execution` (its
+    name); `input` is the caller's execution input. The token ids come inline as
+    `input["input_ids"]` (a list of equal-length lists of ints, within the workflow's input
+    limit), else from `inputs/<execution name>.bin`, never from a key the caller names.
+    """
     cfg = config.current()
     use_lambda_threads(cfg)
     request_id = layout.validate_request_id(event.get("request_id"))
     s3 = s3_client()
-    ids = transports.read_tensors(s3, cfg.bucket, event["input_key"])[0]
+    given = event.get("input") or {}
+    if "input_ids" in given:
+        ids = _inline_ids(given["input_ids"])
+    else:
+        key = layout.input_key(layout.validate_execution_name(event.get("execution")))
+        ids = transports.read_tensors(s3, cfg.bucket, key)[0]
     hidden = weights.head(s3, cfg.bucket, cfg.weights_prefix).run(torch.from_numpy(ids))
     key = layout.head_key(request_id)
     transports.write_tensors(s3, cfg.bucket, key, hidden.numpy())
     return {"request_id": request_id, "hidden_key": key}
+
+
+def _inline_ids(value: Any) -> np.ndarray:
+    """Token ids sent in the execution input, as an (N, T) int64 array."""
+    try:
+        ids = np.asarray(value, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError) as err:
+        raise UsageError(
+            f"input_ids is not a list of lists of token ids: {err}",
+            'send {"input_ids": [[101, 2023, ...], ...]} with windows of equal length.',
+        ) from err
+    if ids.ndim != 2 or ids.size == 0 or (ids < 0).any():
+        raise UsageError(
+            f"input_ids must be a non-empty 2-D list of non-negative token ids, not shape "
+            f"{ids.shape}",
+            'send {"input_ids": [[101, 2023, ...], ...]} with windows of equal length.',
+        )
+    return ids

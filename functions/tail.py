@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from botocore.exceptions import ClientError
 
 from functions import config, weights
 from functions.common import gather_previous, s3_client, use_lambda_threads
@@ -16,19 +17,39 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """{"request_id", "hidden_key", "previous", "expert_failures"?} -> {..., "output_key"}.
 
     The intermediates are deleted only after the output is written, so a failure before that
-    leaves them for the cleanup function and never loses the result.
+    leaves them for the cleanup function and never loses the result; a second delivery after
+    the delete returns the output it finds (at-least-once delivery changes nothing).
     """
     cfg = config.current()
     use_lambda_threads(cfg)
     request_id = layout.validate_request_id(event.get("request_id"))
     s3 = s3_client()
-    last = weights.loader(s3, cfg.bucket, cfg.weights_prefix).manifest.num_layers - 1
-    expert_sum = gather_previous(
-        cfg, request_id, event.get("previous"), last, event.get("expert_failures")
-    )
-    residual = torch.from_numpy(transports.read_tensors(s3, cfg.bucket, event["hidden_key"])[0])
-    output = weights.tail(s3, cfg.bucket, cfg.weights_prefix).run(residual, expert_sum)
     key = layout.output_key(request_id)
+    last = weights.loader(s3, cfg.bucket, cfg.weights_prefix).manifest.num_layers - 1
+    try:
+        expert_sum = gather_previous(
+            cfg, request_id, event.get("previous"), last, event.get("expert_failures")
+        )
+        hidden = transports.read_tensors(s3, cfg.bucket, event["hidden_key"])[0]
+    except transports.TransportError:
+        # A second delivery after the first deleted the intermediates: its output stands.
+        if _exists(s3, cfg.bucket, key):
+            return {"request_id": request_id, "output_key": key}
+        raise
+    output = weights.tail(s3, cfg.bucket, cfg.weights_prefix).run(
+        torch.from_numpy(hidden), expert_sum
+    )
     transports.write_tensors(s3, cfg.bucket, key, output.numpy().astype("float32"))
     transports.delete_request(s3, cfg.bucket, request_id)
     return {"request_id": request_id, "output_key": key}
+
+
+def _exists(s3: Any, bucket: str, key: str) -> bool:
+    """Whether `key` exists (only asked on the failure path: the plan bills no such request)."""
+    try:
+        s3.head_object(Bucket=bucket, Key=key)
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return False
+        raise
+    return True

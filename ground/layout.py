@@ -1,20 +1,29 @@
-"""The S3 key scheme of a request's intermediates and output.
+"""The S3 key scheme of a request's input, intermediates and output.
 
 Every key is derived from the request id, so the gate, the experts and the gatherer agree on
-where a shard lives without passing keys around, and concurrent requests never share a key.
-The id is validated before it is ever put into a key: it is chosen by the caller.
+where a shard lives without passing keys around. The workflow, not the caller, owns that id: it
+is the SHA-256 of the execution's ARN (`request_id_of`, computed by the state machine with
+States.Hash), unique per execution for Standard and Express alike, so two requests never share a
+key whatever the caller sends. The caller's only key is its input, `inputs/<execution name>.bin`,
+which the head derives from its own execution's name: a request cannot name another's data.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from ground.errors import UsageError
 
 __all__ = [
+    "INPUTS_PREFIX",
+    "OUTPUTS_PREFIX",
+    "REQUESTS_PREFIX",
     "done_key",
     "head_key",
     "input_key",
+    "request_id_of",
+    "validate_execution_name",
     "minibatch_prefix",
     "minibatch_key",
     "out_key",
@@ -29,7 +38,12 @@ __all__ = [
     "validate_request_id",
 ]
 
+REQUESTS_PREFIX = "requests/"  # a request's intermediates, deleted by the tail or cleanup
+INPUTS_PREFIX = "inputs/"  # callers' uploaded inputs, by execution name
+OUTPUTS_PREFIX = "outputs/"  # results, by request id
+
 _REQUEST_ID = re.compile(r"[A-Za-z0-9-]{1,64}")
+_EXECUTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,80}")  # what Step Functions accepts, minus unicode
 _OUT = re.compile(r"(\d{2})/(\d{2})(?:\.bin|/(\d{4})\.bin)")
 
 
@@ -43,12 +57,29 @@ def validate_request_id(request_id: object) -> str:
     return request_id
 
 
+def validate_execution_name(name: object) -> str:
+    """The execution name if it is 1-80 letters, digits, '-' or '_' (it names the input key)."""
+    if not isinstance(name, str) or not _EXECUTION_NAME.fullmatch(name):
+        raise UsageError(
+            f"invalid execution name {name!r}",
+            "start the execution with a name of 1 to 80 characters from A-Z, a-z, 0-9, '-' "
+            "and '_'.",
+        )
+    return name
+
+
+def request_id_of(execution_arn: str) -> str:
+    """The request id the workflow derives from an execution's ARN (States.Hash, SHA-256)."""
+    return hashlib.sha256(execution_arn.encode()).hexdigest()
+
+
 def request_prefix(request_id: str) -> str:
-    return f"requests/{validate_request_id(request_id)}/"
+    return f"{REQUESTS_PREFIX}{validate_request_id(request_id)}/"
 
 
-def input_key(request_id: str) -> str:
-    return request_prefix(request_id) + "input.bin"
+def input_key(execution_name: str) -> str:
+    """Where a caller uploads a request's token ids before starting the execution so named."""
+    return f"{INPUTS_PREFIX}{validate_execution_name(execution_name)}.bin"
 
 
 def head_key(request_id: str) -> str:
@@ -112,4 +143,4 @@ def parse_out_key(prefix: str, key: str) -> tuple[int, int, int | None]:
 
 
 def output_key(request_id: str) -> str:
-    return f"outputs/{validate_request_id(request_id)}.bin"
+    return f"{OUTPUTS_PREFIX}{validate_request_id(request_id)}.bin"

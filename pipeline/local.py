@@ -335,34 +335,34 @@ def run_workflow(
             s3.upload_file(str(path), bucket, key)
         arn = _deploy(resources, names, bucket, lambdas)
         sfn = boto3.client("stepfunctions", region_name=REGION)
-        rids = [uuid.uuid4().hex[:16] for _ in requests]
-        for rid, ids in zip(rids, requests, strict=True):
+        # The caller names its executions and uploads each input under that name; the
+        # workflow derives the request's keys from the execution's ARN, not from the caller.
+        names_ = [f"{run}-{i:04d}" for i in range(len(requests))]
+        for name, ids in zip(names_, requests, strict=True):
             s3.put_object(
-                Bucket=bucket, Key=layout.input_key(rid), Body=encode(ids.astype(np.int64))
+                Bucket=bucket, Key=layout.input_key(name), Body=encode(ids.astype(np.int64))
             )
         if metered:
             lambdas.warm()
         deadline = time.monotonic() + timeout_s
         with lambdas.metered(meter) if metered else contextlib.nullcontext():
             executions = [
-                sfn.start_execution(
-                    stateMachineArn=arn,
-                    name=rid,
-                    input=json.dumps({"request_id": rid, "input_key": layout.input_key(rid)}),
-                )["executionArn"]
-                for rid in rids
+                sfn.start_execution(stateMachineArn=arn, name=name, input="{}")["executionArn"]
+                for name in names_
             ]
             final = _wait(sfn, executions, deadline)
             lambdas.drain(max(deadline - time.monotonic(), 1.0))
         if metered:
             meter.add_transitions(sum(entered_states(sfn, e) for e in executions))
         results = []
-        for rid, info in zip(rids, final, strict=True):
+        for execution, info in zip(executions, final, strict=True):
+            rid = layout.request_id_of(execution)
             entry: dict[str, Any] = {"request_id": rid, "status": info["status"]}
             if "stopDate" in info:
                 entry["seconds"] = (info["stopDate"] - info["startDate"]).total_seconds()
             if info["status"] == "SUCCEEDED":
-                body = s3.get_object(Bucket=bucket, Key=layout.output_key(rid))["Body"].read()
+                key = json.loads(info["output"])["output_key"]
+                body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
                 entry["output"] = decode(body)[0]
             else:
                 entry["error"] = info.get("error")

@@ -282,8 +282,9 @@ def test_bucket_is_private_encrypted_tls_only_and_expires_requests(
                     "LifecycleConfiguration": {
                         "Rules": [
                             Match.object_like(
-                                {"Prefix": "requests/", "ExpirationInDays": 1, "Status": "Enabled"}
+                                {"Prefix": prefix, "ExpirationInDays": 1, "Status": "Enabled"}
                             )
+                            for prefix in ("requests/", "inputs/")
                         ]
                     },
                 }
@@ -486,7 +487,7 @@ def test_state_machine_chains_head_layers_tail_by_method(
     assert not any(s["Type"] == "Map" and "02" in n for n, s in states.items())
 
 
-def test_every_task_retries_and_every_stage_catches_into_cleanup(template: dict) -> None:
+def test_every_task_retries_and_every_later_stage_catches_into_cleanup(template: dict) -> None:
     states = _definition(template)["States"]
 
     def tasks(states: dict[str, Any]):  # type: ignore[no-untyped-def]
@@ -502,9 +503,15 @@ def test_every_task_retries_and_every_stage_catches_into_cleanup(template: dict)
         errors = {e for retry in task["Retry"] for e in retry["ErrorEquals"]}
         assert {"Lambda.TooManyRequestsException", "Lambda.ServiceException"} <= errors, name
         assert all(r["BackoffRate"] > 1 for r in task["Retry"]), name
-    for name in ("Head", "Layer00", "Layer00Experts", "Layer01Pipelined", "Layer02", "Tail"):
+    for name in ("Layer00", "Layer00Experts", "Layer01Pipelined", "Layer02", "Tail"):
         (catch,) = states[name]["Catch"]
         assert catch["ErrorEquals"] == ["States.ALL"] and catch["Next"] == "Cleanup", name
+    (catch,) = states["Head"]["Catch"]  # nothing written yet: no cleanup, the cause as is
+    assert catch["ErrorEquals"] == ["States.ALL"] and catch["Next"] == "Failed"
+    # The workflow, not the caller, names the request's keys.
+    head = states["Head"]["Parameters"]["Payload"]
+    assert head["request_id.$"] == "States.Hash($$.Execution.Id, 'SHA-256')"
+    assert head["execution.$"] == "$$.Execution.Name" and head["input.$"] == "$"
     assert states["Cleanup"]["Next"] == "Failed"
     assert states["Failed"] == {
         "Type": "Fail",
@@ -585,7 +592,10 @@ def test_least_privilege(synthesised: tuple[dict[str, Any], dict, Plan]) -> None
         expected_lists = set() if own is None else {"weights/config/*"}
         if not direct_expert:
             expected_lists.add("requests/*")
+        if name == "Head":  # only the head reads callers' uploads, and a missing one is a 404
+            expected_lists.add("inputs/*")
         assert lists == expected_lists, name
+        assert ("inputs/*" in reads) == (name == "Head"), name
         assert all(
             s["Resource"] == f"<{bucket}.Arn>" and "Condition" in s
             for s in statements

@@ -92,6 +92,9 @@ def call(
         return handler(event, None)
 
 
+_call = call  # run_request shadows `call` with its duplicating variant
+
+
 def _experts(dep: Deployment, index: int, items: list[dict[str, Any]]) -> list[Any]:
     return [
         (expert.handler, dep.expert_env_of(index, item["expert"]), item, None) for item in items
@@ -103,7 +106,7 @@ def _run_all(calls: list[tuple[Handler, dict[str, str], dict[str, Any], Any]]) -
     if not calls:
         return []
     with ThreadPoolExecutor(len(calls)) as pool:
-        futures = [pool.submit(call, *c) for c in calls]
+        futures = [pool.submit(_call, *c) for c in calls]
         return [f.result() for f in futures]
 
 
@@ -113,14 +116,31 @@ def run_request(
     request_id: str,
     ids: np.ndarray,
     expert_results: list[dict[str, Any]] | None = None,
+    *,
+    duplicate: bool = False,
 ) -> np.ndarray:
     """head -> per layer (layer, experts) -> tail; returns the decoded output.
 
     The results of the expert functions the state machine invoked go to `expert_results`.
+    `duplicate` delivers every invocation a second time once the first has returned, as
+    Lambda's at-least-once delivery may, and requires the same result from it.
     """
     log = [] if expert_results is None else expert_results
+
+    def call(*args: Any) -> Any:
+        first = _call(*args)
+        if duplicate:
+            assert _call(*args) == first, f"a second delivery of {args[0].__module__} differs"
+        return first
+
+    def run_all(calls: list[tuple[Handler, dict[str, str], dict[str, Any], Any]]) -> list[Any]:
+        results = _run_all(calls)
+        if duplicate:
+            assert [_call(*c) for c in calls] == results, "a second delivery differs"
+        return results
+
     s3.put_object(Bucket=dep.bucket, Key=layout.input_key(request_id), Body=encode(ids))
-    event = {"request_id": request_id, "input_key": layout.input_key(request_id)}
+    event = {"request_id": request_id, "execution": request_id, "input": {}}
     out = call(head.handler, dep.env(), event)
     previous = None
     for index, method in enumerate(dep.methods):
@@ -133,11 +153,11 @@ def run_request(
                 for e, count in enumerate(dep.replicas[index])
                 for r in range(count)
             ]
-            out, *results = _run_all([gate, *_experts(dep, index, static)])
+            out, *results = run_all([gate, *_experts(dep, index, static)])
         else:
             out = call(*gate)
             shards = [shard for entry in out["experts"] for shard in entry["shards"]]
-            results = _run_all(_experts(dep, index, shards))
+            results = run_all(_experts(dep, index, shards))
         log += results
         previous = {"layer": index, "method": method}
     event = {"request_id": request_id, "hidden_key": out["hidden_key"], "previous": previous}

@@ -59,7 +59,14 @@ def test_bad_magic_truncation_and_trailing_bytes_are_clear_errors() -> None:
 
 
 def test_keys_follow_the_contract() -> None:
-    assert layout.input_key("r-1") == "requests/r-1/input.bin"
+    assert layout.input_key("r_1") == "inputs/r_1.bin"
+    assert layout.request_id_of("arn:x") == layout.request_id_of("arn:x")
+    assert len(layout.request_id_of("arn:x")) == 64
+    assert layout.request_id_of("arn:x") != layout.request_id_of("arn:y")
+    assert layout.validate_request_id(layout.request_id_of("arn:x"))
+    for bad in ("../x", "", "a" * 81, "a/b", None):
+        with pytest.raises(UsageError, match="invalid execution name"):
+            layout.input_key(bad)  # type: ignore[arg-type]
     assert layout.head_key("r-1") == "requests/r-1/head.bin"
     assert layout.residual_key("r-1", 3) == "requests/r-1/03/residual.bin"
     assert layout.routing_key("r-1", 3) == "requests/r-1/03/routing.bin"

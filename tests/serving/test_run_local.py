@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from cdk.app import build_app
@@ -112,3 +113,21 @@ def test_text_and_a_corpus_batch_are_exclusive(extra: list[str], tmp_path: Path)
     )
     assert result.exit_code == 2
     assert "--text runs one window" in result.output
+
+
+def test_concurrent_requests_get_their_own_keys_and_their_own_outputs(
+    minilm: MoEModel, weights: Path, template: dict[str, Any]
+) -> None:
+    """Two different inputs at once through the template's workflow: the workflow gives each
+    execution its own request id (the hash of its ARN), whatever the caller sends, and each
+    gets its own input's output; nothing is left behind."""
+    texts = ["the first request", "a second, quite different request about rivers"]
+    inputs = [minilm.tokenizer([t], return_tensors="pt")["input_ids"].numpy() for t in texts]
+    runs = run_workflow(template, weights, inputs, timeout_s=120)["requests"]
+    assert [r["status"] for r in runs] == ["SUCCEEDED", "SUCCEEDED"]
+    assert runs[0]["request_id"] != runs[1]["request_id"]
+    for run, ids in zip(runs, inputs, strict=True):
+        reference = minilm.forward(torch.from_numpy(ids), reference=True).numpy()
+        assert run["output"].shape == reference.shape
+        assert float(np.abs(run["output"] - reference).max()) <= 1e-4
+        assert run["intermediates_left"] == 0

@@ -11,12 +11,13 @@ import torch
 
 from functions import expert
 from functions.layer import CapacityError
-from ground.errors import ModelError
+from ground.errors import ModelError, UsageError
 from ground.method import Method
 from ground.semantics import request_counts, runtime_replicas
 from moe import Manifest, MoEModel
 from pipeline import transports
 from pipeline.local import run_workflow
+from pipeline.tensorio import encode
 from tests.cdk.test_stack import make_plan, model_ref
 from tests.serving.conftest import BUCKET
 from tests.serving.driver import Deployment, call, clean, run_request
@@ -172,7 +173,7 @@ def test_gate_refuses_a_batch_over_its_reserved_replicas_before_scattering(
     dep.max_tokens = [[4] * manifest.experts] * manifest.num_layers
     with pytest.raises(CapacityError, match=r"layer 0 cannot take this batch \(s3\): expert 0: "):
         run_request(dep, s3, "over", wiki_windows[:1, :32])
-    assert _leftovers(s3) == ["requests/over/head.bin", "requests/over/input.bin"]
+    assert _leftovers(s3) == ["requests/over/head.bin"]
     clean(dep, "over")
 
 
@@ -237,3 +238,65 @@ def test_the_synthesised_workflow_does_what_the_planner_bills(
     }
     pipelined = sum(sum(replicas[e]) for e in range(layers) if methods[e] == "pipelined")
     assert polls >= 2 * pipelined  # each replica's last miss and its read of done.bin
+
+
+@pytest.mark.parametrize("method", ["s3", "pipelined", "direct"])
+def test_a_second_delivery_of_every_invocation_changes_nothing(
+    method: str,
+    minilm: MoEModel,
+    wiki_windows: np.ndarray,
+    exported: tuple[Path, Manifest],
+    s3: object,
+) -> None:
+    """Lambda delivers at least once: every handler, run again on the same event after the
+    first returned (the tail after it deleted the intermediates), returns the same result and
+    leaves the same output."""
+    _, manifest = exported
+    ids = wiki_windows[:1, :32]
+    dep = _deployment(manifest, [method] * manifest.num_layers)
+    output = run_request(dep, s3, f"twice-{method}", ids, duplicate=True)
+    assert float(np.abs(output - _reference(minilm, ids)).max()) <= TOL
+    assert _leftovers(s3) == []
+
+
+def test_the_head_reads_only_its_own_execution_s_input(
+    minilm: MoEModel, wiki_windows: np.ndarray, exported: tuple[Path, Manifest], s3: object
+) -> None:
+    """Inline ids and `inputs/<execution name>.bin` give the same hidden state; a name that
+    could reach another key is refused before anything is read; a caller's key is ignored."""
+    from functions import head
+    from ground import layout
+
+    _, manifest = exported
+    dep = _deployment(manifest, ["s3"] * manifest.num_layers)
+    ids = wiki_windows[:1, :16]
+    s3.put_object(  # type: ignore[attr-defined]
+        Bucket=BUCKET, Key=layout.input_key("mine"), Body=encode(ids)
+    )
+    s3.put_object(  # type: ignore[attr-defined]
+        Bucket=BUCKET, Key=layout.input_key("theirs"), Body=encode(ids[:, :8])
+    )
+    by_key = call(
+        head.handler,
+        dep.env(),
+        {"request_id": "a", "execution": "mine", "input": {"input_key": "inputs/theirs.bin"}},
+    )
+    inline = call(
+        head.handler,
+        dep.env(),
+        {"request_id": "b", "execution": "x", "input": {"input_ids": ids.tolist()}},
+    )
+    first = transports.read_tensors(s3, BUCKET, by_key["hidden_key"])[0]
+    second = transports.read_tensors(s3, BUCKET, inline["hidden_key"])[0]
+    assert first.shape[1] == 16 and np.array_equal(first, second)
+    for name in ("../theirs", "a/b", ""):
+        with pytest.raises(UsageError, match="invalid execution name"):
+            call(head.handler, dep.env(), {"request_id": "c", "execution": name, "input": {}})
+    with pytest.raises(UsageError, match="input_ids must be"):
+        call(
+            head.handler,
+            dep.env(),
+            {"request_id": "d", "execution": "x", "input": {"input_ids": [1, 2]}},
+        )
+    for rid in "ab":
+        clean(dep, rid)
