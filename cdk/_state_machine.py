@@ -29,9 +29,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import Aws, Duration
+from aws_cdk import Aws, Duration, RemovalPolicy
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
@@ -84,7 +85,8 @@ def _retry_json() -> dict[str, Any]:
 class ServingStateMachine(Construct):
     """The request workflow; `state_machine` is the Step Functions resource.
 
-    `timeout_s` defaults by workflow type (`workflow_timeout_s`).
+    `timeout_s` defaults by workflow type (`workflow_timeout_s`); the workflow logs its errors
+    to a log group kept `log_retention`; `tracing` turns on X-Ray.
     """
 
     def __init__(
@@ -95,6 +97,8 @@ class ServingStateMachine(Construct):
         plan: Plan,
         functions: ServingFunctions,
         timeout_s: int | None = None,
+        log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
+        tracing: bool = False,
     ) -> None:
         super().__init__(scope, id_)
         self._functions = functions
@@ -136,6 +140,9 @@ class ServingStateMachine(Construct):
         )
         self._catch(tail)
         chain = chain.next(tail)
+        self.log_group = logs.LogGroup(
+            self, "Logs", retention=log_retention, removal_policy=RemovalPolicy.DESTROY
+        )
         self.state_machine = sfn.StateMachine(
             self,
             "StateMachine",
@@ -146,6 +153,14 @@ class ServingStateMachine(Construct):
             ),
             definition_body=sfn.DefinitionBody.from_chainable(chain),
             timeout=Duration.seconds(workflow_timeout_s(plan, timeout_s)),
+            # Express keeps no execution history: its log group is the only record of a
+            # failure. Errors only, without the tensors' keys and sizes in execution data.
+            logs=sfn.LogOptions(
+                destination=self.log_group,
+                level=sfn.LogLevel.ERROR,
+                include_execution_data=False,
+            ),
+            tracing_enabled=tracing,
         )
         # The Maps invoke experts by the name in each shard: one statement keeps the role small.
         invoked = [
@@ -158,7 +173,7 @@ class ServingStateMachine(Construct):
             self.state_machine.add_to_role_policy(
                 iam.PolicyStatement(
                     actions=["lambda:InvokeFunction"],
-                    resources=invoked + [f"{arn}:*" for arn in invoked],
+                    resources=invoked,  # by unqualified name: no version or alias
                 )
             )
 

@@ -4,8 +4,9 @@
 `python -m cdk.app`, which reads the plan path from the context (`cdk synth -c plan=plan.json`,
 default out/plan.json) and other settings from the context too:
 `-c reserve_concurrency=false`, `-c expert_timeout_s=300`, `-c stack_name=MoeLambda`,
-`-c weights_prefix=weights/`. Warm functions cache their weights by key and never look again:
-deploy a new export under a new prefix (`-c weights_prefix=weights-v2/`), not over the old one.
+`-c weights_prefix=weights/`, `-c tracing=true` (X-Ray on functions and workflow). Warm
+functions cache their weights by key and never look again: deploy a new export under a new
+prefix (`-c weights_prefix=weights-v2/`), not over the old one.
 """
 
 from __future__ import annotations
@@ -48,12 +49,24 @@ def build_app(
     stack_name: str = DEFAULT_STACK,
     options: FunctionOptions | None = None,
 ) -> cx_api.CloudAssembly:
-    """Synthesise the plan's stack into the cloud assembly directory `outdir`."""
+    """Synthesise the plan's stack into the cloud assembly directory `outdir`.
+
+    Raises:
+        NagError: cdk-nag's AwsSolutions rules found an unacknowledged finding.
+    """
     import aws_cdk as cdk
+
+    from cdk.nag import REPORT, add_checks, nag_error
 
     app = cdk.App(outdir=str(outdir))
     add_stack(app, plan_path, stack_name=stack_name, options=options)
-    return app.synth()
+    add_checks(app)
+    try:
+        return app.synth()
+    except RuntimeError:
+        if (Path(outdir) / REPORT).exists():  # cdk-nag failed the stack: say what it found
+            raise nag_error(Path(outdir)) from None
+        raise
 
 
 def _flag(value: Any, default: bool) -> bool:
@@ -67,9 +80,11 @@ def main() -> None:
     import aws_cdk as cdk
 
     from cdk._functions import FunctionOptions
+    from cdk.nag import add_checks
     from ground.errors import MoelambdaError
 
     app = cdk.App()
+    add_checks(app)
     ctx = app.node.try_get_context
     defaults = FunctionOptions()
     options = FunctionOptions(
@@ -77,6 +92,7 @@ def main() -> None:
         expert_timeout_s=int(ctx("expert_timeout_s") or defaults.expert_timeout_s),
         stage_timeout_s=int(ctx("stage_timeout_s") or defaults.stage_timeout_s),
         weights_prefix=str(ctx("weights_prefix") or defaults.weights_prefix),
+        tracing=_flag(ctx("tracing"), False),
     )
     try:
         add_stack(

@@ -8,6 +8,7 @@ from constructs import Construct
 from cdk._bucket import ServingBucket
 from cdk._functions import FunctionOptions, ServingFunctions
 from cdk._state_machine import ServingStateMachine
+from cdk.nag import acknowledge, skip_checkov
 from ground.plan import Plan
 
 __all__ = ["MoeServingStack"]
@@ -54,7 +55,11 @@ class MoeServingStack(Stack):
             plan=plan,
             functions=self.functions,
             timeout_s=workflow_timeout_s,
+            log_retention=options.log_retention,
+            tracing=options.tracing,
         )
+        acknowledge(self, tracing=options.tracing)
+        skip_checkov(self)
         CfnOutput(self, "BucketName", value=self.bucket.bucket_name)
         CfnOutput(self, "StateMachineArn", value=self.workflow.state_machine.state_machine_arn)
         CfnOutput(self, "WeightsPrefix", value=options.weights_prefix)

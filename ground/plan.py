@@ -159,6 +159,29 @@ class Plan(_Strict):
             )
         return self
 
+    def reserved_concurrency(self) -> int:
+        """Concurrency the stack reserves: each expert function's `max_replicas`."""
+        return sum(e.max_replicas for layer in self.layers for e in layer.experts)
+
+    def check_concurrency_quota(self, quota: int) -> None:
+        """Refuse a stack whose reservations leave less than Lambda's unreserved minimum of the
+        account's concurrency `quota`: CloudFormation would fail midway through the deploy.
+
+        Raises:
+            PlanError: The reservations do not fit, naming the numbers and the ways out.
+        """
+        floor = int(self.calibration.get("lambda_unreserved_concurrency_min", 100))
+        reserved = self.reserved_concurrency()
+        if reserved + floor > quota:
+            raise PlanError(
+                f"the stack reserves {reserved:,} concurrent executions (every expert's "
+                f"max_replicas), and Lambda keeps {floor} unreserved: {reserved + floor:,} is "
+                f"over the account's concurrency quota of {quota:,}.",
+                "ask AWS for a higher quota and pass it as --concurrency-quota, synthesise with "
+                "--no-reserve-concurrency (experts then share the unreserved pool), or plan with "
+                "a lower max_replicas (G) in the calibration file.",
+            )
+
     def save(self, path: str | Path, *, force: bool = False) -> Path:
         path = Path(path)
         write_file_atomically(

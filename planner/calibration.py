@@ -135,6 +135,7 @@ class Calibration(BaseModel):
     s3_get_request_usd: PositiveFloat
     step_functions_transition_usd: PositiveFloat
     map_max_concurrency: PositiveInt
+    lambda_unreserved_concurrency_min: PositiveInt
     express_max_duration_s: PositiveFloat
     express_request_usd: PositiveFloat
     express_gb_second_usd: PositiveFloat

@@ -222,6 +222,14 @@ def plan(
             "paper's objective, the expert functions alone."
         ),
     ] = "full",
+    concurrency_quota: Annotated[
+        int,
+        typer.Option(
+            help="The account's Lambda concurrency quota: refuse a plan whose reserved "
+            "concurrency (every expert's max_replicas) would not leave Lambda's unreserved "
+            "minimum of it."
+        ),
+    ] = 1000,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -274,6 +282,7 @@ def plan(
         )
     seconds = time.perf_counter() - started
     document = make_plan(inst, solution, manifest, cal, slo_s=slo_s, counts_source=source)
+    document.check_concurrency_quota(concurrency_quota)
     document.save(out, force=force)
     summary: dict[str, Any] = {
         "plan": str(out),

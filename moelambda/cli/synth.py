@@ -72,6 +72,16 @@ def synth(
     expert_timeout: Annotated[int, typer.Option(help="Expert function timeout, seconds.")] = 300,
     stack_name: Annotated[str, typer.Option(help="CloudFormation stack name.")] = "MoeLambda",
     lint: Annotated[bool, typer.Option(help="Run cfn-lint on the template.")] = True,
+    tracing: Annotated[
+        bool, typer.Option(help="X-Ray active tracing on every function and the workflow.")
+    ] = False,
+    concurrency_quota: Annotated[
+        int,
+        typer.Option(
+            help="The account's Lambda concurrency quota: refuse a stack whose reserved "
+            "concurrency would not leave Lambda's unreserved minimum of it."
+        ),
+    ] = 1000,
     workflow: Annotated[
         str | None,
         typer.Option(
@@ -85,7 +95,9 @@ def synth(
     """Synthesise the serving stack of a plan (bucket, functions, state machine) with the CDK.
 
     Writes a cloud assembly that `cdk deploy --app DIR` deploys; needs no Docker (the image is
-    only staged), no AWS account and no CDK CLI. Exits 1 when cfn-lint reports errors.
+    only staged), no AWS account and no CDK CLI. cdk-nag's AwsSolutions rules run on the stack:
+    an unacknowledged finding exits 2 naming it (acknowledgements, each with its reason, are in
+    cdk/nag.py). Exits 1 when cfn-lint reports errors.
     """
     from ground.plan import Plan
 
@@ -100,13 +112,15 @@ def synth(
             f"the plan was priced for a {document.workflow} workflow, not {workflow}.",
             f"re-plan with `moelambda plan --workflow {workflow}`, then synthesise that plan.",
         )
+    if reserve_concurrency:
+        document.check_concurrency_quota(concurrency_quota)
     from cdk._functions import FunctionOptions
     from cdk.app import build_app
 
     if force:
         _clear(out)
     options = FunctionOptions(
-        reserve_concurrency=reserve_concurrency, expert_timeout_s=expert_timeout
+        reserve_concurrency=reserve_concurrency, expert_timeout_s=expert_timeout, tracing=tracing
     )
     with err.status("synthesising the stack"):
         assembly = build_app(plan, out, stack_name=stack_name, options=options)
@@ -127,6 +141,7 @@ def synth(
         "within_limits": sum(resources.values()) <= MAX_RESOURCES
         and len(template.get("Outputs", {})) <= MAX_OUTPUTS
         and template_path.stat().st_size <= MAX_TEMPLATE_BYTES,
+        "cdk_nag": {"pack": "AwsSolutions", "unacknowledged": 0},  # else build_app raised
         "cfn_lint": None,
     }
     if lint:
@@ -162,4 +177,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
         verdict = f"cfn-lint: no errors ({lint['warnings']} warnings: {rules})"
     else:
         verdict = f"cfn-lint: {lint['errors']} errors:\n  " + "\n  ".join(lint["error_messages"])
-    console.print(f"{verdict}\nWrote {summary['template']}", highlight=False)
+    console.print(
+        f"cdk-nag AwsSolutions: no unacknowledged findings (acknowledged ones: cdk/nag.py)\n"
+        f"{verdict}\nWrote {summary['template']}",
+        highlight=False,
+    )

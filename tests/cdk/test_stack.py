@@ -247,9 +247,12 @@ def test_synth_summary_and_cfn_lint(synthesised: tuple[dict[str, Any], dict, Pla
     assert summary["resources"] == len(template["Resources"])
     assert summary["within_limits"]
     # Two resources per function (role with its policy inline, function) plus bucket, bucket
-    # policy, state machine, its role and policy (and an overflow policy for long ARN lists):
-    # 12 layers x 16 experts stay under CloudFormation's 500 resources.
-    assert summary["resources"] <= 2 * summary["functions"] + 6
+    # policy, state machine, its role and policy (and an overflow policy for long ARN lists),
+    # a log group per layer's experts, one for the other functions, one for the workflow:
+    # 12 layers x 16 experts (207 functions) make 434, under CloudFormation's 500 resources.
+    layers = (summary["functions"] - 3) // (EXPERTS + 1)
+    assert summary["resource_types"]["AWS::Logs::LogGroup"] == layers + 2
+    assert summary["resources"] <= 2 * summary["functions"] + 6 + layers + 2
     assert summary["resource_types"]["AWS::IAM::Policy"] == 1  # the state machine's only
     lint = summary["cfn_lint"]
     assert lint["ok"] and lint["errors"] == 0, lint["error_messages"]
@@ -687,3 +690,63 @@ def test_state_machine_definition_passes_the_asl_schema(template: dict[str, Any]
     }
     matches = lint(json.dumps(alone), config=ManualArgs(regions=["us-east-1"]))
     assert not matches, [(m.rule.id, m.message, m.path) for m in matches]
+
+
+def test_logs_are_scoped_and_expire_and_tracing_is_opt_in(tmp_path: Path) -> None:
+    """Every function logs to a group the stack owns (30 days), with permission on that group
+    alone and no AWS managed policy; the workflow logs its errors; --tracing turns X-Ray on."""
+    _, template = _synth(tmp_path / "a", small_plan(("s3",)), "--no-lint")
+    groups = _resources(template, "AWS::Logs::LogGroup")
+    assert groups and all(g["Properties"]["RetentionInDays"] == 30 for g in groups.values())
+    for name, fn in _functions(template).items():
+        props = fn["Properties"]
+        group = props["LoggingConfig"]["LogGroup"]["Ref"]
+        assert group in groups, name
+        assert "TracingConfig" not in props, name
+        role = template["Resources"][props["Role"]["Fn::GetAtt"][0]]["Properties"]
+        assert "ManagedPolicyArns" not in role, name
+        logged = [
+            s
+            for p in role["Policies"]
+            for s in p["PolicyDocument"]["Statement"]
+            if any(str(a).startswith("logs:") for a in _listed(s["Action"]))
+        ]
+        assert len(logged) == 1 and group in json.dumps(logged[0]["Resource"]), name
+    (machine,) = _resources(template, "AWS::StepFunctions::StateMachine").values()
+    assert machine["Properties"]["LoggingConfiguration"]["Level"] == "ERROR"
+    assert machine["Properties"]["LoggingConfiguration"]["IncludeExecutionData"] is False
+    _, traced = _synth(tmp_path / "b", small_plan(("s3",)), "--no-lint", "--tracing")
+    assert all(
+        fn["Properties"]["TracingConfig"]["Mode"] == "Active" for fn in _functions(traced).values()
+    )
+    (machine,) = _resources(traced, "AWS::StepFunctions::StateMachine").values()
+    assert machine["Properties"]["TracingConfiguration"]["Enabled"] is True
+
+
+def test_cdk_nag_passes_the_stack_and_fails_a_new_wildcard(tmp_path: Path) -> None:
+    """AwsSolutions runs on every synth: the stack as built has no unacknowledged finding, and
+    one over-broad statement added to the head's role fails synthesis, named, because the
+    acknowledgements cover each accepted resource pattern, not the rule as a whole."""
+    import aws_cdk as cdk
+    from aws_cdk import aws_iam as iam
+
+    from cdk.app import add_stack, build_app
+    from cdk.nag import REPORT, NagError, add_checks, findings, nag_error
+
+    plan = small_plan(("s3", "pipelined", "direct")).save(tmp_path / "plan.json")
+    build_app(plan, tmp_path / "ok")
+    assert findings(tmp_path / "ok" / REPORT) == []
+    app = cdk.App(outdir=str(tmp_path / "bad"))
+    stack = add_stack(app, plan)
+    everything = stack.bucket.arn_for_objects("*")
+    stack.functions.head.role.add_to_principal_policy(
+        iam.PolicyStatement(actions=["s3:GetObject"], resources=[everything])
+    )
+    add_checks(app)
+    with pytest.raises(RuntimeError, match="ValidationFailed"):
+        app.synth()
+    found = findings(tmp_path / "bad" / REPORT)
+    assert found and all(rule.startswith("AwsSolutions-IAM5") for rule, _ in found)
+    assert all("/HeadRole/" in path for _, path in found)
+    error = nag_error(tmp_path / "bad")
+    assert isinstance(error, NagError) and "AwsSolutions-IAM5" in str(error)

@@ -204,3 +204,31 @@ def test_a_plan_replayed_on_its_own_counts_reproduces_its_times_and_cost(
     assert ev.latency == pytest.approx(plan.totals.latency_s, rel=1e-9)
     if method == "direct":  # the gate waits for the experts it invokes
         assert seconds["layer00"] > max(seconds[f"layer00/expert{e:02d}"] for e in range(4))
+
+
+def test_a_plan_over_the_concurrency_quota_is_refused_and_not_written(
+    counts: Path, tmp_path: Path
+) -> None:
+    """Reservations (every expert's max_replicas) plus Lambda's 100 unreserved must fit the
+    account's quota, at plan time and again at synth time; the message names the numbers."""
+    made = _plan(counts, tmp_path / "ok.json", "--json")
+    assert made.exit_code == 0, made.output
+    plan = Plan.load(tmp_path / "ok.json")
+    reserved = plan.reserved_concurrency()
+    assert reserved == sum(e.max_replicas for layer in plan.layers for e in layer.experts) > 0
+    fits = _plan(counts, tmp_path / "edge.json", "--concurrency-quota", str(reserved + 100))
+    assert fits.exit_code == 0, fits.output
+    out = tmp_path / "over.json"
+    over = _plan(counts, out, "--concurrency-quota", str(reserved + 99))
+    assert over.exit_code == 2 and not out.exists()
+    assert f"reserves {reserved:,} concurrent executions" in over.output
+    assert "--no-reserve-concurrency" in over.output
+    synth = runner.invoke(
+        app,
+        [
+            "synth", "--plan", str(tmp_path / "ok.json"), "--out", str(tmp_path / "cdk.out"),
+            "--concurrency-quota", str(reserved + 99), "--no-lint",
+        ],
+    )  # fmt: skip
+    assert synth.exit_code == 2 and "concurrency quota" in synth.output
+    assert not (tmp_path / "cdk.out").exists()

@@ -1,0 +1,175 @@
+"""The scanners' view of the serving stack: cdk-nag's AwsSolutions rules and checkov's
+checks, and each finding the design accepts, with its reason where it is accepted.
+
+`add_checks` registers the rule pack as a policy-validation plugin, so a finding fails
+synthesis (`ValidationFailed`, with `validation-report.json` in the cloud assembly) unless it
+is acknowledged here, on the narrowest construct it concerns, with the reason written beside
+it. tests/cdk checks the IAM statements these acknowledgements cover resource by resource, so
+a wildcard beyond the ones named here fails a test even though cdk-nag would not see it.
+
+checkov reads the synthesised template; `skip_checkov` writes its skips into each resource's
+Metadata (`checkov.skip`, each with a comment), and tests/cdk runs the pinned checkov on the
+template and requires zero failed checks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from aws_cdk import Acknowledgment, Validations
+
+from ground.errors import MoelambdaError
+from ground.layout import INPUTS_PREFIX, OUTPUTS_PREFIX, REQUESTS_PREFIX
+
+__all__ = [
+    "REPORT",
+    "NagError",
+    "acknowledge",
+    "add_checks",
+    "findings",
+    "nag_error",
+    "skip_checkov",
+]
+
+REPORT = "validation-report.json"  # where CDK writes the findings of a failed validation
+
+_KEY_PREFIXES = (REQUESTS_PREFIX, INPUTS_PREFIX, OUTPUTS_PREFIX)
+_ROLE_WILDCARDS = (
+    "Every wildcard is a key prefix the function's own handler needs and no narrower pattern "
+    "can name before run time: requests/* (the request id is the hash of each execution's "
+    "ARN), weights/config/* (the exported model config files), inputs/* and outputs/* (by "
+    "execution name and request id), <log group ARN>:* (the log streams Lambda creates), and "
+    "with --tracing '*' for xray:PutTraceSegments, which takes no narrower resource. "
+    "tests/cdk asserts each role's exact resources."
+)
+
+
+class NagError(MoelambdaError):
+    """cdk-nag found something in the stack that no acknowledgement covers."""
+
+
+def findings(report: Path) -> list[tuple[str, str]]:
+    """(rule, construct path) of every unacknowledged finding in a validation report."""
+    data = json.loads(report.read_text())
+    return [
+        (v["ruleName"], c["constructPath"])
+        for plugin in data.get("pluginReports", [])
+        for v in plugin.get("violations", [])
+        for c in v.get("violatingConstructs", [])
+    ]
+
+
+def nag_error(outdir: Path) -> NagError:
+    """The error for a synthesis that cdk-nag failed, naming the first findings."""
+    found = findings(outdir / REPORT)
+    shown = "; ".join(f"{rule} at {path}" for rule, path in found[:5])
+    more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+    return NagError(
+        f"cdk-nag's AwsSolutions rules found {len(found)} unacknowledged finding(s): "
+        f"{shown}{more} (full report: {outdir / REPORT}).",
+        "fix the construct, or acknowledge the finding in cdk/nag.py with the reason the "
+        "design accepts it.",
+    )
+
+
+def add_checks(app: Any) -> None:
+    """Run the AwsSolutions pack on everything in `app` when it is synthesised."""
+    from cdk_nag import AwsSolutionsChecks
+
+    Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+
+
+def acknowledge(stack: Any, *, tracing: bool) -> None:
+    """Acknowledge the findings the design accepts, each with its reason, on `stack`'s parts.
+
+    IAM5 findings are acknowledged one resource pattern at a time (cdk-nag names each
+    `AwsSolutions-IAM5[Resource::<LogicalId.Arn>/pattern]`), so a new wildcard still fails.
+    """
+    bucket = _logical_id(stack, stack.bucket)
+    prefixes = (*_KEY_PREFIXES, f"{stack.functions.weights_prefix}config/")
+    key_patterns = [f"<{bucket}.Arn>/{p}*" for p in prefixes]
+    streams = [f"<{_logical_id(stack, g)}.Arn>:*" for g in stack.functions.log_groups()]
+    xray = ["*"] if tracing else []  # xray:PutTraceSegments accepts no narrower resource
+    for fn in stack.functions.all():
+        _accept(fn.role, [_iam5(r) for r in key_patterns + streams + xray], _ROLE_WILDCARDS)
+    machine = stack.workflow.state_machine
+    tasks = [stack.functions.head, *stack.functions.layers, stack.functions.tail]
+    tasks.append(stack.functions.cleanup)
+    _accept(
+        machine.role,
+        [_iam5(f"<{_logical_id(stack, fn)}.Arn>:*") for fn in tasks] + [_iam5("*")],
+        "CDK's LambdaInvoke tasks grant <function ARN>:* (versions of the head, gates, tail and "
+        "cleanup), and log delivery and X-Ray need Resource '*' (CloudWatch Logs' "
+        "CreateLogDelivery family and xray:PutTraceSegments accept no narrower resource).",
+    )
+    _accept(
+        stack.bucket,
+        ["AwsSolutions-S1"],
+        "Server access logs would need a second bucket for short-lived request "
+        "intermediates; reads and writes are auditable with CloudTrail data events instead.",
+    )
+    _accept(
+        machine,
+        ["AwsSolutions-SF1"],
+        "The workflow logs ERROR events: logging ALL would bill every state of every "
+        "request and record request keys; errors are what an operator needs.",
+    )
+    if not tracing:
+        _accept(
+            machine,
+            ["AwsSolutions-SF2"],
+            "X-Ray is opt-in (moelambda synth --tracing, cdk -c tracing=true): traces "
+            "are billed per request.",
+        )
+
+
+_CHECKOV_FUNCTION = {
+    "CKV_AWS_116": "Invoked synchronously (the workflow's Tasks and Maps, a direct gate's "
+    "RequestResponse Invoke); a dead-letter queue applies only to asynchronous invocations.",
+    "CKV_AWS_117": "Reaches only S3 and Lambda through their public endpoints under IAM; a VPC "
+    "would add NAT or endpoints, cold-start latency and cost, and guard nothing private.",
+    "CKV_AWS_173": "The environment holds no secret (bucket name, weights prefix, layer plan, "
+    "thread count); Lambda encrypts it at rest with its service key.",
+    "CKV_AWS_115": "Experts reserve their max_replicas unless --no-reserve-concurrency; head, "
+    "gates, tail and cleanup run once per request, and a reservation would take quota from "
+    "the experts (throttling is retried by the workflow).",
+}
+_CHECKOV_LOGS = {
+    "CKV_AWS_158": "Error logs of the handlers and the workflow, with no tensors or execution "
+    "data; CloudWatch Logs encrypts them at rest, and a customer key would add a billed key.",
+}
+_CHECKOV_BUCKET = {
+    "CKV_AWS_18": "Server access logs would need a second bucket for short-lived request "
+    "intermediates; CloudTrail data events audit reads and writes instead.",
+    "CKV_AWS_21": "Intermediates live for one request and are deleted by it; versioning would "
+    "keep every deleted intermediate. Weights are exported under a new prefix, not replaced.",
+}
+
+
+def skip_checkov(stack: Any) -> None:
+    """Record, in each resource's Metadata, the checkov checks the design accepts and why."""
+    for fn in stack.functions.all():
+        _skip(fn, _CHECKOV_FUNCTION)
+    for group in [*stack.functions.log_groups(), stack.workflow.log_group]:
+        _skip(group, _CHECKOV_LOGS)
+    _skip(stack.bucket, _CHECKOV_BUCKET)
+
+
+def _skip(construct: Any, checks: dict[str, str]) -> None:
+    skips = [{"id": check, "comment": why} for check, why in checks.items()]
+    construct.node.default_child.add_metadata("checkov", {"skip": skips})
+
+
+def _iam5(resource: str) -> str:
+    return f"AwsSolutions-IAM5[Resource::{resource}]"
+
+
+def _logical_id(stack: Any, construct: Any) -> str:
+    """The CloudFormation logical ID of `construct`'s resource, as cdk-nag names it."""
+    return str(stack.resolve(stack.get_logical_id(construct.node.default_child)))
+
+
+def _accept(construct: Any, rules: list[str], reason: str) -> None:
+    Validations.of(construct).acknowledge(*(Acknowledgment(id=r, reason=reason) for r in rules))
