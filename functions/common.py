@@ -29,16 +29,19 @@ def s3_client() -> Any:
     """One S3 client per process: creating one costs ~50 ms, and clients are thread-safe
     (boto3's default session, which creates them, is not, hence the lock).
 
-    Adaptive retries back off on S3's 503 SlowDown and throttle the client's own rate; every
-    request a handler makes is a GET, PUT, LIST or DELETE of a fixed key, so a retry of one
-    that did land writes the same bytes again and changes nothing.
+    Standard retries back off (exponentially, with jitter) on S3's 503 SlowDown, up to 10
+    attempts; every request a handler makes is a GET, PUT, LIST or DELETE of a fixed key, so a
+    retry of one that did land writes the same bytes again and changes nothing. Not the
+    adaptive mode: its client-side rate limiter would slow every thread of the client for one
+    prefix's SlowDown, and a direct gate's or a pipelined expert's threads poll and write
+    different prefixes that S3 scales apart.
     """
     with _LOCK:
         if not _CLIENT:
             import boto3
             from botocore.config import Config as BotoConfig
 
-            retries = {"mode": "adaptive", "max_attempts": 10}
+            retries = {"mode": "standard", "max_attempts": 10}
             _CLIENT.append(
                 boto3.client("s3", config=BotoConfig(retries=retries, max_pool_connections=32))
             )

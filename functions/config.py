@@ -19,11 +19,22 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 from ground.errors import MoelambdaError
 from ground.method import METHODS
 from ground.semantics import POLL_S
 
-__all__ = ["Config", "ConfigError", "Invoker", "LayerPlan", "current", "lambda_invoker", "local"]
+__all__ = [
+    "Config",
+    "ConfigError",
+    "Invoker",
+    "LayerPlan",
+    "current",
+    "lambda_invoker",
+    "local",
+    "retry_throttled",
+]
 
 Invoker = Callable[[str, dict[str, Any]], dict[str, Any]]
 _INVOKE_POOL = 64  # HTTP connections kept for a direct gate's concurrent invokes
@@ -48,7 +59,7 @@ def _lambda_client() -> Any:
 
     botocore never retries an Invoke here: a retried read timeout or dropped connection would
     run the expert a second time. The read timeout outlasts Lambda's longest run, and
-    `lambda_invoker` retries only throttling, which Lambda reports before running anything.
+    `retry_throttled` retries only throttling, which Lambda reports before running anything.
     """
     with _LAMBDA_LOCK:
         if not _LAMBDA:
@@ -68,31 +79,40 @@ def _lambda_client() -> Any:
         return _LAMBDA[0]
 
 
-def lambda_invoker(function: str, payload: dict[str, Any]) -> dict[str, Any]:
-    """Invoke a Lambda function synchronously and return its decoded result, raising its error.
+def retry_throttled(invoke: Invoker) -> Invoker:
+    """`invoke`, retrying Lambda's throttling with full jitter, and nothing else.
 
-    Throttling (TooManyRequestsException: the function did not run) is retried with full
-    jitter; any other failure surfaces at once, so an expert never runs twice for one call.
+    TooManyRequestsException means the function did not run, so taking it again cannot run an
+    expert twice; any other failure (a function error, a timeout, a dropped connection) may
+    have run it, and surfaces at once.
     """
-    from botocore.exceptions import ClientError
 
-    for attempt in range(_THROTTLE_ATTEMPTS):
-        try:
-            response = _lambda_client().invoke(
-                FunctionName=function,
-                InvocationType="RequestResponse",
-                Payload=json.dumps(payload),
-            )
-            break
-        except ClientError as err:
-            throttled = err.response.get("Error", {}).get("Code") == "TooManyRequestsException"
-            if not throttled or attempt == _THROTTLE_ATTEMPTS - 1:
-                raise
-            time.sleep(random.uniform(0, min(20.0, 0.1 * 2**attempt)))
+    def call(function: str, payload: dict[str, Any]) -> dict[str, Any]:
+        for attempt in range(_THROTTLE_ATTEMPTS):
+            try:
+                return invoke(function, payload)
+            except ClientError as err:
+                code = err.response.get("Error", {}).get("Code")
+                if code != "TooManyRequestsException" or attempt == _THROTTLE_ATTEMPTS - 1:
+                    raise
+                time.sleep(random.uniform(0, min(20.0, 0.1 * 2**attempt)))
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    return call
+
+
+def _invoke_once(function: str, payload: dict[str, Any]) -> dict[str, Any]:
+    response = _lambda_client().invoke(
+        FunctionName=function, InvocationType="RequestResponse", Payload=json.dumps(payload)
+    )
     body = json.loads(response["Payload"].read() or b"null")
     if "FunctionError" in response:
         raise RuntimeError(f"{function} failed: {body}")
     return body
+
+
+lambda_invoker = retry_throttled(_invoke_once)
+"""Invoke a Lambda function synchronously and return its decoded result, raising its error."""
 
 
 _REDEPLOY = "synthesise and deploy the stack again from the plan (cdk deploy -c plan=...)."

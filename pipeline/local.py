@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ground import layout
+from pipeline.faults import ExpertCrash, Faults
 from pipeline.meter import Meter, entered_states
 from pipeline.tensorio import decode, encode
 
@@ -62,7 +63,8 @@ def concrete(value: Any, names: dict[str, str]) -> Any:
 class InProcessLambdas:
     """The one adapter between moto's Lambda and our handlers; records each call's wall time."""
 
-    def __init__(self) -> None:
+    def __init__(self, faults: Faults | None = None) -> None:
+        self.faults = faults or Faults()
         self.functions: dict[str, tuple[str, dict[str, str]]] = {}
         self.memory_mb: dict[str, int] = {}
         self.seconds: dict[str, list[float]] = defaultdict(list)
@@ -76,18 +78,26 @@ class InProcessLambdas:
         self.memory_mb[name] = memory_mb
 
     def call(self, name: str, event: dict[str, Any]) -> Any:
-        from functions.config import local
+        """Run function `name`'s handler on `event`, with any faults drawn for this call."""
+        from functions.config import local, retry_throttled
 
         handler_path, env = self.functions[name]
         module, _, attr = handler_path.rpartition(".")
         handler = getattr(importlib.import_module(module), attr)
+        invoker = retry_throttled(self._invoke_direct)
         with self._idle:
             self._running += 1
         started = time.perf_counter()
         response = None
         try:
-            with local(env, invoker=self.call):
+            with local(env, invoker=invoker):
                 response = handler(event, None)
+                if self.faults.draw("duplicate"):  # at-least-once: the same event once more
+                    again = handler(event, None)
+                    if again != response:
+                        raise RuntimeError(f"a second delivery of {name} returned another result")
+            if _role(handler_path) == "expert" and self.faults.draw("expert-crash"):
+                raise ExpertCrash(f"{name}: the expert's process died before it could return")
             return response
         finally:
             elapsed = time.perf_counter() - started
@@ -99,6 +109,12 @@ class InProcessLambdas:
             with self._idle:
                 self._running -= 1
                 self._idle.notify_all()
+
+    def _invoke_direct(self, name: str, event: dict[str, Any]) -> Any:
+        """A direct gate's synchronous Invoke: throttled as the Invoke API would be."""
+        if self.faults.draw("throttle"):
+            raise _throttled_client_error(name)
+        return self.call(name, event)
 
     def warm(self) -> None:
         """Load every function's stage into the process-wide weights cache, as warm containers.
@@ -150,6 +166,8 @@ class InProcessLambdas:
 
         def invoke(function: LambdaFunction, event: Any = None) -> tuple[str, bool, str]:
             payload = event if isinstance(event, dict) else json.loads(event or "{}")
+            if self.faults.draw("throttle"):  # refused before running: the caller retries
+                raise _moto_throttle(function.function_name)
             try:
                 return json.dumps(self.call(function.function_name, payload)), False, ""
             except Exception as error:  # the Lambda runtime reports any exception this way
@@ -160,10 +178,39 @@ class InProcessLambdas:
         original_invoke = LambdaFunction._invoke_lambda
         LambdaFunction._invoke_lambda = invoke  # type: ignore[method-assign,assignment]
         try:
-            with atomic_s3():
+            with atomic_s3(), self._s3_slowdowns():
                 yield
         finally:
             LambdaFunction._invoke_lambda = original_invoke  # type: ignore[method-assign]
+
+    @contextlib.contextmanager
+    def _s3_slowdowns(self) -> Iterator[None]:
+        """Answer the handlers' S3 requests with 503 SlowDown at the fault's rate, before they
+        are sent: botocore's retries in the handlers' client must carry them through."""
+        if self.faults.s3_slowdown <= 0:
+            yield
+            return
+        from botocore.awsrequest import AWSResponse
+
+        from functions.common import s3_client
+
+        body = b"<Error><Code>SlowDown</Code><Message>Reduce your request rate.</Message></Error>"
+
+        class _Raw:
+            def stream(self, **_: Any) -> Iterator[bytes]:
+                yield body
+
+        def slow_down(request: Any, **_: Any) -> AWSResponse | None:
+            if not self.faults.draw("s3-slowdown"):
+                return None
+            return AWSResponse(request.url, 503, {"Content-Type": "application/xml"}, _Raw())
+
+        events = s3_client().meta.events
+        events.register_first("before-send.s3", slow_down, unique_id="moelambda-slowdown")
+        try:
+            yield
+        finally:
+            events.unregister("before-send.s3", unique_id="moelambda-slowdown")
 
 
 _atomic_lock = threading.RLock()
@@ -205,6 +252,26 @@ def atomic_s3() -> Iterator[None]:
             if _atomic_depth == 0:
                 BotocoreStubber.process_request = _unpatched  # type: ignore[method-assign]
                 _unpatched = None
+
+
+def _moto_throttle(function: str) -> Exception:
+    """Lambda's 429 TooManyRequestsException, raised inside moto's Invoke API (moto turns its
+    JsonRESTError into the HTTP error the caller's client raises)."""
+    from moto.awslambda.exceptions import LambdaClientError
+
+    error = LambdaClientError("TooManyRequestsException", f"Rate exceeded for {function}")
+    error.code = 429
+    return error
+
+
+def _throttled_client_error(function: str) -> Exception:
+    """What boto3 raises for a throttled Invoke, for the direct gate's in-process invoker."""
+    from botocore.exceptions import ClientError
+
+    reply = {
+        "Error": {"Code": "TooManyRequestsException", "Message": f"Rate exceeded: {function}"}
+    }
+    return ClientError(reply, "Invoke")
 
 
 def _role(handler: str) -> str:
@@ -299,8 +366,12 @@ def run_workflow(
     *,
     timeout_s: float = 600.0,
     metered: bool = False,
+    faults: Faults | None = None,
 ) -> dict[str, Any]:
     """Deploy `template` onto moto, upload the weights, and run one execution per request.
+
+    `faults` injects throttling, S3 SlowDown, expert crashes and duplicate deliveries at its
+    rates (`pipeline.faults`); "faults" in the result counts what was injected.
 
     Returns per request its status, output array (or error and cause) and the intermediates
     left under its prefix; per function (by `function_label`) the wall time of every call.
@@ -324,7 +395,9 @@ def run_workflow(
             names[logical] = bucket
         elif res["Type"] == "AWS::Lambda::Function":
             names[logical] = f"fn-{run}-{logical}"[:64]
-    lambdas = InProcessLambdas()
+    if metered and faults is not None and faults.any:
+        raise ValueError("a metered run injects no faults: retries would be billed")
+    lambdas = InProcessLambdas(faults)
     meter = Meter(bucket)
     config = {"stepfunctions": {"execute_state_machine": True}}
     with mock_aws(config=config), lambdas.installed():
@@ -372,7 +445,12 @@ def run_workflow(
             results.append(entry)
     labels = {name: function_label(*spec) for name, spec in lambdas.functions.items()}
     seconds = {labels[name]: times for name, times in lambdas.seconds.items()}
-    out = {"requests": results, "seconds": seconds, "errors": lambdas.errors}
+    out = {
+        "requests": results,
+        "seconds": seconds,
+        "errors": lambdas.errors,
+        "faults": dict(lambdas.faults.injected),
+    }
     if metered:
         out["usage"] = meter.usage()
     return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
 from ground.manifest import Manifest
 from ground.plan import Plan, PlanError
@@ -20,6 +21,7 @@ from planner.costmodel import Choice, evaluate, price, usage
 from planner.instance import Instance, Method
 
 __all__ = [
+    "calibration_of",
     "choice_of",
     "function_seconds",
     "instance_of",
@@ -29,9 +31,26 @@ __all__ = [
 ]
 
 
+def calibration_of(plan: Plan) -> Calibration:
+    """The calibration `plan` was made with.
+
+    Raises:
+        PlanError: It lacks an entry this version needs (a plan made by an older moelambda).
+    """
+    try:
+        return Calibration.model_validate(plan.calibration)
+    except ValidationError as err:
+        missing = ", ".join(str(e["loc"][0]) for e in err.errors() if e["loc"])
+        raise PlanError(
+            f"the plan's calibration does not validate ({missing}): it was made by an older "
+            "moelambda.",
+            "make the plan again with `moelambda plan`.",
+        ) from None
+
+
 def instance_of(plan: Plan, manifest: Manifest, counts: np.ndarray, tokens: int) -> Instance:
     """The planning instance of `plan`'s model and calibration serving a batch of `counts`."""
-    calibration = Calibration.model_validate(plan.calibration)
+    calibration = calibration_of(plan)
     via_invoke = plan.direct_payload_bytes == calibration.invoke_payload_bytes
     payload = "invoke" if via_invoke else "step-functions"
     return instance_for(
@@ -120,7 +139,7 @@ def planned_usage(
 
 def price_usage(plan: Plan, used: dict[str, float], seconds: float) -> dict[str, float]:
     """USD by item of a metered usage at the plan's prices; `seconds` is the execution's."""
-    calibration = Calibration.model_validate(plan.calibration)
+    calibration = calibration_of(plan)
     zeros = np.zeros((1, 1))
     prices = Instance.build(
         zeros,

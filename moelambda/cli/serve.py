@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -46,6 +47,13 @@ def run_local(
     max_tokens: Annotated[
         int, typer.Option(help="With --text: truncate it to this many tokens.")
     ] = 128,
+    faults: Annotated[
+        str | None,
+        typer.Option(
+            help="Inject faults at these rates, seeded by --seed: e.g. 'throttle=0.1,"
+            "s3-slowdown=0.05,expert-crash=0.02,duplicate=0.05' (runs are then not metered)."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the plan's Step Functions workflow on moto, handlers in-process, and check the result.
@@ -58,6 +66,7 @@ def run_local(
     from cdk.app import build_app
     from ground.plan import Plan
     from moe import export_model
+    from pipeline.faults import Faults
     from pipeline.local import run_workflow
     from planner import function_seconds, instance_of, planned_usage, price_usage
     from planner.replay import runtime_choice
@@ -74,13 +83,14 @@ def run_local(
         )
     if text is not None and not text.strip():
         raise UsageError("--text is empty.", "pass some text, or leave --text out.")
+    injected = Faults.parse(faults, seed=seed)
     document = Plan.load(plan)
     ref = document.model
     model = load_with_status(ref.model, ref.experts, ref.top_k, ref.seed, True)
     ids = _batch(model.tokenizer, text, tokens or document.totals.tokens, corpus, seed, max_tokens)
     with err.status(f"running the monolithic model on {ids.size:,} tokens"):
         reference, counts = _reference(model, ids, ref.experts)
-    metered = requests == 1
+    metered = requests == 1 and not injected.any
     with tempfile.TemporaryDirectory(prefix="moelambda-local-") as tmp:
         root = Path(tmp)
         with err.status("exporting weights and synthesising the stack"):
@@ -92,7 +102,11 @@ def run_local(
         predicted = function_seconds(inst, runtime_choice(document, inst))
         planned = planned_usage(document, manifest, counts, int(ids.size))
         with err.status(f"running {requests} execution(s) on moto"):
-            result = run_workflow(template, root / "weights", [ids] * requests, metered=metered)
+            started = time.perf_counter()
+            result = run_workflow(
+                template, root / "weights", [ids] * requests, metered=metered, faults=injected
+            )
+            wall_s = time.perf_counter() - started
     runs = result["requests"]
     diffs = [float(abs(r["output"] - reference).max()) for r in runs if "output" in r]
     failed = [r for r in runs if r["status"] != "SUCCEEDED"]
@@ -106,9 +120,15 @@ def run_local(
             predicted, planned["latency_s"], result["seconds"], runs
         ),
         "requests": len(runs),
+        "succeeded": len(runs) - len(failed),
+        "failed": [
+            {"request": r["request_id"], "error": r.get("error"), "cause": r.get("cause")}
+            for r in failed
+        ],
+        "wall_s": round(wall_s, 3),
+        "faults_injected": result["faults"],
         "tokens": int(ids.size),
         "intermediates_left": sum(r.get("intermediates_left", 0) for r in runs),
-        "errors": [{"error": r.get("error"), "cause": r.get("cause")} for r in failed],
         "metered": None,
         "planned": None,
         "bill": None,
@@ -237,15 +257,19 @@ def _print_summary(summary: dict[str, Any]) -> None:
     request = compared["request"]
     diff = summary["max_abs_diff_vs_monolithic"]
     console.print(
-        f"{summary['status']}: {summary['requests']} request(s) of {summary['tokens']} tokens; "
+        f"{summary['status']}: {summary['succeeded']} of {summary['requests']} request(s) of "
+        f"{summary['tokens']} tokens succeeded in {summary['wall_s']} s; "
         f"max |output - monolithic| = {'-' if diff is None else f'{diff:.2g}'}; "
         f"intermediates left: {summary['intermediates_left']}; request latency predicted "
         f"{request['predicted_s']} s, measured {request['measured_s']} s."
     )
+    if summary["faults_injected"]:
+        injected = ", ".join(f"{k} x{v}" for k, v in sorted(summary["faults_injected"].items()))
+        console.print(f"Faults injected: {injected}.")
     if summary["metered"] is None:
-        console.print("Metering needs one execution: run with --requests 1.")
-    for error in summary["errors"]:
-        console.print(f"[red]{error['error']}[/red]: {error['cause']}")
+        console.print("Metering needs one execution and no faults: --requests 1, no --faults.")
+    for failure in summary["failed"]:
+        console.print(f"[red]{failure['error']}[/red]: {failure['cause']}")
 
 
 def _side_by_side(

@@ -1,16 +1,24 @@
-"""A moto S3 bucket holding the MiniLM export, shared by every serving test of the session."""
+"""A moto S3 bucket holding the MiniLM export, shared by every serving test of the session, and
+the mixed plan (every method twice) whose synthesised template several tests run."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 from moto import mock_aws
+from typer.testing import CliRunner
 
+from cdk.app import build_app
 from moe import Manifest, MoEModel, export_model
+from moelambda.cli import app
 from pipeline.local import atomic_s3
+from predictor import PredictedCounts
 
 BUCKET = "moelambda-test"
 _FAKE_AWS = {
@@ -56,3 +64,45 @@ def exported(
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         s3.upload_file(str(path), BUCKET, "weights/" + path.relative_to(root).as_posix())
     return root, manifest
+
+
+METHODS = ["s3", "pipelined", "direct"] * 2  # the mixed plan's layers
+
+
+@pytest.fixture(scope="module")
+def mixed_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A MiniLM plan whose six layers use each method twice, expert 0 with two replicas."""
+    tmp = tmp_path_factory.mktemp("plan")
+    shares = np.random.default_rng(0).dirichlet(np.ones(4), size=6)
+    counts = tmp / "counts.json"
+    PredictedCounts(
+        model="minilm",
+        experts=4,
+        top_k=2,
+        tokens=256,
+        method="test",
+        counts=(shares * 512).round(2).tolist(),
+    ).save(counts)
+    plan = tmp / "plan.json"
+    made = CliRunner().invoke(
+        app, ["plan", "--counts", str(counts), "--tokens", "256", "--out", str(plan)]
+    )
+    assert made.exit_code == 0, made.output
+    doc = json.loads(plan.read_text())
+    for layer, method in zip(doc["layers"], METHODS, strict=True):
+        layer["method"], layer["beta"] = method, 4 if method == "pipelined" else 1
+        layer["experts"][0]["replicas"] = 2
+    plan.write_text(json.dumps(doc))
+    return plan
+
+
+@pytest.fixture(scope="module")
+def template(mixed_plan: Path) -> dict[str, Any]:
+    return build_app(mixed_plan, mixed_plan.parent / "cdk.out").stacks[0].template
+
+
+@pytest.fixture(scope="module")
+def weights(minilm: MoEModel, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("weights") / "w"
+    export_model(minilm, root)
+    return root

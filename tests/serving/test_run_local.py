@@ -12,54 +12,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cdk.app import build_app
-from moe import MoEModel, export_model
+from moe import MoEModel
 from moelambda.cli import app
 from pipeline.local import run_workflow
-from predictor import PredictedCounts
+from tests.serving.conftest import METHODS
 
 runner = CliRunner()
-METHODS = ["s3", "pipelined", "direct"] * 2
 TEXT = "Serverless functions bill by the millisecond, so idle experts cost nothing."
-
-
-@pytest.fixture(scope="module")
-def mixed_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A MiniLM plan whose six layers use each method twice, expert 0 with two replicas."""
-    tmp = tmp_path_factory.mktemp("plan")
-    shares = np.random.default_rng(0).dirichlet(np.ones(4), size=6)
-    counts = tmp / "counts.json"
-    PredictedCounts(
-        model="minilm",
-        experts=4,
-        top_k=2,
-        tokens=256,
-        method="test",
-        counts=(shares * 512).round(2).tolist(),
-    ).save(counts)
-    plan = tmp / "plan.json"
-    made = runner.invoke(
-        app, ["plan", "--counts", str(counts), "--tokens", "256", "--out", str(plan)]
-    )
-    assert made.exit_code == 0, made.output
-    doc = json.loads(plan.read_text())
-    for layer, method in zip(doc["layers"], METHODS, strict=True):
-        layer["method"], layer["beta"] = method, 4 if method == "pipelined" else 1
-        layer["experts"][0]["replicas"] = 2
-    plan.write_text(json.dumps(doc))
-    return plan
-
-
-@pytest.fixture(scope="module")
-def template(mixed_plan: Path) -> dict[str, Any]:
-    return build_app(mixed_plan, mixed_plan.parent / "cdk.out").stacks[0].template
-
-
-@pytest.fixture(scope="module")
-def weights(minilm: MoEModel, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("weights") / "w"
-    export_model(minilm, root)
-    return root
 
 
 def test_every_method_through_the_synthesised_workflow(mixed_plan: Path) -> None:
@@ -72,7 +31,8 @@ def test_every_method_through_the_synthesised_workflow(mixed_plan: Path) -> None
     )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
-    assert summary["status"] == "SUCCEEDED" and summary["requests"] == 8
+    assert summary["status"] == "SUCCEEDED" and summary["requests"] == summary["succeeded"] == 8
+    assert summary["failed"] == [] and summary["wall_s"] > 0 and summary["faults_injected"] == {}
     assert summary["metered"] is summary["planned"] is summary["bill"] is None
     assert summary["max_abs_diff_vs_monolithic"] <= 1e-4
     assert summary["intermediates_left"] == 0
@@ -129,5 +89,37 @@ def test_concurrent_requests_get_their_own_keys_and_their_own_outputs(
     for run, ids in zip(runs, inputs, strict=True):
         reference = minilm.forward(torch.from_numpy(ids), reference=True).numpy()
         assert run["output"].shape == reference.shape
+        assert float(np.abs(run["output"] - reference).max()) <= 1e-4
+        assert run["intermediates_left"] == 0
+
+
+def test_run_local_with_faults_reports_every_request(mixed_plan: Path) -> None:
+    """--faults through the command: crashes fail their requests with the cause named (exit 1),
+    the rest succeed, nothing is left; a bad spec is refused before anything runs."""
+    args = ["run-local", "--plan", str(mixed_plan), "--text", TEXT, "--requests", "3", "--json"]
+    result = runner.invoke(app, [*args, "--faults", "expert-crash=0.3,duplicate=0.2"])
+    summary = json.loads(result.stdout)
+    assert result.exit_code == (1 if summary["failed"] else 0)
+    assert summary["succeeded"] + len(summary["failed"]) == 3
+    assert summary["faults_injected"].get("expert-crash", 0) >= len(summary["failed"]) > 0
+    assert all("process died" in f["cause"] for f in summary["failed"])
+    assert summary["intermediates_left"] == 0 and summary["metered"] is None
+    bad = runner.invoke(app, [*args, "--faults", "meteor=0.1"])
+    assert bad.exit_code == 2 and "not a fault=rate item" in bad.output
+
+
+def test_sixty_four_concurrent_requests_all_succeed_with_their_own_keys(
+    minilm: MoEModel, weights: Path, template: dict[str, Any]
+) -> None:
+    """Load: 64 short requests at once through every method, on this 2-core machine: all
+    correct, 64 distinct request ids, nothing left behind."""
+    words = TEXT.split()
+    texts = [" ".join(words[i % len(words) :] + words[: i % len(words)]) for i in range(64)]
+    inputs = [minilm.tokenizer([t], return_tensors="pt")["input_ids"].numpy() for t in texts]
+    runs = run_workflow(template, weights, inputs, timeout_s=600)["requests"]
+    assert [r["status"] for r in runs] == ["SUCCEEDED"] * 64
+    assert len({r["request_id"] for r in runs}) == 64
+    for run, ids in zip(runs, inputs, strict=True):
+        reference = minilm.forward(torch.from_numpy(ids), reference=True).numpy()
         assert float(np.abs(run["output"] - reference).max()) <= 1e-4
         assert run["intermediates_left"] == 0
