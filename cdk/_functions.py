@@ -3,7 +3,8 @@
 Roles (handler strings select them in the one image built from Dockerfile.expert):
 head, one gate function per layer, one function per expert of every layer, tail, cleanup.
 Every function reads only its own weights (plus `manifest.json` and `config/*`) and only the
-request intermediates; only the tail writes `outputs/`; only the tail and cleanup delete.
+keys of its own layer and expert (`ground.access`, which `run-local` enforces); only the tail
+writes `outputs/`; only the tail and cleanup delete.
 
 Memory, reserved concurrency and limits come from the Plan alone (head, gates and tail get its
 `nonmoe_memory_mb`; an expert reserves its `max_replicas`, the most replicas its gate may use);
@@ -13,6 +14,7 @@ every function runs torch on the vCPUs its memory buys (`ground.semantics.thread
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,11 +26,14 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from cdk._bucket import INPUTS_PREFIX, OUTPUTS_PREFIX, REQUESTS_PREFIX
+from ground import access
+from ground.access import Access
+from ground.errors import UsageError
 from ground.plan import Plan
 from ground.semantics import threads_for
 
 __all__ = [
+    "DEFAULT_BASE_IMAGE",
     "DEFAULT_WEIGHTS_PREFIX",
     "DOCKERFILE",
     "FunctionOptions",
@@ -39,10 +44,13 @@ __all__ = [
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = "Dockerfile.expert"
 DEFAULT_WEIGHTS_PREFIX = "weights/"
+DEFAULT_BASE_IMAGE = "public.ecr.aws/lambda/python:3.12"  # Dockerfile.expert's BASE_IMAGE
+_DIGEST = re.compile(r"[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}")
 # Only what Dockerfile.expert copies goes into the asset (the repo root has .venv, caches, out/).
 _ASSET_EXCLUDE = [
     "*",
     "!Dockerfile.expert",
+    "!requirements-image.txt",
     "!moelambda",
     "!moe",
     "!functions",
@@ -72,6 +80,8 @@ class FunctionOptions:
         weights_prefix: Key prefix of the exported weights. Defaults to "weights/".
         log_retention: How long each function's log group keeps its logs. Defaults to 30 days.
         tracing: X-Ray active tracing on every function (and the workflow). Defaults to off.
+        base_image: The image's base pinned by digest (`repository@sha256:<64 hex>`).
+            Defaults to None: Dockerfile.expert's tag, which moves as AWS patches it.
     """
 
     expert_timeout_s: int = 300
@@ -81,6 +91,15 @@ class FunctionOptions:
     weights_prefix: str = DEFAULT_WEIGHTS_PREFIX
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
     tracing: bool = False
+    base_image: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.base_image is not None and not _DIGEST.fullmatch(self.base_image):
+            raise UsageError(
+                f"base image '{self.base_image}' is not pinned by digest.",
+                "pass REPOSITORY@sha256:<64 hex digits>; `docker buildx imagetools inspect "
+                "public.ecr.aws/lambda/python:3.12` prints the current digest.",
+            )
 
 
 class ServingFunctions(Construct):
@@ -99,6 +118,7 @@ class ServingFunctions(Construct):
         self._plan, self._bucket, self._options = plan, bucket, options
         self._mb_per_vcpu = float(plan.calibration["mb_per_vcpu"])
         self._log_groups: dict[str, logs.LogGroup] = {}
+        self.access: dict[str, Access] = {}  # by construct id: what each function may touch
         self._architecture = (
             lambda_.Architecture.ARM_64 if plan.arch == "arm64" else lambda_.Architecture.X86_64
         )
@@ -115,8 +135,8 @@ class ServingFunctions(Construct):
             role="head",
             memory_mb=plan.nonmoe_memory_mb,
             timeout=stage_timeout,
+            access=access.head(),
             weights=[keys[("head", None, None)]],
-            inputs=True,
         )
         self.experts: list[list[lambda_.DockerImageFunction]] = []
         self.layers: list[lambda_.DockerImageFunction] = []
@@ -135,6 +155,7 @@ class ServingFunctions(Construct):
                     role="expert",
                     memory_mb=e.memory_mb,
                     timeout=Duration.seconds(options.expert_timeout_s),
+                    access=access.expert(layer.layer, e.expert, layer.method),
                     weights=[keys[("expert", layer.layer, e.expert)]],
                     environment={
                         "MOELAMBDA_LAYER": str(layer.layer),
@@ -143,8 +164,6 @@ class ServingFunctions(Construct):
                         "MOELAMBDA_BETA": str(layer.beta),
                         **payload_limit,
                     },
-                    # A direct expert gets its shard inline and returns its output inline.
-                    requests=layer.method != "direct",
                     reserved=e.max_replicas if options.reserve_concurrency else None,
                 )
                 experts.append(fn)
@@ -162,6 +181,7 @@ class ServingFunctions(Construct):
                 role="layer",
                 memory_mb=plan.nonmoe_memory_mb,
                 timeout=stage_timeout,
+                access=access.gate(layer.layer, layer.method),
                 weights=[keys[("layer", layer.layer, None)]],
                 environment={
                     "MOELAMBDA_LAYER": str(layer.layer),
@@ -178,18 +198,16 @@ class ServingFunctions(Construct):
             role="tail",
             memory_mb=plan.nonmoe_memory_mb,
             timeout=stage_timeout,
+            access=access.tail(plan.layers[-1].layer),
             weights=[keys[("tail", None, None)]],
-            delete=True,
-            outputs=True,
         )
         self.cleanup = self._function(
             "Cleanup",
             role="cleanup",
             memory_mb=options.cleanup_memory_mb,
             timeout=stage_timeout,
+            access=access.cleanup(),
             weights=None,
-            requests=False,
-            delete=True,
         )
 
     def all(self) -> list[lambda_.DockerImageFunction]:
@@ -204,19 +222,17 @@ class ServingFunctions(Construct):
         role: str,
         memory_mb: int,
         timeout: Duration,
+        access: Access,
         weights: list[str] | None,
         environment: dict[str, str] | None = None,
-        requests: bool = True,
-        delete: bool = False,
-        outputs: bool = False,
-        inputs: bool = False,
         invokes: list[lambda_.IFunction] | None = None,
         reserved: int | None = None,
     ) -> lambda_.DockerImageFunction:
         prefix = self._options.weights_prefix
-        statements = self._statements(
-            weights=weights, requests=requests, delete=delete, outputs=outputs, inputs=inputs
-        )
+        if weights is not None:
+            access = access.with_weights(prefix, weights)
+        self.access[id_] = access
+        statements = self._statements(access)
         if invokes:
             arns = [fn.function_arn for fn in invokes]
             statements.append(
@@ -253,6 +269,9 @@ class ServingFunctions(Construct):
                 str(REPO_ROOT),
                 file=DOCKERFILE,
                 cmd=[handler(role)],
+                build_args=(
+                    {"BASE_IMAGE": self._options.base_image} if self._options.base_image else None
+                ),
                 platform=self._platform,
                 exclude=_ASSET_EXCLUDE,
                 ignore_mode=IgnoreMode.DOCKER,
@@ -292,62 +311,24 @@ class ServingFunctions(Construct):
             )
         return self._log_groups[name]
 
-    def _statements(
-        self,
-        *,
-        weights: list[str] | None,
-        requests: bool,
-        delete: bool,
-        outputs: bool,
-        inputs: bool,
-    ) -> list[iam.PolicyStatement]:
-        """S3 access: own weights, request intermediates, outputs, the callers' uploaded
-        inputs (the head only); listing only where needed."""
-        prefix, bucket = self._options.weights_prefix, self._bucket
+    def _statements(self, access: Access) -> list[iam.PolicyStatement]:
+        """The S3 statements of `access`: one per action, listing only what it may read."""
+        bucket = self._bucket
         statements = []
-        listed = []  # prefixes this function may list
-        if weights is not None:
-            readable = [f"{prefix}manifest.json", f"{prefix}config/*"]
-            readable += [f"{prefix}{key}" for key in weights]
-            statements.append(
-                iam.PolicyStatement(
-                    actions=["s3:GetObject"],
-                    resources=[bucket.arn_for_objects(key) for key in readable],
-                )
-            )
-            listed.append(f"{prefix}config/*")  # the loader lists the config files
-        if requests or delete:
-            actions = ["s3:GetObject", "s3:PutObject"] if requests else []
-            actions += ["s3:DeleteObject"] if delete else []
-            statements.append(
-                iam.PolicyStatement(
-                    actions=actions, resources=[bucket.arn_for_objects(f"{REQUESTS_PREFIX}*")]
-                )
-            )
-            # Listing lets a missing key read as 404 (a pipelined expert polls for minibatches)
-            # and lets the tail and cleanup find the request's keys to delete.
-            listed.append(f"{REQUESTS_PREFIX}*")
-        if inputs:  # listing makes a missing upload a 404 the head reports, not a 403
-            statements.append(
-                iam.PolicyStatement(
-                    actions=["s3:GetObject"],
-                    resources=[bucket.arn_for_objects(f"{INPUTS_PREFIX}*")],
-                )
-            )
-            listed.append(f"{INPUTS_PREFIX}*")
-        if outputs:
-            statements.append(
-                iam.PolicyStatement(
-                    actions=["s3:PutObject"],
-                    resources=[bucket.arn_for_objects(f"{OUTPUTS_PREFIX}*")],
-                )
-            )
-        if listed:
+        for action, patterns in (
+            ("s3:GetObject", access.read),
+            ("s3:PutObject", access.write),
+            ("s3:DeleteObject", access.delete),
+        ):
+            if patterns:
+                resources = [bucket.arn_for_objects(p) for p in patterns]
+                statements.append(iam.PolicyStatement(actions=[action], resources=resources))
+        if access.listed:
             statements.append(
                 iam.PolicyStatement(
                     actions=["s3:ListBucket"],
                     resources=[bucket.bucket_arn],
-                    conditions={"StringLike": {"s3:prefix": listed}},
+                    conditions={"StringLike": {"s3:prefix": list(access.listed)}},
                 )
             )
         return statements

@@ -4,7 +4,8 @@
 `python -m cdk.app`, which reads the plan path from the context (`cdk synth -c plan=plan.json`,
 default out/plan.json) and other settings from the context too:
 `-c reserve_concurrency=false`, `-c expert_timeout_s=300`, `-c stack_name=MoeLambda`,
-`-c weights_prefix=weights/`, `-c tracing=true` (X-Ray on functions and workflow). Warm
+`-c weights_prefix=weights/`, `-c tracing=true` (X-Ray on functions and workflow),
+`-c base_image=public.ecr.aws/lambda/python:3.12@sha256:...` (the image's base by digest). Warm
 functions cache their weights by key and never look again: deploy a new export under a new
 prefix (`-c weights_prefix=weights-v2/`), not over the old one.
 """
@@ -87,21 +88,22 @@ def main() -> None:
     add_checks(app)
     ctx = app.node.try_get_context
     defaults = FunctionOptions()
-    options = FunctionOptions(
-        reserve_concurrency=_flag(ctx("reserve_concurrency"), True),
-        expert_timeout_s=int(ctx("expert_timeout_s") or defaults.expert_timeout_s),
-        stage_timeout_s=int(ctx("stage_timeout_s") or defaults.stage_timeout_s),
-        weights_prefix=str(ctx("weights_prefix") or defaults.weights_prefix),
-        tracing=_flag(ctx("tracing"), False),
-    )
     try:
+        options = FunctionOptions(
+            reserve_concurrency=_flag(ctx("reserve_concurrency"), True),
+            expert_timeout_s=int(ctx("expert_timeout_s") or defaults.expert_timeout_s),
+            stage_timeout_s=int(ctx("stage_timeout_s") or defaults.stage_timeout_s),
+            weights_prefix=str(ctx("weights_prefix") or defaults.weights_prefix),
+            tracing=_flag(ctx("tracing"), False),
+            base_image=ctx("base_image") or None,
+        )
         add_stack(
             app,
             ctx("plan") or DEFAULT_PLAN,
             stack_name=ctx("stack_name") or DEFAULT_STACK,
             options=options,
         )
-    except MoelambdaError as error:  # a bad plan: the message, not a traceback
+    except MoelambdaError as error:  # a bad plan or option: the message, not a traceback
         print(
             f"error: {error.problem}\nTo fix: {error.fix} (cdk synth -c plan=FILE)",
             file=sys.stderr,

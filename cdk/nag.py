@@ -21,7 +21,6 @@ from typing import Any
 from aws_cdk import Acknowledgment, Validations
 
 from ground.errors import MoelambdaError
-from ground.layout import INPUTS_PREFIX, OUTPUTS_PREFIX, REQUESTS_PREFIX
 
 __all__ = [
     "REPORT",
@@ -35,14 +34,15 @@ __all__ = [
 
 REPORT = "validation-report.json"  # where CDK writes the findings of a failed validation
 
-_KEY_PREFIXES = (REQUESTS_PREFIX, INPUTS_PREFIX, OUTPUTS_PREFIX)
 _ROLE_WILDCARDS = (
-    "Every wildcard is a key prefix the function's own handler needs and no narrower pattern "
-    "can name before run time: requests/* (the request id is the hash of each execution's "
-    "ARN), weights/config/* (the exported model config files), inputs/* and outputs/* (by "
-    "execution name and request id), <log group ARN>:* (the log streams Lambda creates), and "
-    "with --tracing '*' for xray:PutTraceSegments, which takes no narrower resource. "
-    "tests/cdk asserts each role's exact resources."
+    "Every wildcard is a key pattern of the function's own role (ground.access) that no "
+    "narrower pattern can name before run time: the request id in requests/*/<layer>/... is "
+    "the hash of each execution's ARN, the shards, minibatches and outputs under a layer's "
+    "and expert's prefix are numbered per batch, weights/config/* holds the exported model "
+    "config files, inputs/* and outputs/* are by execution name and request id; <log group "
+    "ARN>:* are the log streams Lambda creates, and with --tracing '*' is for "
+    "xray:PutTraceSegments, which takes no narrower resource. run-local enforces these "
+    "policies on every request, and tests/cdk asserts each role's exact resources."
 )
 
 
@@ -88,12 +88,13 @@ def acknowledge(stack: Any, *, tracing: bool) -> None:
     `AwsSolutions-IAM5[Resource::<LogicalId.Arn>/pattern]`), so a new wildcard still fails.
     """
     bucket = _logical_id(stack, stack.bucket)
-    prefixes = (*_KEY_PREFIXES, f"{stack.functions.weights_prefix}config/")
-    key_patterns = [f"<{bucket}.Arn>/{p}*" for p in prefixes]
     streams = [f"<{_logical_id(stack, g)}.Arn>:*" for g in stack.functions.log_groups()]
     xray = ["*"] if tracing else []  # xray:PutTraceSegments accepts no narrower resource
     for fn in stack.functions.all():
-        _accept(fn.role, [_iam5(r) for r in key_patterns + streams + xray], _ROLE_WILDCARDS)
+        access = stack.functions.access[fn.node.id]
+        patterns = {*access.read, *access.write, *access.delete}
+        keys = [f"<{bucket}.Arn>/{p}" for p in sorted(patterns) if "*" in p]
+        _accept(fn.role, [_iam5(r) for r in keys + streams + xray], _ROLE_WILDCARDS)
     machine = stack.workflow.state_machine
     tasks = [stack.functions.head, *stack.functions.layers, stack.functions.tail]
     tasks.append(stack.functions.cleanup)

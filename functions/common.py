@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from functions import weights
+from functions import config, weights
 from functions.config import Config, ConfigError
 from pipeline import transports
 
@@ -21,13 +21,15 @@ class ExpertFailed(RuntimeError):
 
 
 _LOCK = threading.Lock()
-_CLIENT: list[Any] = []
+_CLIENTS: dict[str | None, Any] = {}
 _THREADS_SET: list[int] = []
 
 
 def s3_client() -> Any:
     """One S3 client per process: creating one costs ~50 ms, and clients are thread-safe
-    (boto3's default session, which creates them, is not, hence the lock).
+    (boto3's default session, which creates them, is not, hence the lock). The local runner,
+    which runs every function in one process, gives each function its own identity
+    (`Config.local_identity`) and so its own client, as each Lambda function has its role's.
 
     Standard retries back off (exponentially, with jitter) on S3's 503 SlowDown, up to 10
     attempts; every request a handler makes is a GET, PUT, LIST or DELETE of a fixed key, so a
@@ -36,16 +38,24 @@ def s3_client() -> Any:
     prefix's SlowDown, and a direct gate's or a pipelined expert's threads poll and write
     different prefixes that S3 scales apart.
     """
+    identity = config.current().local_identity
     with _LOCK:
-        if not _CLIENT:
+        if identity not in _CLIENTS:
             import boto3
             from botocore.config import Config as BotoConfig
 
             retries = {"mode": "standard", "max_attempts": 10}
-            _CLIENT.append(
-                boto3.client("s3", config=BotoConfig(retries=retries, max_pool_connections=32))
+            credentials = (
+                {}
+                if identity is None
+                else {"aws_access_key_id": identity, "aws_secret_access_key": "local"}
             )
-        return _CLIENT[0]
+            _CLIENTS[identity] = boto3.client(
+                "s3",
+                config=BotoConfig(retries=retries, max_pool_connections=32),
+                **credentials,
+            )
+        return _CLIENTS[identity]
 
 
 def use_lambda_threads(cfg: Config) -> None:

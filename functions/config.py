@@ -237,6 +237,12 @@ class Config:
         """How long a pipelined expert waits for a minibatch before failing the request."""
         return float(self._env.get("MOELAMBDA_PIPELINE_TIMEOUT_S") or 60.0)
 
+    @property
+    def local_identity(self) -> str | None:
+        """The access key id the local runner gives this function (None on Lambda, where
+        the function's role's credentials come from the runtime)."""
+        return self._env.get("MOELAMBDA_LOCAL_IDENTITY") or None
+
     def invoke(self, function: str, payload: dict[str, Any]) -> dict[str, Any]:
         return self._invoker(function, payload)
 

@@ -49,7 +49,7 @@ def _exists(s3: Any, bucket: str, key: str) -> bool:
     try:
         s3.head_object(Bucket=bucket, Key=key)
     except ClientError as err:
-        if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+        if transports.is_missing(s3, bucket, key, err):
             return False
         raise
     return True

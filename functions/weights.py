@@ -25,7 +25,7 @@ from ground.errors import ModelError
 from ground.manifest import HEAD_KEY, TAIL_KEY, expert_key, layer_key
 from moe import StageLoader
 from moe._stages import ExpertStage, HeadStage, LayerStage, TailStage
-from pipeline.transports import list_keys
+from pipeline.transports import is_missing, list_keys
 
 __all__ = ["expert", "head", "layer", "loader", "tail"]
 
@@ -34,7 +34,6 @@ _LOCK = threading.RLock()  # one build at a time: the local runner runs handlers
 _LOADERS: dict[tuple[str, str], StageLoader] = {}
 _STAGES: dict[tuple[str, str], Any] = {}
 _ROOT: list[Path] = []  # the per-process cache directory, created on first use
-_MISSING = ("404", "NoSuchKey", "NotFound")
 
 
 def _cache_dir() -> Path:
@@ -50,7 +49,7 @@ def _download(s3: Any, bucket: str, key: str, path: Path) -> None:
     try:
         s3.download_file(bucket, key, str(partial))
     except ClientError as err:
-        if err.response.get("Error", {}).get("Code") not in _MISSING:
+        if not is_missing(s3, bucket, key, err):
             raise
         raise ModelError(
             f"the weights object s3://{bucket}/{key} is missing.",

@@ -4,7 +4,9 @@ The state machine definition and every function's environment come from the Clou
 template the CDK app synthesises for the plan, so what runs here is what `cdk deploy` would
 deploy. moto's Step Functions interpreter executes the definition; its Lambda invoke would start a
 Docker container, so `InProcessLambdas` replaces that one method with a call of the function's
-handler in this process, under that function's own environment (`functions.config.local`).
+handler in this process, under that function's own environment (`functions.config.local`)
+and its own identity, whose IAM policy from the template every S3 request and direct Invoke
+is checked against (`pipeline.iam`).
 
 A metered run (`pipeline.meter`) first warms every function, as the plan prices steady state,
 then counts what AWS would bill for the executions alone.
@@ -30,6 +32,7 @@ import numpy as np
 
 from ground import layout
 from pipeline.faults import ExpertCrash, Faults
+from pipeline.iam import Policies, s3_request
 from pipeline.meter import Meter, entered_states
 from pipeline.tensorio import decode, encode
 
@@ -70,6 +73,8 @@ class InProcessLambdas:
         self.seconds: dict[str, list[float]] = defaultdict(list)
         self.errors: list[tuple[str, dict[str, str]]] = []
         self.meter: Meter | None = None  # set while a metered execution runs
+        self.policies: Policies | None = None  # enforced when set (`run_workflow` sets them)
+        self.bucket = ""  # the bucket whose keys the policies name
         self._running = 0
         self._idle = threading.Condition()
 
@@ -84,7 +89,9 @@ class InProcessLambdas:
         handler_path, env = self.functions[name]
         module, _, attr = handler_path.rpartition(".")
         handler = getattr(importlib.import_module(module), attr)
-        invoker = retry_throttled(self._invoke_direct)
+        invoker = retry_throttled(
+            lambda target, payload: self._invoke_direct(target, payload, caller=name)
+        )
         with self._idle:
             self._running += 1
         started = time.perf_counter()
@@ -110,10 +117,17 @@ class InProcessLambdas:
                 self._running -= 1
                 self._idle.notify_all()
 
-    def _invoke_direct(self, name: str, event: dict[str, Any]) -> Any:
-        """A direct gate's synchronous Invoke: throttled as the Invoke API would be."""
+    def _invoke_direct(self, name: str, event: dict[str, Any], *, caller: str) -> Any:
+        """A direct gate's synchronous Invoke: authorised by the caller's policy, throttled
+        as the Invoke API would be."""
+        arn = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}"
+        policies = self.policies
+        if policies is not None and not policies.allows(caller, "lambda:InvokeFunction", arn):
+            raise _client_error(
+                "AccessDeniedException", f"{caller} is not authorized to invoke {arn}"
+            )
         if self.faults.draw("throttle"):
-            raise _throttled_client_error(name)
+            raise _client_error("TooManyRequestsException", f"Rate exceeded: {name}")
         return self.call(name, event)
 
     def warm(self) -> None:
@@ -178,39 +192,41 @@ class InProcessLambdas:
         original_invoke = LambdaFunction._invoke_lambda
         LambdaFunction._invoke_lambda = invoke  # type: ignore[method-assign,assignment]
         try:
-            with atomic_s3(), self._s3_slowdowns():
+            with atomic_s3(), self._s3_answers():
                 yield
         finally:
             LambdaFunction._invoke_lambda = original_invoke  # type: ignore[method-assign]
 
     @contextlib.contextmanager
-    def _s3_slowdowns(self) -> Iterator[None]:
-        """Answer the handlers' S3 requests with 503 SlowDown at the fault's rate, before they
-        are sent: botocore's retries in the handlers' client must carry them through."""
-        if self.faults.s3_slowdown <= 0:
-            yield
-            return
-        from botocore.awsrequest import AWSResponse
+    def _s3_answers(self) -> Iterator[None]:
+        """Answer the functions' S3 requests before moto does where AWS would: 403
+        AccessDenied where the function's policy denies the request, 503 SlowDown at the
+        fault's rate (botocore's retries in the handlers' clients must carry them through).
 
-        from functions.common import s3_client
+        Wraps moto's `BotocoreStubber.__call__`, which every client's before-send reaches; a
+        meter wrapping it later sees these answers too.
+        """
+        from moto.core.botocore_stubber import BotocoreStubber
 
-        body = b"<Error><Code>SlowDown</Code><Message>Reduce your request rate.</Message></Error>"
+        original = BotocoreStubber.__call__
 
-        class _Raw:
-            def stream(self, **_: Any) -> Iterator[bytes]:
-                yield body
+        def answer(stubber: BotocoreStubber, event_name: str, request: Any, **kwargs: Any) -> Any:
+            _, service, operation = event_name.split(".", 2)
+            if service == "s3":
+                policies = self.policies
+                if policies is not None and not s3_request(
+                    policies, operation, request, self.bucket
+                ):
+                    return _s3_error(request, 403, "AccessDenied", "Access Denied")
+                if self.faults.draw("s3-slowdown"):
+                    return _s3_error(request, 503, "SlowDown", "Reduce your request rate.")
+            return original(stubber, event_name, request, **kwargs)
 
-        def slow_down(request: Any, **_: Any) -> AWSResponse | None:
-            if not self.faults.draw("s3-slowdown"):
-                return None
-            return AWSResponse(request.url, 503, {"Content-Type": "application/xml"}, _Raw())
-
-        events = s3_client().meta.events
-        events.register_first("before-send.s3", slow_down, unique_id="moelambda-slowdown")
+        BotocoreStubber.__call__ = answer  # type: ignore[method-assign]
         try:
             yield
         finally:
-            events.unregister("before-send.s3", unique_id="moelambda-slowdown")
+            BotocoreStubber.__call__ = original  # type: ignore[method-assign]
 
 
 _atomic_lock = threading.RLock()
@@ -254,6 +270,19 @@ def atomic_s3() -> Iterator[None]:
                 _unpatched = None
 
 
+def _s3_error(request: Any, status: int, code: str, message: str) -> Any:
+    """S3's error answer to `request`, as botocore parses it."""
+    from botocore.awsrequest import AWSResponse
+
+    body = f"<Error><Code>{code}</Code><Message>{message}</Message></Error>".encode()
+
+    class _Raw:
+        def stream(self, **_: Any) -> Iterator[bytes]:
+            yield body
+
+    return AWSResponse(request.url, status, {"Content-Type": "application/xml"}, _Raw())
+
+
 def _moto_throttle(function: str) -> Exception:
     """Lambda's 429 TooManyRequestsException, raised inside moto's Invoke API (moto turns its
     JsonRESTError into the HTTP error the caller's client raises)."""
@@ -264,14 +293,11 @@ def _moto_throttle(function: str) -> Exception:
     return error
 
 
-def _throttled_client_error(function: str) -> Exception:
-    """What boto3 raises for a throttled Invoke, for the direct gate's in-process invoker."""
+def _client_error(code: str, message: str) -> Exception:
+    """What boto3 raises for a refused Invoke, for the direct gate's in-process invoker."""
     from botocore.exceptions import ClientError
 
-    reply = {
-        "Error": {"Code": "TooManyRequestsException", "Message": f"Rate exceeded: {function}"}
-    }
-    return ClientError(reply, "Invoke")
+    return ClientError({"Error": {"Code": code, "Message": message}}, "Invoke")
 
 
 def _role(handler: str) -> str:
@@ -300,7 +326,8 @@ def placeholder_zip() -> bytes:
 def _deploy(
     resources: dict[str, Any], names: dict[str, str], bucket: str, lambdas: InProcessLambdas
 ) -> str:
-    """Create the template's functions (registered with `lambdas`) and state machine; its ARN."""
+    """Create the template's functions (registered with `lambdas`, with their policies to
+    enforce) and state machine; its ARN."""
     import boto3
 
     iam = boto3.client("iam", region_name=REGION)
@@ -317,12 +344,16 @@ def _deploy(
     role = iam.create_role(RoleName=bucket, AssumeRolePolicyDocument=json.dumps(trust))
     role_arn = role["Role"]["Arn"]
     client = boto3.client("lambda", region_name=REGION)
-    for logical, res in resources.items():
-        if res["Type"] != "AWS::Lambda::Function":
-            continue
-        props = res["Properties"]
+    functions = {k: names[k] for k, r in resources.items() if r["Type"] == "AWS::Lambda::Function"}
+    lambdas.policies = Policies.from_template(
+        resources, functions, lambda value: concrete(value, names)
+    )
+    lambdas.bucket = bucket
+    for logical in functions:
+        props = resources[logical]["Properties"]
         env = concrete(props.get("Environment", {}).get("Variables", {}), names)
-        env = {k: str(v) for k, v in env.items()}
+        # The function's identity: its S3 client signs with it, and its policy applies.
+        env = {k: str(v) for k, v in env.items()} | {"MOELAMBDA_LOCAL_IDENTITY": names[logical]}
         handler = props["ImageConfig"]["Command"][0]
         client.create_function(
             FunctionName=names[logical],
@@ -450,6 +481,11 @@ def run_workflow(
         "seconds": seconds,
         "errors": lambdas.errors,
         "faults": dict(lambdas.faults.injected),
+        # Requests a function's policy refused: (function label, action, resource).
+        "denied": [
+            (labels.get(who, who), action, resource)
+            for who, action, resource in (lambdas.policies.denied if lambdas.policies else [])
+        ],
     }
     if metered:
         out["usage"] = meter.usage()

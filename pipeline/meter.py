@@ -25,13 +25,13 @@ from urllib.parse import unquote, urlsplit
 
 from ground.semantics import S3_REQUEST_TYPES, USAGE_KEYS
 
-__all__ = ["Meter", "entered_states"]
+__all__ = ["Meter", "entered_states", "object_key"]
 
 _DONE_MARKER = "/done.bin"
 _MB_PER_GB = 1024
 
 
-def _object_key(url: str, bucket: str) -> str | None:
+def object_key(url: str, bucket: str) -> str | None:
     """The key a request to `url` addresses in `bucket` ("" for the bucket), None if elsewhere.
 
     boto3 addresses a bucket by host (virtual-hosted style) or by the path's first segment.
@@ -67,7 +67,7 @@ class Meter:
 
     def s3_request(self, operation: str, url: str, status: int) -> None:
         """Count one S3 request if it went to the metered bucket."""
-        key = _object_key(url, self.bucket)
+        key = object_key(url, self.bucket)
         kind = None if key is None else _s3_kind(operation, key, status)
         if kind is not None:
             self._add(kind)

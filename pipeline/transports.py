@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from botocore.exceptions import ClientError
 
 from ground import layout
 from ground.errors import MoelambdaError
@@ -39,6 +40,7 @@ __all__ = [
     "direct_event",
     "gather",
     "get_object",
+    "is_missing",
     "list_keys",
     "put_object",
     "read_tensors",
@@ -50,6 +52,8 @@ __all__ = [
 ]
 
 _WORKERS = 16  # concurrent S3 uploads and downloads of one function
+_MISSING = ("404", "NoSuchKey", "NotFound")
+_DENIED = ("403", "AccessDenied", "Forbidden")
 Invoke = Callable[[str, dict[str, Any]], dict[str, Any]]
 
 
@@ -91,12 +95,31 @@ def split_shards(experts: torch.Tensor, replicas: list[int]) -> list[ShardRows]:
     return shards
 
 
+def is_missing(s3: Any, bucket: str, key: str, error: ClientError) -> bool:
+    """Whether `error`, raised reading `key`, means that the key does not exist.
+
+    S3 answers a missing key with 404 only to a caller that may list it, else with 403, and
+    whether a ListBucket conditioned on `s3:prefix` counts is not documented. A 403 is settled
+    by listing the key itself, which a function may do for every key it may read
+    (`ground.access`): absent means missing, present means really denied (raised by the caller).
+    """
+    code = error.response.get("Error", {}).get("Code")
+    if code in _MISSING:
+        return True
+    if code not in _DENIED:
+        return False
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
+    return not any(obj["Key"] == key for obj in listed.get("Contents", []))
+
+
 def get_object(s3: Any, bucket: str, key: str) -> bytes | None:
     """The object's bytes, or None if there is no such key (the pipelined poll needs to know)."""
     try:
         return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-    except s3.exceptions.NoSuchKey:
-        return None
+    except ClientError as error:
+        if is_missing(s3, bucket, key, error):
+            return None
+        raise
 
 
 def read_tensors(s3: Any, bucket: str, key: str) -> list[np.ndarray]:

@@ -129,6 +129,11 @@ def run_local(
         "faults_injected": result["faults"],
         "tokens": int(ids.size),
         "intermediates_left": sum(r.get("intermediates_left", 0) for r in runs),
+        # Requests the functions' own IAM policies (from the template) refused: none, or a bug.
+        "access_denied": [
+            {"function": who, "action": action, "resource": resource}
+            for who, action, resource in result["denied"]
+        ],
         "metered": None,
         "planned": None,
         "bill": None,
@@ -266,6 +271,15 @@ def _print_summary(summary: dict[str, Any]) -> None:
     if summary["faults_injected"]:
         injected = ", ".join(f"{k} x{v}" for k, v in sorted(summary["faults_injected"].items()))
         console.print(f"Faults injected: {injected}.")
+    denied = summary["access_denied"]
+    console.print(
+        "Every S3 request and Invoke was checked against its function's IAM policy: "
+        + (
+            "none refused."
+            if not denied
+            else f"[red]{len(denied)} refused[/red], e.g. {denied[0]}."
+        )
+    )
     if summary["metered"] is None:
         console.print("Metering needs one execution and no faults: --requests 1, no --faults.")
     for failure in summary["failed"]:

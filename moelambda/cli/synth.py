@@ -75,6 +75,13 @@ def synth(
     tracing: Annotated[
         bool, typer.Option(help="X-Ray active tracing on every function and the workflow.")
     ] = False,
+    base_image: Annotated[
+        str | None,
+        typer.Option(
+            help="Build the image on this base pinned by digest "
+            "(public.ecr.aws/lambda/python:3.12@sha256:...); default: the Dockerfile's tag."
+        ),
+    ] = None,
     concurrency_quota: Annotated[
         int,
         typer.Option(
@@ -114,13 +121,16 @@ def synth(
         )
     if reserve_concurrency:
         document.check_concurrency_quota(concurrency_quota)
-    from cdk._functions import FunctionOptions
+    from cdk._functions import DEFAULT_BASE_IMAGE, FunctionOptions
     from cdk.app import build_app
 
     if force:
         _clear(out)
     options = FunctionOptions(
-        reserve_concurrency=reserve_concurrency, expert_timeout_s=expert_timeout, tracing=tracing
+        reserve_concurrency=reserve_concurrency,
+        expert_timeout_s=expert_timeout,
+        tracing=tracing,
+        base_image=base_image,
     )
     with err.status("synthesising the stack"):
         assembly = build_app(plan, out, stack_name=stack_name, options=options)
@@ -142,6 +152,7 @@ def synth(
         and len(template.get("Outputs", {})) <= MAX_OUTPUTS
         and template_path.stat().st_size <= MAX_TEMPLATE_BYTES,
         "cdk_nag": {"pack": "AwsSolutions", "unacknowledged": 0},  # else build_app raised
+        "base_image": {"reference": base_image or DEFAULT_BASE_IMAGE, "pinned": bool(base_image)},
         "cfn_lint": None,
     }
     if lint:
@@ -163,6 +174,12 @@ def _print_summary(summary: dict[str, Any]) -> None:
     for kind, count in summary["resource_types"].items():
         table.add_row(kind, str(count))
     console.print(table)
+    base = summary["base_image"]
+    if not base["pinned"]:
+        console.print(
+            f"Image base {base['reference']} is a tag, which AWS re-points as it patches: pin "
+            "it with --base-image REPOSITORY@sha256:<digest> for a reproducible image."
+        )
     if not summary["within_limits"]:
         console.print(
             f"[yellow]warning:[/] over CloudFormation's {MAX_RESOURCES} resources, "

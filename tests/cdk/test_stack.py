@@ -546,64 +546,90 @@ def _listed(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
+def _s3_access(statements: list[dict[str, Any]], bucket: str) -> dict[str, set[str]]:
+    """Key patterns by S3 action (ListBucket: its s3:prefix patterns), relative to the bucket."""
+    access: dict[str, set[str]] = {}
+    for s in statements:
+        for action in _actions(s):
+            if not action.startswith("s3:"):
+                continue
+            if action == "s3:ListBucket":
+                assert s["Resource"] == f"<{bucket}.Arn>" and set(s["Condition"]) == {"StringLike"}
+                patterns = set(_listed(s["Condition"]["StringLike"]["s3:prefix"]))
+            else:
+                patterns = {r.split("/", 1)[1] for r in _listed(s["Resource"])}
+                assert all(r.startswith(f"<{bucket}.Arn>/") for r in _listed(s["Resource"]))
+            access.setdefault(action, set()).update(patterns)
+    return access
+
+
+def _expected_access(name: str, plan: Plan) -> dict[str, set[str]]:
+    """Each role's keys, written out by hand from the handlers (not from ground.access)."""
+    last = len(plan.layers) - 1
+    weights = {"weights/manifest.json", "weights/config/*"}
+    if name == "Head":
+        read = weights | {"weights/head.safetensors", "inputs/*"}
+        return {
+            "s3:GetObject": read,
+            "s3:PutObject": {"requests/*/head.bin"},
+            "s3:ListBucket": read,
+        }
+    if name == "Tail":
+        read = weights | {
+            "weights/tail.safetensors",
+            f"requests/*/{last:02d}/residual.bin",
+            f"requests/*/{last:02d}/routing.bin",
+            f"requests/*/{last:02d}/out/*",
+            "outputs/*",
+        }
+        return {
+            "s3:GetObject": read,
+            "s3:PutObject": {"outputs/*"},
+            "s3:DeleteObject": {"requests/*"},
+            "s3:ListBucket": read | {"requests/*"},
+        }
+    if name == "Cleanup":
+        return {"s3:DeleteObject": {"requests/*"}, "s3:ListBucket": {"requests/*"}}
+    layer = int(name[5:7])
+    method = plan.layers[layer].method
+    if "Expert" in name:
+        expert = int(name[-2:])
+        read = weights | {f"weights/{expert_key(layer, expert)}"}
+        if method == "direct":  # its shard and its output travel in the Invoke itself
+            return {"s3:GetObject": read, "s3:ListBucket": read}
+        read |= {f"requests/*/{layer:02d}/in/{expert:02d}/*"}
+        return {
+            "s3:GetObject": read,
+            "s3:PutObject": {f"requests/*/{layer:02d}/out/{expert:02d}/*"},
+            "s3:ListBucket": read,
+        }
+    read = weights | {f"weights/{layer_key(layer)}"}
+    if layer == 0:
+        read |= {"requests/*/head.bin"}
+    else:
+        previous = f"requests/*/{layer - 1:02d}/"
+        read |= {previous + "residual.bin", previous + "routing.bin", previous + "out/*"}
+    own = f"requests/*/{layer:02d}/"
+    shards = own + ("out/*" if method == "direct" else "in/*")
+    return {
+        "s3:GetObject": read,
+        "s3:PutObject": {own + "residual.bin", own + "routing.bin", shards},
+        "s3:ListBucket": read,
+    }
+
+
 def test_least_privilege(synthesised: tuple[dict[str, Any], dict, Plan]) -> None:
+    """Each function reads, writes, lists and deletes only its own layer's and expert's keys."""
     _, template, plan = synthesised
     functions = _functions(template)
     bucket = next(iter(_resources(template, "AWS::S3::Bucket")))
+    assert {layer.method for layer in plan.layers} == {"direct", "s3", "pipelined"}
     for name, fn in functions.items():
         statements = _policies(template, fn)
         for s in statements:
+            assert s["Effect"] == "Allow" and "NotAction" not in s, (name, s)
             assert not any(a in ("s3:*", "*", "lambda:*") for a in _actions(s)), (name, s)
-        reads = [
-            r.split("/", 1)[1]
-            for s in statements
-            if "s3:GetObject" in _actions(s)
-            for r in _listed(s["Resource"])
-            if r.startswith(f"<{bucket}.Arn>/")
-        ]
-        weights = {r for r in reads if r.startswith("weights/")}
-        if name.startswith("Layer") and "Expert" in name:
-            layer, expert = int(name[5:7]), int(name[-2:])
-            own = expert_key(layer, expert)
-        elif name.startswith("Layer"):
-            own = layer_key(int(name[5:7]))
-        else:
-            own = {"Head": "head.safetensors", "Tail": "tail.safetensors"}.get(name)
-        if own is None:  # cleanup reads no weights
-            assert not weights, name
-        else:
-            assert weights == {
-                "weights/manifest.json",
-                "weights/config/*",
-                f"weights/{own}",
-            }, name
-        writes = {
-            r.split("/", 1)[1]
-            for s in statements
-            if "s3:PutObject" in _actions(s)
-            for r in _listed(s["Resource"])
-        }
-        direct_expert = "Expert" in name and plan.layers[int(name[5:7])].method == "direct"
-        expected = set() if direct_expert or name == "Cleanup" else {"requests/*"}
-        assert writes == expected | ({"outputs/*"} if name == "Tail" else set()), name
-        lists = {
-            p
-            for s in statements
-            if "s3:ListBucket" in _actions(s)
-            for p in s["Condition"]["StringLike"]["s3:prefix"]
-        }
-        expected_lists = set() if own is None else {"weights/config/*"}
-        if not direct_expert:
-            expected_lists.add("requests/*")
-        if name == "Head":  # only the head reads callers' uploads, and a missing one is a 404
-            expected_lists.add("inputs/*")
-        assert lists == expected_lists, name
-        assert ("inputs/*" in reads) == (name == "Head"), name
-        assert all(
-            s["Resource"] == f"<{bucket}.Arn>" and "Condition" in s
-            for s in statements
-            if "s3:ListBucket" in _actions(s)
-        ), name
+        assert _s3_access(statements, bucket) == _expected_access(name, plan), name
         invokes = [
             r for s in statements if "lambda:InvokeFunction" in _actions(s) for r in s["Resource"]
         ]
@@ -647,6 +673,49 @@ def test_the_image_holds_every_package_the_handlers_import_and_pins_no_threads()
     assert ours <= copied
     assert ours <= {rule[1:] for rule in _ASSET_EXCLUDE if rule.startswith("!")}
     assert "OMP_NUM_THREADS=" not in dockerfile  # torch uses the vCPUs: MOELAMBDA_THREADS
+    # The image holds the packages they need at the versions tested here: torch by version on
+    # PyTorch's CPU index, the others (their dependencies too) by hash, requirements-image.txt.
+    import re
+    from importlib.metadata import version
+
+    locked = dict(
+        re.findall(r"^([a-z0-9-]+)==(\S+) \\\n    --hash=sha256:[0-9a-f]{64}", _image_lock(), re.M)
+    )
+    needed = {"numpy", "transformers", "tokenizers", "safetensors", "pydantic", "boto3"}
+    assert needed <= set(locked) and len(locked) >= 40
+    for name, pinned in locked.items():
+        assert version(name) == pinned, f"{name}: image {pinned}, tested {version(name)}"
+    assert f"torch=={version('torch').split('+')[0]}" in dockerfile
+    assert "--require-hashes" in dockerfile and "requirements-image.txt" in dockerfile
+    assert "!requirements-image.txt" in _ASSET_EXCLUDE
+
+
+def _image_lock() -> str:
+    return (REPO / "requirements-image.txt").read_text()
+
+
+def test_the_image_base_is_pinned_by_digest_when_given(tmp_path: Path) -> None:
+    digest = "public.ecr.aws/lambda/python:3.12@sha256:" + "ab" * 32
+    summary, _ = _synth(tmp_path, small_plan(("s3",)), "--base-image", digest, "--no-lint")
+    assert summary["base_image"] == {"reference": digest, "pinned": True}
+    (assets,) = Path(summary["assembly"]).glob("*.assets.json")
+    images = json.loads(assets.read_text())["dockerImages"].values()
+    assert {json.dumps(i["source"].get("dockerBuildArgs")) for i in images} == {
+        json.dumps({"BASE_IMAGE": digest})
+    }
+    result = runner.invoke(
+        app,
+        [
+            "synth",
+            "--plan",
+            str(tmp_path / "plan.json"),
+            "--out",
+            str(tmp_path / "o2"),
+            "--base-image",
+            "public.ecr.aws/lambda/python:3.12",
+        ],
+    )
+    assert result.exit_code == 2 and "not pinned by digest" in result.output, result.output
 
 
 def test_bad_plan_exits_2(tmp_path: Path) -> None:

@@ -8,12 +8,12 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from botocore.exceptions import ClientError
 
 from functions import common, config, weights
 from functions.common import ExpertFailed, gather_previous, s3_client
@@ -134,15 +134,13 @@ def test_the_next_function_raises_the_first_failed_expert_with_its_cause() -> No
         gather_previous(None, "r", {"layer": 3, "method": "s3"}, 3, failures)  # type: ignore[arg-type]
 
 
-class _NoSuchKey(Exception):
-    pass
+def _no_such_key(key: str) -> ClientError:
+    return ClientError({"Error": {"Code": "NoSuchKey", "Message": key}}, "GetObject")
 
 
 class _RacingS3:
     """An S3 stand-in on which each minibatch lands between a replica's miss and its read of
     done.bin: the path where the replica re-checks the minibatch after done.bin."""
-
-    exceptions = SimpleNamespace(NoSuchKey=_NoSuchKey)
 
     def __init__(self, objects: dict[str, bytes], late: set[str]) -> None:
         self.objects, self.late = objects, late
@@ -154,7 +152,7 @@ class _RacingS3:
         self.late.discard(Key)
         self.gets.append((Key, found))
         if not found:
-            raise _NoSuchKey(Key)
+            raise _no_such_key(Key)
         return {"Body": io.BytesIO(self.objects[Key])}
 
     def put_object(self, Bucket: str, Key: str, Body: bytes) -> None:  # noqa: N803

@@ -36,6 +36,7 @@ def test_every_method_through_the_synthesised_workflow(mixed_plan: Path) -> None
     assert summary["metered"] is summary["planned"] is summary["bill"] is None
     assert summary["max_abs_diff_vs_monolithic"] <= 1e-4
     assert summary["intermediates_left"] == 0
+    assert summary["access_denied"] == []  # every request within its function's policy
     functions = summary["predicted_vs_measured"]["functions"]
     # head, tail, six layer functions, and every expert the request's tokens reached
     assert {"head", "tail", *(f"layer{i:02d}" for i in range(6))} <= functions.keys()

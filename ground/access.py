@@ -1,0 +1,100 @@
+"""What each function may do in the bucket: the S3 side of its IAM policy, from the key scheme.
+
+A function may read, write, list and delete only the keys its role touches in `ground.layout`:
+an expert its own layer's and expert's shards and outputs, a gate its own layer's keys and the
+previous layer's outputs, the tail its last layer's and the outputs. The request id in every
+key is a `*`: it is the hash of the execution's ARN, which no policy can know in advance;
+request isolation comes from the workflow owning that id (`ground.layout`), this from the role.
+
+Listing is granted on exactly what a function may read (an `s3:prefix` condition), for two
+reasons: S3 answers a missing key with 404 only to a caller that may list it, and the handlers
+check a 403 on a key they may read by listing that key (`pipeline.transports.get_object`), so a
+missing object reads as missing whichever answer S3 gives. The CDK app turns these patterns into
+policies; the local runner enforces the synthesised policies on every request
+(`pipeline.iam`), so what is declared here is what a run proves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ground.layout import INPUTS_PREFIX, OUTPUTS_PREFIX, REQUESTS_PREFIX
+
+__all__ = ["Access", "cleanup", "expert", "gate", "head", "tail"]
+
+_ANY_REQUEST = f"{REQUESTS_PREFIX}*/"  # a request's prefix, whatever its id
+
+
+@dataclass(frozen=True)
+class Access:
+    """Key patterns (IAM wildcards, relative to the bucket) a function may use, by action.
+
+    `read` also decides listing (`listed`): a function may learn whether a key it may read
+    exists, and nothing more.
+    """
+
+    read: tuple[str, ...] = ()
+    write: tuple[str, ...] = ()
+    delete: tuple[str, ...] = ()
+    extra_list: tuple[str, ...] = field(default=())
+
+    @property
+    def listed(self) -> tuple[str, ...]:
+        """`s3:prefix` patterns of ListBucket: what it reads, and what it must find to delete."""
+        return tuple(dict.fromkeys((*self.read, *self.extra_list)))
+
+    def with_weights(self, weights_prefix: str, keys: list[str]) -> Access:
+        """This access plus reading the export's manifest, its config files and `keys`."""
+        own = (f"{weights_prefix}manifest.json", f"{weights_prefix}config/*")
+        own += tuple(f"{weights_prefix}{key}" for key in keys)
+        return Access(own + self.read, self.write, self.delete, self.extra_list)
+
+
+def _layer(layer: int) -> str:
+    return f"{_ANY_REQUEST}{layer:02d}/"
+
+
+def _gathered(layer: int) -> tuple[str, ...]:
+    """What gathering layer `layer`'s expert sum reads: its routing and every expert output."""
+    return (f"{_layer(layer)}routing.bin", f"{_layer(layer)}out/*")
+
+
+def head() -> Access:
+    """Reads the callers' uploads, writes the first hidden state."""
+    return Access(read=(f"{INPUTS_PREFIX}*",), write=(f"{_ANY_REQUEST}head.bin",))
+
+
+def gate(layer: int, method: str) -> Access:
+    """Reads the previous layer's residual and outputs (the head's state for layer 0), writes
+    its residual, routing and shards; a direct gate writes its experts' outputs itself."""
+    if layer == 0:
+        read: tuple[str, ...] = (f"{_ANY_REQUEST}head.bin",)
+    else:
+        read = (f"{_layer(layer - 1)}residual.bin", *_gathered(layer - 1))
+    own = _layer(layer)
+    shards = f"{own}out/*" if method == "direct" else f"{own}in/*"
+    return Access(read=read, write=(f"{own}residual.bin", f"{own}routing.bin", shards))
+
+
+def expert(layer: int, number: int, method: str) -> Access:
+    """Its own shards in, its own outputs out; a direct expert touches no key at all."""
+    if method == "direct":
+        return Access()
+    own = _layer(layer)
+    return Access(read=(f"{own}in/{number:02d}/*",), write=(f"{own}out/{number:02d}/*",))
+
+
+def tail(last: int) -> Access:
+    """Reads the last layer, writes the output (and reads it: a second delivery returns the
+    output it finds), deletes the request's intermediates."""
+    read = (f"{_layer(last)}residual.bin", *_gathered(last), f"{OUTPUTS_PREFIX}*")
+    everything = f"{REQUESTS_PREFIX}*"
+    return Access(
+        read=read, write=(f"{OUTPUTS_PREFIX}*",), delete=(everything,), extra_list=(everything,)
+    )
+
+
+def cleanup() -> Access:
+    """Finds and deletes a failed request's intermediates."""
+    everything = f"{REQUESTS_PREFIX}*"
+    return Access(delete=(everything,), extra_list=(everything,))
