@@ -13,7 +13,13 @@ from functions import config, weights
 from functions.config import Config, ConfigError
 from pipeline import transports
 
-__all__ = ["ExpertFailed", "gather_previous", "s3_client", "use_lambda_threads"]
+__all__ = [
+    "ExpertFailed",
+    "drop_local_clients",
+    "gather_previous",
+    "s3_client",
+    "use_lambda_threads",
+]
 
 
 class ExpertFailed(RuntimeError):
@@ -56,6 +62,13 @@ def s3_client() -> Any:
                 **credentials,
             )
         return _CLIENTS[identity]
+
+
+def drop_local_clients() -> None:
+    """Forget the clients of the local runner's identities (each run names its own)."""
+    with _LOCK:
+        for identity in [i for i in _CLIENTS if i is not None]:
+            del _CLIENTS[identity]
 
 
 def use_lambda_threads(cfg: Config) -> None:

@@ -374,6 +374,17 @@ def _deploy(
     )["stateMachineArn"]
 
 
+@contextlib.contextmanager
+def _own_clients() -> Iterator[None]:
+    """The functions' S3 clients live as long as the run whose identities they sign with."""
+    from functions.common import drop_local_clients
+
+    try:
+        yield
+    finally:
+        drop_local_clients()
+
+
 def _wait(sfn: Any, execution_arns: list[str], deadline: float) -> list[dict[str, Any]]:
     """describe_execution of each execution once it stopped running, or at `deadline`.
 
@@ -431,7 +442,7 @@ def run_workflow(
     lambdas = InProcessLambdas(faults)
     meter = Meter(bucket)
     config = {"stepfunctions": {"execute_state_machine": True}}
-    with mock_aws(config=config), lambdas.installed():
+    with mock_aws(config=config), lambdas.installed(), _own_clients():
         s3 = boto3.client("s3", region_name=REGION)
         s3.create_bucket(Bucket=bucket)
         for path in sorted(p for p in weights_dir.rglob("*") if p.is_file()):

@@ -109,6 +109,7 @@ def test_run_local_with_faults_reports_every_request(mixed_plan: Path) -> None:
     assert bad.exit_code == 2 and "not a fault=rate item" in bad.output
 
 
+@pytest.mark.timeout(900)  # 120-170 s here; the session's 300 s would be tight on a slower CI
 def test_sixty_four_concurrent_requests_all_succeed_with_their_own_keys(
     minilm: MoEModel, weights: Path, template: dict[str, Any]
 ) -> None:
