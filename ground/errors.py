@@ -13,6 +13,7 @@ from collections.abc import Iterable
 __all__ = [
     "CalibrationError",
     "CorpusError",
+    "InfeasibleError",
     "ModelError",
     "MoelambdaError",
     "OutputExistsError",
@@ -49,6 +50,10 @@ class TraceError(MoelambdaError):
 
 class CalibrationError(MoelambdaError):
     """The calibration file is missing a value or holds one out of range."""
+
+
+class InfeasibleError(MoelambdaError):
+    """No plan meets the constraints (the SLO, a limit, or a confidence level)."""
 
 
 class OutputExistsError(MoelambdaError):

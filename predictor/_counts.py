@@ -3,7 +3,9 @@
 A small JSON document (pydantic, versioned) with the predicted tokens per expert of every MoE
 layer for one batch, the method that predicted them, and the model identity the planner checks
 against its weight sizes. When the batch came from a trace, the real counts ride along so the
-planner and the BO loop can measure the prediction error without the trace.
+planner and the BO loop can measure the prediction error without the trace. `std` and
+`model_error` carry the predictive distribution (`predictor._uncertainty`): `quantile(q)` gives
+each count's q-quantile, which a plan at a confidence level sizes for.
 """
 
 from __future__ import annotations
@@ -38,12 +40,27 @@ class PredictedCounts(BaseModel):
     real: list[list[int]] | None = Field(
         default=None, description="(layers, experts) real tokens, when the batch was traced."
     )
+    std: list[list[float]] | None = Field(
+        default=None,
+        description="(layers, experts) predictive standard deviation of each count: per-token "
+        "draws from the posteriors widened by the measured model error (normal quantiles).",
+    )
+    model_error: list[float] | None = Field(
+        default=None,
+        description="Per layer, the relative model error rho measured on held-out batches "
+        "(scale^2 = sampling variance + rho^2 * count^2 + 1).",
+    )
+    residual_z: list[float] | None = Field(
+        default=None,
+        description="Standardised residuals (real - count) / std of the held-out batches, "
+        "sorted: their empirical quantiles shape the distribution (none: the normal's).",
+    )
 
     @model_validator(mode="after")
     def _shapes(self) -> PredictedCounts:
         if self.top_k > self.experts:
             raise ValueError(f"top_k {self.top_k} exceeds experts {self.experts}")
-        for name in ("counts", "real"):
+        for name in ("counts", "real", "std"):
             rows = getattr(self, name)
             if rows is None:
                 continue
@@ -53,6 +70,10 @@ class PredictedCounts(BaseModel):
                 raise ValueError(f"'{name}' has a negative count")
         if self.real is not None and len(self.real) != len(self.counts):
             raise ValueError("'real' and 'counts' have different numbers of layers")
+        if self.std is not None and len(self.std) != len(self.counts):
+            raise ValueError("'std' and 'counts' have different numbers of layers")
+        if self.model_error is not None and len(self.model_error) != len(self.counts):
+            raise ValueError("'model_error' needs one value per layer")
         return self
 
     @property
@@ -61,6 +82,19 @@ class PredictedCounts(BaseModel):
 
     def array(self) -> np.ndarray:
         return np.asarray(self.counts, dtype=float)
+
+    @property
+    def has_distribution(self) -> bool:
+        return self.std is not None
+
+    def quantile(self, q: float) -> np.ndarray:
+        """Each count's q-quantile (L, E); the mean where the file holds no distribution."""
+        from predictor._uncertainty import quantile
+
+        if self.std is None:
+            return self.array()
+        z = None if self.residual_z is None else np.asarray(self.residual_z, float)
+        return quantile(self.array(), np.asarray(self.std, float), q, self.tokens, z)
 
     def save(self, path: str | Path, *, force: bool = False) -> Path:
         path = Path(path)

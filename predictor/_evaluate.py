@@ -7,7 +7,10 @@ the held-out batch:
 * ``mean_abs_diff``: mean over layers and experts of |real - predicted| tokens (paper §V-B);
 * ``topk_accuracy``: share of the k predicted experts of a token that are among its real k;
 * ``underestimate_rate``: share of (layer, expert) whose predicted count is below the real one
-  (an underestimated expert is the one that runs out of memory).
+  (an underestimated expert is the one that runs out of memory);
+* ``coverage_90``, ``coverage_99``: share of held-out (layer, expert) counts inside the predicted
+  90 % and 99 % intervals (`predictor._uncertainty`), each batch's model error measured on the
+  other repeats' batches only (leave one batch out), so no interval has seen its own batch.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from ground.errors import UsageError
 from predictor._methods import Prediction, make_predictor
 from predictor._tables import CountTable, build_tables
 from predictor._trace import RoutingTrace
+from predictor._uncertainty import LEVELS, ErrorModel, Residual, coverage
 
 __all__ = [
     "Evaluation",
@@ -145,6 +149,24 @@ class MethodScore:
     per_repeat: dict[str, np.ndarray]  # metric -> (repeats, layers)
     profile_s: float
     predict_s: float
+    residuals: tuple[Residual, ...]  # per repeat: what its intervals are measured against
+    tokens: int  # of each held-out batch
+
+    def error_model(self, leave_out: int | None = None) -> ErrorModel:
+        """Model error from every held-out batch but `leave_out`."""
+        kept = [r for i, r in enumerate(self.residuals) if i != leave_out]
+        return ErrorModel.fit(kept, self.residuals[0].mean.shape[0])
+
+    def coverage(self, level: float) -> float | None:
+        """Leave-one-batch-out coverage of the central `level` intervals; None for one batch."""
+        if len(self.residuals) < 2:
+            return None
+        shares = []
+        for i, r in enumerate(self.residuals):
+            model = self.error_model(i)
+            std = model.std(r.mean, r.sampling_var)
+            shares.append(coverage(r.real, r.mean, std, level, self.tokens, model.z))
+        return float(np.mean(shares))
 
     def summary(self) -> dict[str, object]:
         out: dict[str, object] = {}
@@ -153,6 +175,11 @@ class MethodScore:
             out[metric] = round(float(overall.mean()), 4)
             out[f"{metric}_std"] = round(float(overall.std()), 4)
             out[f"{metric}_per_layer"] = [round(float(v), 4) for v in values.mean(axis=0)]
+        for level in LEVELS:
+            share = self.coverage(level)
+            out[f"coverage_{round(level * 100)}"] = None if share is None else round(share, 4)
+        rho = np.sqrt(self.error_model().rho2)
+        out["model_error_per_layer"] = [round(float(v), 4) for v in rho]
         out["profile_s"] = round(self.profile_s, 4)
         out["predict_s"] = round(self.predict_s, 4)
         return out
@@ -181,6 +208,7 @@ def evaluate_methods(
     fit_s = dict.fromkeys(methods, 0.0)
     predict_s = dict.fromkeys(methods, 0.0)
     first: dict[str, Prediction] = {}
+    residuals: dict[str, list[Residual]] = {m: [] for m in methods}
     for split in splits:
         started = time.perf_counter()
         split_tables = tables if split.profile is None else build_tables(split.profile)
@@ -194,6 +222,8 @@ def evaluate_methods(
             prediction = predictor.predict(split.held_out)
             predict_s[name] += time.perf_counter() - started
             results[name].append(score(prediction, split.held_out))
+            real = split.held_out.popularity().astype(float)
+            residuals[name].append(Residual(real, prediction.counts, prediction.variance))
             first.setdefault(name, prediction)
     n = len(splits)
     scores = {
@@ -202,6 +232,8 @@ def evaluate_methods(
             {metric: np.stack([r[metric] for r in runs]) for metric in runs[0]},
             fit_s[name] / n,
             predict_s[name] / n,
+            tuple(residuals[name]),
+            splits[0].held_out.num_tokens,
         )
         for name, runs in results.items()
     }

@@ -60,10 +60,21 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Prediction:
-    """Predicted popularity (L, E) in tokens, and each token's predicted top-k (L, N, k)."""
+    """Predicted popularity (L, E) in tokens, each token's predicted top-k (L, N, k), and the
+    variance (L, E) of the counts as sums of per-token draws from the predictor's posteriors
+    (`predictor._uncertainty` widens it by the model error measured on held-out batches)."""
 
     counts: np.ndarray
     topk: np.ndarray
+    variance: np.ndarray
+
+
+def _draw_variance(q: np.ndarray, n: np.ndarray | None = None) -> np.ndarray:
+    """Variance of the sum of Bernoulli draws with probabilities `q` (rows, E), each row
+    occurring `n` times: sum n q (1 - q), q clipped to [0, 1] (k P(i|f) may round above 1)."""
+    q = np.clip(q, 0.0, 1.0)
+    terms = q * (1.0 - q)
+    return terms.sum(axis=0) if n is None else n @ terms
 
 
 def _top(posterior: np.ndarray, k: int) -> np.ndarray:
@@ -121,7 +132,10 @@ class HistoryPredictor(Predictor):
         n = batch.num_tokens
         priors = np.stack([layer.prior for layer in self.tables.layers])
         top = np.stack([_top(p[None], self.k)[0] for p in priors])
-        return Prediction(n * self.k * priors, np.repeat(top[:, None, :], n, axis=1))
+        q = np.clip(self.k * priors, 0.0, 1.0)
+        return Prediction(
+            n * self.k * priors, np.repeat(top[:, None, :], n, axis=1), n * q * (1.0 - q)
+        )
 
 
 class BayesPredictor(Predictor):
@@ -213,9 +227,11 @@ class BayesPredictor(Predictor):
 
     def predict(self, batch: RoutingTrace) -> Prediction:
         inverse, n, posteriors = self.posteriors(batch)
-        counts = [_counts(p, n.astype(float), self.k, soft=self.soft) for p in posteriors]
+        weights = n.astype(float)
+        counts = [_counts(p, weights, self.k, soft=self.soft) for p in posteriors]
         tops = [_top(p, self.k)[inverse] for p in posteriors]
-        return Prediction(np.stack(counts), np.stack(tops))
+        variance = [_draw_variance(self.k * p, weights) for p in posteriors]
+        return Prediction(np.stack(counts), np.stack(tops), np.stack(variance))
 
     def _with_position(
         self, layer: LayerTable, unique: np.ndarray, backoff: np.ndarray
@@ -289,7 +305,7 @@ class LinaPathPredictor(Predictor):
 
     def predict(self, batch: RoutingTrace) -> Prediction:
         k, n = self.k, batch.num_tokens
-        counts, tops = [], []
+        counts, tops, variance = [], [], []
         for layer, by_length in enumerate(self.psi):
             dist = np.zeros((n, self.experts))
             found = np.zeros(n, dtype=bool)
@@ -303,7 +319,8 @@ class LinaPathPredictor(Predictor):
             kept = np.take_along_axis(dist, top, axis=1)
             counts.append(np.bincount(top.ravel(), weights=kept.ravel(), minlength=self.experts))
             tops.append(top)
-        return Prediction(np.stack(counts), np.stack(tops))
+            variance.append(_draw_variance(dist))
+        return Prediction(np.stack(counts), np.stack(tops), np.stack(variance))
 
 
 DEFAULT_METHOD = (

@@ -12,6 +12,7 @@ from moelambda.cli._app import app
 from moelambda.cli import model  # noqa: F401  (importing a command module registers it)
 from moelambda.cli import predict  # noqa: F401
 from moelambda.cli import plan  # noqa: F401
+from moelambda.cli import backtest  # noqa: F401
 from moelambda.cli import bo  # noqa: F401
 from moelambda.cli import synth  # noqa: F401
 from moelambda.cli import serve  # noqa: F401

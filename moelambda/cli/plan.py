@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ground.errors import MoelambdaError, UsageError
+from ground.errors import InfeasibleError, UsageError
 from moelambda.cli._app import (
     ForceOpt,
     JsonOpt,
@@ -28,14 +28,12 @@ from moelambda.cli._app import (
 SOLVERS = ("exact", "ods", "milp")
 
 
-class InfeasibleError(MoelambdaError):
-    """No plan meets the constraints."""
-
-
 def _counts(
     traces: Path | None, counts: Path | None, tokens: int, seed: int
-) -> tuple[np.ndarray, dict[str, Any], dict[str, Any]]:
-    """Predicted counts scaled to `tokens`, the model identity, and where the counts came from."""
+) -> tuple[np.ndarray, dict[str, Any], dict[str, Any], Any]:
+    """Predicted counts scaled to `tokens`, the model identity, where the counts came from, and
+    their predictive distribution at `tokens` (None: the counts file carries none)."""
+    from planner.confidence import CountDistribution
     from predictor import (
         DEFAULT_METHOD,
         PredictedCounts,
@@ -54,7 +52,12 @@ def _counts(
         doc = PredictedCounts.load(counts)
         model = {"model": doc.model, "experts": doc.experts, "top_k": doc.top_k, "seed": doc.seed}
         source = {"counts": str(counts), "method": doc.method, "tokens": doc.tokens}
-        return doc.array() * tokens / doc.tokens, model, source
+        dist = None
+        if doc.std is not None:
+            z = None if doc.residual_z is None else np.asarray(doc.residual_z)
+            dist = CountDistribution(doc.array(), np.asarray(doc.std), doc.tokens, z)
+            dist = dist.scaled(tokens)
+        return doc.array() * tokens / doc.tokens, model, source, dist
     assert traces is not None
     trace = RoutingTrace.load(traces)
     window = int(trace.meta.get("window", 128))
@@ -69,7 +72,34 @@ def _counts(
         "seed": int(trace.meta.get("moefy_seed", 0)),
     }
     source = {"traces": str(traces), "method": DEFAULT_METHOD, "tokens": batch, "seed": seed}
-    return predicted * tokens / batch, model, source
+    return predicted * tokens / batch, model, source, None
+
+
+DEFAULT_CONFIDENCE = 0.99
+
+
+def _confident(
+    inst: Any,
+    dist: Any,
+    confidence: float,
+    slo_s: float | None,
+    solver: str,
+    methods: tuple[Any, ...],
+) -> tuple[Any, Any]:
+    """The instance at the quantile counts the confident plan chose, and that plan."""
+    from planner.confidence import plan_with_confidence, with_counts
+
+    def solve(candidate: Any) -> Any:
+        try:
+            return _solve(candidate, solver, methods, slo_s, False)[0]
+        except InfeasibleError:
+            return None
+
+    with err.status(f"planning for the SLO with probability {confidence:g}"):
+        confident = plan_with_confidence(
+            dist, confidence, slo_s, lambda counts: with_counts(inst, counts), solve
+        )
+    return confident.inst, confident
 
 
 def _slo(slo: float | None, throughput: float | None, tokens: int) -> float | None:
@@ -222,6 +252,14 @@ def plan(
             "paper's objective, the expert functions alone."
         ),
     ] = "full",
+    confidence: Annotated[
+        float | None,
+        typer.Option(
+            help="Plan to meet the SLO (and fit every expert's real tokens) with this "
+            "probability under the counts' predictive distribution; 0 plans for the predicted "
+            "counts alone. Default: 0.99 when the counts file has a distribution, else 0."
+        ),
+    ] = None,
     concurrency_quota: Annotated[
         int,
         typer.Option(
@@ -255,7 +293,21 @@ def plan(
         if path is not None and path.exists() and not force:
             raise UsageError(f"'{path}' already exists.", "pick another name or pass --force.")
     cal = load_calibration(calibration)
-    predicted, model, source = _counts(traces, counts, tokens, seed)
+    predicted, model, source, dist = _counts(traces, counts, tokens, seed)
+    if confidence is None:
+        confidence = DEFAULT_CONFIDENCE if dist is not None else 0.0
+    if not 0.0 <= confidence < 1.0:
+        raise UsageError(
+            f"--confidence {confidence:g} is not in [0, 1).",
+            "pass e.g. 0.99, or 0 for a plan of the predicted counts alone.",
+        )
+    if confidence > 0 and dist is None:
+        raise UsageError(
+            "--confidence needs the predicted counts' distribution, which "
+            + ("--traces does not measure." if counts is None else f"{counts} does not hold."),
+            "write the counts with `moelambda predict --counts-out FILE` (it measures the "
+            "model error on held-out batches) and plan --counts FILE, or pass --confidence 0.",
+        )
     manifest = describe_model(
         load_with_status(model["model"], model["experts"], model["top_k"], model["seed"], True)
     )
@@ -269,11 +321,18 @@ def plan(
         manifest, predicted, cal, tokens=tokens, arch=arch, workflow=chosen, objective=objective
     )
     whole = pareto is not None
+    confident = None
+    if confidence > 0:
+        inst, confident = _confident(inst, dist, confidence, slo_s, solver, methods)
     solution, frontier = _solve(inst, solver, methods, slo_s, whole)
     if workflow is None and solution.latency > cal.express_max_duration_s:
         # The request does not fit an Express execution: plan it as a Standard workflow.
         inst = dataclasses.replace(inst, workflow="standard")
+        if confident is not None:
+            inst, confident = _confident(inst, dist, confidence, slo_s, solver, methods)
         solution, frontier = _solve(inst, solver, methods, slo_s, whole)
+    if confident is not None:
+        source = source | {"confidence": confident.describe()}
     if inst.workflow == "express" and solution.latency > cal.express_max_duration_s:
         raise InfeasibleError(
             f"the plan takes {solution.latency:.1f} s, over an Express workflow's "
@@ -300,6 +359,7 @@ def plan(
         "moe_cost_usd": solution.evaluation.experts_usd,
         "bill_usd": document.totals.bill_usd,
         "smallest_slo_s": round(frontier.min_latency(), 6),
+        "confidence": None if confident is None else confident.describe(),
         "layers": [
             {
                 "method": layer.method,
@@ -347,13 +407,28 @@ def _print_plan(summary: dict[str, Any]) -> None:
         f"${bill['requests_usd']:.6f}, S3 ${bill['s3_usd']:.6f}, {summary['workflow']} "
         f"workflow ${bill['workflow_usd']:.6f}). Solver {summary['solver']} in "
         f"{summary['seconds']:.3f} s. "
-        f"Wrote {summary['plan']}"
+        + _confidence_line(summary["confidence"])
+        + f"Wrote {summary['plan']}"
         + (f", {', '.join(summary['pareto'])}" if "pareto" in summary else "")
     )
 
 
-def _paper_instance(traces: Path | None, tokens: int) -> tuple[Any, dict[str, Any]]:
-    """12 MoE layers x 16 experts of a BERT-base-sized model, with real skewed popularity.
+def _confidence_line(confidence: dict[str, Any] | None) -> str:
+    if confidence is None:
+        return "Sized for the predicted counts (--confidence 0). "
+    return (
+        f"Sized at each expert's {confidence['quantile_level']:g} quantile: meets the SLO in "
+        f"{confidence['attainment_estimate']:.1%} of {confidence['scenarios']} scenarios of "
+        f"the predicted counts (asked {confidence['confidence']:g}); expected bill "
+        f"${confidence['expected_cost_usd']:.6f}. "
+    )
+
+
+def _paper_instance(
+    traces: Path | None, tokens: int, layers: int = 12
+) -> tuple[Any, dict[str, Any]]:
+    """12 MoE layers (or fewer) x 16 experts of a BERT-base-sized model, with real skewed
+    popularity.
 
     The popularity shares come from real MiniLM routing with 16 experts (its 6 layers, then the
     same 6 with the expert order reversed, for 12); the sizes from BERT-base (hidden 768, FFN
@@ -371,7 +446,7 @@ def _paper_instance(traces: Path | None, tokens: int) -> tuple[Any, dict[str, An
             "profile with --experts 16, or leave --traces out.",
         )
     shares = trace.popularity() / (trace.num_tokens * trace.top_k)
-    shares = np.vstack([shares, shares[:, ::-1]])[:12]
+    shares = np.vstack([shares, shares[:, ::-1]])[:layers]
     counts = np.round(shares * tokens * 2)
     hidden, width = 768, 3072 // 16
     expert_bytes = (2 * hidden * width + width + hidden) * 4
@@ -390,7 +465,7 @@ def _paper_instance(traces: Path | None, tokens: int) -> tuple[Any, dict[str, An
         tokens=tokens,
     )
     facts = {
-        "layers": 12,
+        "layers": layers,
         "experts": 16,
         "memory_options": len(cal.memory_options_mb),
         "max_replicas": cal.max_replicas,
@@ -423,6 +498,9 @@ def bench_planner(
     ] = None,
     tokens: Annotated[int, typer.Option(help="Tokens per batch.")] = 10240,
     time_limit: Annotated[float, typer.Option(help="Seconds per MILP solve.")] = 60.0,
+    layers: Annotated[
+        int, typer.Option(min=1, max=12, help="MoE layers (12: the paper's scale; fewer: quick).")
+    ] = 12,
     as_json: JsonOpt = False,
 ) -> None:
     """Solve a paper-scale instance at a loose, a medium and a tight SLO with every solver.
@@ -434,7 +512,7 @@ def bench_planner(
     from planner.milp import solve_milp_mixed
     from planner.ods import solve_ods
 
-    inst, facts = _paper_instance(traces, tokens)
+    inst, facts = _paper_instance(traces, tokens, layers)
     with err.status("building the frontier"):
         frontier = solve_frontier(inst)
     cheapest = frontier.best(None)

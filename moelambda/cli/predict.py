@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -154,6 +155,9 @@ def predict(
 
     batch = evaluation.first_batch
     if counts_out is not None:
+        first = evaluation.first_predictions[chosen]
+        # The first batch's model error from the other batches only: its interval is honest.
+        error = evaluation.scores[chosen].error_model(leave_out=0)
         counts = PredictedCounts(
             model=trace.meta["model"],
             experts=trace.num_experts,
@@ -161,8 +165,11 @@ def predict(
             seed=int(trace.meta.get("moefy_seed", 0)),
             tokens=batch.num_tokens,
             method=chosen,
-            counts=evaluation.first_predictions[chosen].counts.round(4).tolist(),
+            counts=first.counts.round(4).tolist(),
             real=batch.popularity().tolist(),
+            std=error.std(first.counts, first.variance).round(4).tolist(),
+            model_error=np.sqrt(error.rho2).round(6).tolist(),
+            residual_z=error.z.round(4).tolist(),
         )
         summary["counts_out"] = str(counts.save(counts_out, force=force))
     if plot is not None:
@@ -195,7 +202,7 @@ def _print_scores(summary: dict[str, Any]) -> None:
         f"{summary['eval_tokens']:,} tokens, profiled on {source}"
     )
     table.add_column("method", no_wrap=True)
-    for column in ("MAD", "÷lina", "top-k", "under", "fit s", "pred s"):
+    for column in ("MAD", "÷lina", "top-k", "under", "cov90", "cov99", "fit s", "pred s"):
         table.add_column(column, justify="right", no_wrap=True)
     for name, s in summary["methods"].items():
         mark = " *" if name == summary["default"] else ""
@@ -206,6 +213,7 @@ def _print_scores(summary: dict[str, Any]) -> None:
             "" if ratio is None else f"{ratio:.3f}",
             f"{s['topk_accuracy']:.1%}",
             f"{s['underestimate_rate']:.1%}",
+            *("-" if s[c] is None else f"{s[c]:.1%}" for c in ("coverage_90", "coverage_99")),
             f"{s['profile_s']:.3f}",
             f"{s['predict_s']:.3f}",
         )
@@ -213,7 +221,9 @@ def _print_scores(summary: dict[str, Any]) -> None:
     out.print(
         "MAD: mean |real - predicted| tokens per expert (± spread over batches); ÷lina: MAD "
         "relative to lina-token; top-k: accuracy; under: share of experts predicted below "
-        "their real count; fit s, pred s: seconds to profile, and to predict one batch."
+        "their real count; cov90, cov99: share of real counts inside the predicted 90 % and "
+        "99 % intervals (each batch's model error measured on the other batches); fit s, "
+        "pred s: seconds to profile, and to predict one batch."
     )
     files = [f"{k}: {summary[k]}" for k in ("counts_out", "plot", "tables_out") if k in summary]
     out.print("* the planner's method." + (" Wrote " + "; ".join(files) if files else ""))

@@ -232,3 +232,51 @@ def test_a_plan_over_the_concurrency_quota_is_refused_and_not_written(
     )  # fmt: skip
     assert synth.exit_code == 2 and "concurrency quota" in synth.output
     assert not (tmp_path / "cdk.out").exists()
+
+
+def test_counts_with_a_distribution_plan_at_confidence_099_by_default(
+    counts: Path, tmp_path: Path
+) -> None:
+    """The default Q is 0.99 when the counts carry a distribution; 0 is the point plan; a
+    file without one cannot be planned at a confidence."""
+    doc = PredictedCounts.load(counts)
+    rng = np.random.default_rng(1)
+    # Balanced enough that no expert gets more tokens than the batch has (quantiles stop there).
+    mean = (rng.dirichlet(np.full(4, 20.0), size=6) * 20480).round(2)
+    assert mean.max() < 10240
+    widened = tmp_path / "dist.json"
+    doc.model_copy(
+        update={
+            "counts": mean.tolist(),
+            "std": (0.05 * mean + 5).round(3).tolist(),
+            "model_error": [0.05] * 6,
+            "residual_z": np.sort(rng.standard_t(4, size=200)).round(4).tolist(),
+        }
+    ).save(widened)
+    point = _json(_plan(widened, tmp_path / "p0.json", "--confidence", "0", "--json"))
+    slo = (point["latency_s"] + point["smallest_slo_s"]) / 2
+    point = _json(
+        _plan(
+            widened,
+            tmp_path / "p0.json",
+            "--slo",
+            str(slo),
+            "--confidence",
+            "0",
+            "--force",
+            "--json",
+        )
+    )
+    assert point["confidence"] is None
+    confident = _json(_plan(widened, tmp_path / "p1.json", "--slo", str(slo), "--json"))
+    chosen = confident["confidence"]
+    assert chosen["confidence"] == 0.99 and chosen["attainment_estimate"] >= 0.99
+    assert chosen["quantile_level"] > 0.5 and confident["bill_usd"]["total_usd"] >= (
+        point["bill_usd"]["total_usd"] * (1 - 1e-9)
+    )
+    assert Plan.load(tmp_path / "p1.json").counts_source["confidence"] == chosen
+    refused = _plan(counts, tmp_path / "p2.json", "--confidence", "0.99")
+    assert refused.exit_code == 2 and "distribution" in refused.output
+    assert not (tmp_path / "p2.json").exists()
+    bad = _plan(widened, tmp_path / "p3.json", "--confidence", "1")
+    assert bad.exit_code == 2 and "not in [0, 1)" in bad.output

@@ -49,13 +49,14 @@ def test_bad_sizes(trace, eval_tokens: int, repeats: int, message: str) -> None:
 
 
 def test_score_of_the_truth_and_of_an_underestimate(trace) -> None:  # type: ignore[no-untyped-def]
-    perfect = score(Prediction(trace.popularity().astype(float), trace.experts), trace)
+    real = trace.popularity().astype(float)
+    perfect = score(Prediction(real, trace.experts, np.zeros_like(real)), trace)
     assert perfect["mean_abs_diff"].tolist() == [0, 0]
     assert perfect["topk_accuracy"].tolist() == [1, 1]
     assert perfect["underestimate_rate"].tolist() == [0, 0]
     low = trace.popularity().astype(float)
     low[0, 0] -= 8
-    worse = score(Prediction(low, trace.experts), trace)
+    worse = score(Prediction(low, trace.experts, np.zeros_like(low)), trace)
     assert worse["mean_abs_diff"][0] == 2 and worse["underestimate_rate"][0] == 0.25
 
 

@@ -41,9 +41,21 @@ def test_json_contract_counts_plot_and_tables(traces: Path, tmp_path: Path) -> N
             "underestimate_rate",
             "profile_s",
             "predict_s",
+            "coverage_90",
+            "coverage_99",
+            "model_error_per_layer",
         } <= set(entry)
         assert 0 <= entry["topk_accuracy"] <= 1 and entry["mean_abs_diff"] >= 0
+        assert 0 <= entry["coverage_90"] <= entry["coverage_99"] <= 1
+        assert len(entry["model_error_per_layer"]) == 6
     written = PredictedCounts.load(counts)
+    # The distribution rides along: quantiles grow with q; its shape is the residuals'.
+    assert written.has_distribution and len(written.model_error) == 6
+    low, mid, high = (written.quantile(q) for q in (0.05, 0.5, 0.99))
+    assert (low <= mid + 1e-9).all() and (mid <= high + 1e-9).all() and (high > mid).any()
+    assert len(written.residual_z) == 24 * 1  # the other repeat's (layer, expert) counts
+    normal = written.model_copy(update={"residual_z": None})  # without residuals: the normal's
+    assert np.allclose(normal.quantile(0.5), np.clip(written.array(), 0, 512))
     assert written.method == summary["default"] and written.tokens == 512
     assert np.allclose(written.array().sum(axis=1), 512 * 2, atol=0.01)
     assert [sum(row) for row in written.real] == [1024] * 6

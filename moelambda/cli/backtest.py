@@ -1,0 +1,170 @@
+"""`moelambda backtest`: plans from a profile, served on held-out batches (planner.backtest)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
+
+from ground.errors import UsageError
+from moelambda.cli._app import ForceOpt, JsonOpt, app, err, load_with_status, user_errors
+
+SWEEP = (0.0, 0.5, 0.9, 0.95, 0.99, 0.999)  # the levels Q that --plot draws
+
+
+@app.command()
+@user_errors
+def backtest(
+    traces: Annotated[
+        Path, typer.Option(help="Trace directory written by `moelambda profile`.")
+    ] = Path("out/profile"),
+    slo: Annotated[
+        float | None,
+        typer.Option(
+            help="Latency SLO of one batch, seconds (default: midway between the fastest and "
+            "the cheapest deployment of the first batch's prediction)."
+        ),
+    ] = None,
+    tokens: Annotated[int, typer.Option(help="Tokens per batch (whole windows).")] = 10240,
+    batches: Annotated[int, typer.Option(help="Held-out batches to serve.")] = 50,
+    confidence: Annotated[
+        float, typer.Option(help="Q of the confidence policy (0: the point plan).")
+    ] = 0.99,
+    predictor: Annotated[
+        str | None, typer.Option(help="Prediction method (default: the planner's).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seeds the pool and the batches.")] = 0,
+    calibration: Annotated[
+        Path | None, typer.Option(help="Calibration JSON (default: the packaged one).")
+    ] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option(help="PNG of SLO attainment and cost against Q (runs every Q of the sweep)."),
+    ] = None,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Serve held-out batches on plans made from a profile: point, confidence, oracle, LambdaML.
+
+    The trace is split once into a pool of held-out windows and the rest; the predictor is fitted
+    on the rest, its model error measured on batches of the rest, and each of --batches batches
+    drawn from the pool is planned by every policy and served on its real routing by the
+    serving simulator. The oracle plans each batch from its real counts.
+    """
+    from moe import describe_model
+    from planner import load_calibration
+    from planner.backtest import backtest as run
+    from planner.build import instance_for
+    from predictor import DEFAULT_METHOD, RoutingTrace, make_predictor
+
+    if batches < 1:
+        raise UsageError(f"--batches {batches} is not positive.", "pass --batches 1 or more.")
+    if not 0.0 <= confidence < 1.0:
+        raise UsageError(f"--confidence {confidence:g} is not in [0, 1).", "pass e.g. 0.99.")
+    if slo is not None and slo <= 0:
+        raise UsageError(f"--slo {slo:g} is not positive.", "pass the SLO in seconds.")
+    method = predictor or DEFAULT_METHOD
+    make_predictor(method)  # an unknown name fails here, before the work
+    if plot is not None and plot.exists() and not force:
+        raise UsageError(f"'{plot}' already exists.", "pick another name or pass --force.")
+    trace = RoutingTrace.load(traces)
+    cal = load_calibration(calibration)
+    model = load_with_status(
+        trace.meta["model"],
+        trace.num_experts,
+        trace.top_k,
+        int(trace.meta.get("moefy_seed", 0)),
+        True,
+    )
+    manifest = describe_model(model)
+
+    def instance(counts: Any, batch_tokens: int) -> Any:
+        return instance_for(manifest, counts, cal, tokens=batch_tokens)
+
+    sweep = tuple(sorted({*SWEEP, confidence})) if plot is not None else ()
+    with Progress(
+        TextColumn("serving held-out batches"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=err,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("batches", total=batches)
+        result = run(
+            trace,
+            instance,
+            tokens=tokens,
+            batches=batches,
+            slo_s=slo,
+            confidence=confidence,
+            method=method,
+            sweep=sweep,
+            seed=seed,
+            on_batch=lambda done: progress.update(task, completed=done),
+        )
+    summary = result.summary()
+    summary["predictor"] = method
+    summary["corpus"] = trace.meta.get("corpus")
+    if plot is not None:
+        summary["plot"] = str(_plot(plot, summary, force))
+    if as_json:
+        print(json.dumps(summary))
+        return
+    _print(summary)
+
+
+def _plot(path: Path, summary: dict[str, Any], force: bool) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ground.files import write_file_atomically
+
+    sweep = summary["confidence_sweep"]
+    levels = [float(q) for q in sweep]
+    attained = [sweep[q]["slo_attainment"] for q in sweep]
+    cost = [sweep[q]["cost_vs_oracle"] for q in sweep]
+    fig, left = plt.subplots(figsize=(7, 4))
+    xs = range(len(levels))
+    left.plot(xs, attained, "o-", color="tab:blue", label="SLO attainment")
+    left.set_ylabel("SLO attainment", color="tab:blue")
+    left.set_xticks(list(xs), [f"{q:g}" for q in levels])
+    left.set_xlabel("confidence Q (0: point plan)")
+    right = left.twinx()
+    right.plot(xs, cost, "s--", color="tab:red", label="cost / oracle")
+    right.set_ylabel("mean cost / oracle's", color="tab:red")
+    left.set_title(
+        f"{summary['batches']} held-out batches of {summary['tokens']:,} tokens, "
+        f"SLO {summary['slo_s']:.3f} s"
+    )
+    fig.tight_layout()
+    write_file_atomically(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120), force=force)
+    plt.close(fig)
+    return path
+
+
+def _print(summary: dict[str, Any]) -> None:
+    table = Table(
+        title=f"Backtest: {summary['batches']} held-out batches of {summary['tokens']:,} tokens "
+        f"(pool {summary['pool_tokens']:,} tokens), SLO {summary['slo_s']:.3f} s"
+    )
+    for column in ("policy", "SLO attained", "mean cost USD", "cost / oracle", "p99 latency s"):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for name, row in summary["policies"].items():
+        label = f"confidence {summary['confidence']:g}" if name == "confidence" else name
+        table.add_row(
+            label,
+            f"{row['slo_attainment']:.1%}",
+            "-" if row["mean_cost_usd"] is None else f"{row['mean_cost_usd']:.6f}",
+            "-" if row["cost_vs_oracle"] is None else f"{row['cost_vs_oracle']:.3f}",
+            "-" if row["p99_latency_s"] is None else f"{row['p99_latency_s']:.3f}",
+        )
+    Console().print(table)
+    if "plot" in summary:
+        Console().print(f"Wrote {summary['plot']}")
