@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -91,6 +92,41 @@ def _print(report: dict[str, Any]) -> None:
     )
 
 
+def _print_seeds(report: dict[str, Any]) -> None:
+    out = Console()
+    first = report["per_seed"][0]
+    setup = first["setup"]
+    table = Table(
+        title=f"BO of {setup['predictor']} over seeds {report['seeds']}: mean ± std "
+        f"({setup['test_batches']} held-out batches of {setup['tokens']:,} tokens each)"
+    )
+    for column in ("method", "learning cut", "held-out ÷ oracle", "SLO attained", "converged at"):
+        table.add_column(column, justify="left" if column == "method" else "right")
+
+    def cell(stats: dict[str, Any], metric: str, percent: bool) -> str:
+        if metric not in stats:
+            return "-"
+        m, sd = stats[metric]["mean"], stats[metric]["std"]
+        return f"{m:.1%} ± {sd:.1%}" if percent else f"{m:.4f} ± {sd:.4f}"
+
+    for name, stats in report["statistics"].items():
+        table.add_row(
+            name,
+            cell(stats, "learn_improvement", True),
+            cell(stats, "cost_vs_oracle", False),
+            cell(stats, "slo_attainment", True),
+            "-"
+            if "converged_at" not in stats
+            else f"{stats['converged_at']['mean']:.0f} ± {stats['converged_at']['std']:.0f}",
+        )
+    out.print(table)
+    for claim in report["claims"]:
+        out.print(
+            f"{claim['verdict']:>9}: {claim['claim']} (mean difference "
+            f"{claim['mean_difference']:+.4f} ± {claim['standard_error']:.4f} s.e.)"
+        )
+
+
 @app.command()
 @user_errors
 def bo(
@@ -133,6 +169,13 @@ def bo(
         Path | None, typer.Option(help="Calibration JSON (default: the packaged one).")
     ] = None,
     seed: Annotated[int, typer.Option(help="Seeds the split and every sampler.")] = 0,
+    seeds: Annotated[
+        int,
+        typer.Option(
+            help="Repeat the comparison with seeds --seed, --seed+1, ...: mean and spread per "
+            "method, and a verdict on each of the paper's claims."
+        ),
+    ] = 1,
     plot: Annotated[Path | None, typer.Option(help="PNG of every method's convergence.")] = None,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
@@ -151,6 +194,8 @@ def bo(
 
     if iterations < 1:
         raise UsageError(f"--iterations {iterations} is not positive.", "pass 1 or more.")
+    if seeds < 1:
+        raise UsageError(f"--seeds {seeds} is not positive.", "pass --seeds 1 or more.")
     for name, value in (("--learn-batches", learn_batches), ("--test-batches", test_batches)):
         if value < 1:
             raise UsageError(f"{name} {value} is not positive.", f"pass {name} 1 or more.")
@@ -211,13 +256,32 @@ def bo(
                 tasks[method], completed=done, description=f"{method}: best ${best * 1e6:.3f} µ"
             )
 
-        report, searches = run_bo(
-            trace, manifest, load_calibration(calibration), settings, on_trial=on_trial
-        )
+        reports, first_searches = [], None
+        for offset in range(seeds):
+            tasks.clear()
+            run_settings = dataclasses.replace(settings, seed=seed + offset)
+            report, searches = run_bo(
+                trace, manifest, load_calibration(calibration), run_settings, on_trial=on_trial
+            )
+            reports.append(report)
+            first_searches = first_searches or searches
+    report, searches = reports[0], first_searches
+    assert searches is not None
     if plot is not None:
         _plot(plot, report, searches, force)
         report["plot"] = str(plot)
+    if seeds > 1:
+        from planner.bo import claims, statistics
+
+        report = {
+            "seeds": [seed + offset for offset in range(seeds)],
+            "statistics": statistics(reports),
+            "claims": claims(reports),
+            "per_seed": reports,
+        }
     if as_json:
         print(json.dumps(report))
+    elif seeds > 1:
+        _print_seeds(report)
     else:
         _print(report)

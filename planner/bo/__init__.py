@@ -18,6 +18,7 @@ from planner.bo._sampler import (
     epsilon,
     search_space,
 )
+from planner.bo._seeds import claims, statistics
 
 __all__ = [
     "BO_METHODS",
@@ -30,10 +31,12 @@ __all__ = [
     "ServingObjective",
     "Split",
     "adjustment_of",
+    "claims",
     "converged",
     "epsilon",
     "run_bo",
     "search_space",
     "split_for_bo",
+    "statistics",
     "tune",
 ]

@@ -204,9 +204,31 @@ def test_bo_command_end_to_end(minilm_trace: Path, tmp_path: Path) -> None:
     assert again.exit_code == 2 and "already exists" in again.output
 
 
+def test_bo_over_seeds_reports_mean_spread_and_claims(minilm_trace: Path) -> None:
+    args = ["bo", "--traces", str(minilm_trace), "--tokens", "1280", "--test-batches", "3"]
+    args += ["--iterations", "3", "--q", "32", "--methods", "multi-eps,single-eps,none"]
+    result = runner.invoke(app, [*args, "--seeds", "3", "--seed", "5", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["seeds"] == [5, 6, 7] and len(report["per_seed"]) == 3
+    assert [r["setup"]["seed"] for r in report["per_seed"]] == [5, 6, 7]
+    stats = report["statistics"]
+    assert set(stats) == {"multi-eps", "single-eps", "none"}
+    for name, per_metric in stats.items():
+        ratio = per_metric["cost_vs_oracle"]
+        values = [r["methods"][name]["cost_vs_oracle"] for r in report["per_seed"]]
+        assert ratio["mean"] == pytest.approx(sum(values) / 3, abs=1e-6)
+        assert ratio["min"] == pytest.approx(min(values)) and ratio["std"] >= 0
+        assert 0 <= per_metric["slo_attainment"]["mean"] <= 1
+    verdicts = {c["claim"]: c["verdict"] for c in report["claims"]}
+    assert any("more than single-eps" in claim for claim in verdicts)
+    assert set(verdicts.values()) <= {"holds", "fails", "not shown"}
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
+        (["--seeds", "0"], "--seeds 0 is not positive"),
         (["--tokens", "12800"], "too few"),
         (["--methods", "multi-eps,annealing"], "unknown BO method"),
         (["--rho1", "0.2"], "ρ3 < ρ2 < ρ1 < ρ"),
@@ -219,3 +241,35 @@ def test_bo_command_refuses_bad_input(minilm_trace: Path, extra: list[str], mess
     result = runner.invoke(app, [*args, "--q", "8", *extra])
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+def _seed_report(multi: float, single: float, ratio: float) -> dict:
+    row = {"slo_violations": 1, "converged_at": 10}
+    return {
+        "setup": {"test_batches": 4},
+        "methods": {
+            "multi-eps": row | {"learn_improvement": multi, "cost_vs_oracle": ratio},
+            "single-eps": row | {"learn_improvement": single, "cost_vs_oracle": 1.0},
+            "none": row | {"learn_improvement": None, "cost_vs_oracle": ratio + 0.01},
+        },
+    }
+
+
+def test_claims_hold_fail_or_are_not_shown_by_the_paired_differences() -> None:
+    from planner.bo import claims, statistics
+
+    def verdict(reports: list[dict], start: str) -> str:
+        (found,) = [c["verdict"] for c in claims(reports) if c["claim"].startswith(start)]
+        return found
+
+    better = [_seed_report(0.10 + d, 0.05 + d, 1.01) for d in (0.0, 0.01, 0.02, 0.005)]
+    assert verdict(better, "multi-dimensional ε-greedy cuts the learning cost more") == "holds"
+    worse = [_seed_report(0.05 + d, 0.10 + d, 1.01) for d in (0.0, 0.01, 0.02, 0.005)]
+    assert verdict(worse, "multi-dimensional ε-greedy cuts") == "fails"
+    mixed = [_seed_report(0.10, 0.05, 1.01), _seed_report(0.05, 0.10, 1.01)]
+    assert verdict(mixed, "multi-dimensional ε-greedy cuts") == "not shown"
+    assert verdict(better, "multi-eps: held-out cost within 3 %") == "holds"
+    assert verdict(better, "the tuned predictor's plans cost less") == "holds"
+    stats = statistics(better)
+    assert stats["multi-eps"]["slo_attainment"]["mean"] == 0.75
+    assert "learn_improvement" not in stats["none"]  # no search, no learning cut
