@@ -673,19 +673,24 @@ def test_the_image_holds_every_package_the_handlers_import_and_pins_no_threads()
     assert ours <= copied
     assert ours <= {rule[1:] for rule in _ASSET_EXCLUDE if rule.startswith("!")}
     assert "OMP_NUM_THREADS=" not in dockerfile  # torch uses the vCPUs: MOELAMBDA_THREADS
-    # The image holds the packages they need at the versions tested here: torch by version on
-    # PyTorch's CPU index, the others (their dependencies too) by hash, requirements-image.txt.
+    # The image holds the packages they need at the versions pyproject.toml pins (what the tests
+    # run): torch by version on PyTorch's CPU index, the others, and their dependencies, by hash
+    # (requirements-image.txt; its unpinned dependencies may be older than a new venv's).
     import re
+    import tomllib
     from importlib.metadata import version
 
     locked = dict(
         re.findall(r"^([a-z0-9-]+)==(\S+) \\\n    --hash=sha256:[0-9a-f]{64}", _image_lock(), re.M)
     )
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)$", "\n".join(project), re.M))
     needed = {"numpy", "transformers", "tokenizers", "safetensors", "pydantic", "boto3"}
     assert needed <= set(locked) and len(locked) >= 40
-    for name, pinned in locked.items():
-        assert version(name) == pinned, f"{name}: image {pinned}, tested {version(name)}"
-    assert f"torch=={version('torch').split('+')[0]}" in dockerfile
+    for name in needed:
+        assert locked[name] == pins[name], f"{name}: image {locked[name]}, pinned {pins[name]}"
+    assert pins["torch"] == version("torch").split("+")[0]
+    assert f"torch=={pins['torch']}" in dockerfile
     assert "--require-hashes" in dockerfile and "requirements-image.txt" in dockerfile
     assert "!requirements-image.txt" in _ASSET_EXCLUDE
 
