@@ -108,3 +108,17 @@ def check_out(out: Path, force: bool) -> None:
         raise OutputExistsError(
             f"'{out}' already exists and is not empty.", "pick a new --out or pass --force."
         )
+
+
+def manifest_of_trace(trace: Any) -> Any:
+    """The Manifest of the model a routing trace was recorded on (loaded, MoEfied if needed)."""
+    from moe import describe_model
+
+    model = load_with_status(
+        trace.meta["model"],
+        trace.num_experts,
+        trace.top_k,
+        int(trace.meta.get("moefy_seed", 0)),
+        True,
+    )
+    return describe_model(model)

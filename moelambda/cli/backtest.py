@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from ground.errors import UsageError
-from moelambda.cli._app import ForceOpt, JsonOpt, app, err, load_with_status, user_errors
+from moelambda.cli._app import ForceOpt, JsonOpt, app, err, manifest_of_trace, user_errors
 
 SWEEP = (0.0, 0.5, 0.9, 0.95, 0.99, 0.999)  # the levels Q that --plot draws
 
@@ -56,7 +56,6 @@ def backtest(
     drawn from the pool is planned by every policy and served on its real routing by the
     serving simulator. The oracle plans each batch from its real counts.
     """
-    from moe import describe_model
     from planner import load_calibration
     from planner.backtest import backtest as run
     from planner.build import instance_for
@@ -74,14 +73,7 @@ def backtest(
         raise UsageError(f"'{plot}' already exists.", "pick another name or pass --force.")
     trace = RoutingTrace.load(traces)
     cal = load_calibration(calibration)
-    model = load_with_status(
-        trace.meta["model"],
-        trace.num_experts,
-        trace.top_k,
-        int(trace.meta.get("moefy_seed", 0)),
-        True,
-    )
-    manifest = describe_model(model)
+    manifest = manifest_of_trace(trace)
 
     def instance(counts: Any, batch_tokens: int) -> Any:
         return instance_for(manifest, counts, cal, tokens=batch_tokens)

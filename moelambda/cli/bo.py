@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ground.errors import UsageError
-from moelambda.cli._app import ForceOpt, JsonOpt, app, err, load_with_status, user_errors
+from moelambda.cli._app import ForceOpt, JsonOpt, app, err, manifest_of_trace, user_errors
 
 
 def _plot(path: Path, report: dict[str, Any], searches: dict[str, Any], force: bool) -> None:
@@ -187,7 +187,6 @@ def bo(
     adjustment, single ε and TPE, and tests every result on --test-batches held-out batches
     against the oracle (plans from the real counts) and LambdaML (3,008 MB, no replicas).
     """
-    from moe import describe_model
     from planner import load_calibration
     from planner.bo import BoSettings, EpsilonGreedy, run_bo
     from predictor import RoutingTrace
@@ -230,14 +229,7 @@ def bo(
         config=config,
     )
     trace = RoutingTrace.load(traces)
-    model = load_with_status(
-        trace.meta["model"],
-        trace.num_experts,
-        trace.top_k,
-        int(trace.meta.get("moefy_seed", 0)),
-        True,
-    )
-    manifest = describe_model(model)
+    manifest = manifest_of_trace(trace)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     with Progress(
