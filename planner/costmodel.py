@@ -56,6 +56,7 @@ __all__ = [
     "replica_limits",
     "usage",
     "layer_terms",
+    "option_grid",
     "tokens_that_fit",
 ]
 
@@ -87,7 +88,7 @@ def _shape(inst: Instance, layer: int) -> tuple[np.ndarray, ...]:
     return d, g, r, u, m
 
 
-def _minibatches(d: np.ndarray, g: np.ndarray, beta: int) -> np.ndarray:
+def _minibatches(d: np.ndarray, g: np.ndarray, beta: int | np.ndarray) -> np.ndarray:
     """Minibatches of all replicas of an expert: its shards (`shard_sizes`) cut into beta rows."""
     q = np.floor(d / g)
     rem = d - q * g
@@ -129,7 +130,29 @@ def replica_limits(
 
 def expert_options(inst: Instance, layer: int, method: Method, beta: int = 1) -> Options:
     """Times, costs and feasibility of every option of every expert (formulas above)."""
+    arrays = _option_arrays(inst, layer, method, np.array([float(beta)]))
+    return Options(layer, method, int(beta), *(a[0] for a in arrays))
+
+
+def option_grid(
+    inst: Instance, layer: int, method: Method, betas: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(cost, finish, feasible) of `expert_options` for all `betas` at once, as (B, E, J, G).
+
+    One evaluation instead of one per beta: the exact solver builds every layer's frontier over
+    all pipeline degrees, and per-call overhead dominated that.
+    """
+    _, cost, _, finish, feasible = _option_arrays(inst, layer, method, np.asarray(betas, float))
+    return cost, finish, feasible
+
+
+def _option_arrays(
+    inst: Instance, layer: int, method: Method, betas: np.ndarray
+) -> tuple[np.ndarray, ...]:
+    """(time, cost, experts_usd, finish, feasible), each (B, E, J, G) for the B pipeline degrees
+    (ignored, B = 1 in effect, unless pipelined: every beta then gives the same arrays)."""
     d, g, r, u, m = _shape(inst, layer)
+    beta = betas.reshape(-1, 1, 1, 1)  # (B,1,1,1): every array below broadcasts to (B,E,J,G)
     bs, dl, start = inst.s3_bandwidth, inst.s3_delay_s, inst.warm_start_s
     d_in, d_out = inst.token_bytes_in, inst.token_bytes_out
     pre = float(inst.layer_s[layer])
@@ -138,7 +161,7 @@ def expert_options(inst: Instance, layer: int, method: Method, beta: int = 1) ->
     invoked = busy
     resident = r
     if method is Method.PIPELINED:
-        b = np.maximum(np.minimum(float(beta), r), 1.0)
+        b = np.maximum(np.minimum(beta, r), 1.0)
         block = dl + b * np.maximum(d_in / bs + u, d_out / bs)
         last = dl + b * d_out / bs
         upload = dl + routed * d_in / bs
@@ -167,7 +190,7 @@ def expert_options(inst: Instance, layer: int, method: Method, beta: int = 1) ->
     cost = experts_usd
     if inst.objective == "full":
         cost = experts_usd + _request_usd(inst, method, beta, d, g, busy, invoked, pre)
-    shape = (inst.experts, inst.memory_mb.size, inst.max_replicas)
+    shape = (beta.shape[0], inst.experts, inst.memory_mb.size, inst.max_replicas)
     arrays = [np.broadcast_to(a, shape).copy() for a in (time, cost, experts_usd, finish)]
     feasible = np.broadcast_to(feasible, shape).copy()
     if method is not Method.PIPELINED:
@@ -177,14 +200,13 @@ def expert_options(inst: Instance, layer: int, method: Method, beta: int = 1) ->
         # An expert predicted idle may still get tokens: its memory must hold at least one.
         one = np.broadcast_to(need_mb + (d_in + d_out) / MB <= m, shape)
         feasible[idle] = one[idle]
-    time, cost, experts_usd, finish = arrays
-    return Options(layer, method, int(beta), time, cost, experts_usd, finish, feasible)
+    return (*arrays, feasible)
 
 
 def _request_usd(
     inst: Instance,
     method: Method,
-    beta: int,
+    beta: np.ndarray,
     d: np.ndarray,
     g: np.ndarray,
     busy: np.ndarray,

@@ -4,20 +4,21 @@ Why this is exact. Fix a layer's method and pipeline degree beta: its experts th
 through the layer's slowest expert, whose finish is the layer's latency, and the layer's own
 terms (`layer_terms`: a constant and a cost per second of latency) grow with that latency. So for
 every threshold tau on the finish time, giving each expert its cheapest feasible option within
-it dominates every other choice with the same maximum; enumerating the distinct finish values as
-thresholds therefore yields every cost-vs-latency Pareto point of the layer. Layers interact only
-through the sum of their latencies in the SLO (12d), so the global problem is a multiple-choice
-knapsack over the layer frontiers, solved exactly by adding the frontiers one layer at a time
-(Minkowski sum) and pruning dominated points after each step. The result is the whole cost-vs-SLO
+it dominates every other choice with the same maximum; the thresholds that give distinct points
+are the steps of the experts' cost-vs-finish staircases, so enumerating them yields every
+cost-vs-latency Pareto point of the layer. Layers interact only through the sum of their
+latencies in the SLO (12d), so the global problem is a multiple-choice knapsack over the layer
+frontiers, solved exactly by adding the frontiers one layer at a time (Minkowski sum) and
+pruning dominated points after each step. The result is the whole cost-vs-SLO
 curve, from which any SLO's optimum is read off; optimal means optimal over the instance's
 decision space (the given methods, `inst.betas`, memory options and 1..G replicas).
 
-One SLO needs far less than the whole curve (`solve_exact`): a partial plan over the first layers
-is dropped when even the fastest remaining layers overrun the SLO, or when a Lagrangian lower
-bound on what the remaining layers must cost puts it above a feasible plan found beforehand
-(`_Bound`). Both tests only remove partial plans that cannot complete to a plan at most as
-costly as one already known, so the optimum survives and the solve stays exact; the candidate
-sums are filtered before the Pareto sort, which is where the time goes.
+One SLO needs far less than the whole curve (`solve_exact`): each layer's frontier stops at the
+latency the other layers' fastest points leave it, and a partial plan over the first layers is
+dropped when the lower convex hull of the remaining layers' curves (for its latency budget, the
+best Lagrangian bound) puts it above a feasible plan found beforehand (`_Bound`). Both tests only
+remove what cannot complete to a plan at most as costly as one already known, so the optimum
+survives and the solve stays exact; the candidate sums are filtered before the Pareto sort.
 """
 
 from __future__ import annotations
@@ -31,12 +32,11 @@ import numpy as np
 
 from planner.costmodel import (
     Choice,
-    Options,
     Solution,
     evaluate,
-    expert_options,
     global_terms,
     layer_terms,
+    option_grid,
 )
 from planner.instance import Instance, Method
 
@@ -182,7 +182,17 @@ def _build(
     start = time.perf_counter()
     if not methods:
         raise ValueError("solve_frontier needs at least one scatter-gather method")
-    layers = tuple(layer_frontier(inst, layer, methods) for layer in range(inst.layers))
+    parts = [_LayerParts.make(inst, layer, methods) for layer in range(inst.layers)]
+    caps = [math.inf] * len(parts)
+    if bounded and slo_s is not None:
+        # Exact: every other layer adds at least its least latency, so within the SLO this
+        # layer cannot take longer than what those leave it. Not when nothing fits: the curve
+        # then still reports the smallest feasible SLO.
+        fastest = np.array([p.fastest() for p in parts])
+        slack = slo_s * (1 + SLO_RTOL) - inst.fixed_s() - float(fastest.sum())
+        if slack >= 0:
+            caps = list(fastest + slack + BOUND_ATOL)
+    layers = tuple(p.frontier(inst, cap) for p, cap in zip(parts, caps, strict=True))
     usd, per_s = global_terms(inst)
     latency, cost = np.array([inst.fixed_s()]), np.array([usd + per_s * inst.fixed_s()])
     bound = _Bound.make(layers, float(latency[0]), float(cost[0]), slo_s) if bounded else None
@@ -214,20 +224,18 @@ def _build(
 class _Bound:
     """What lets one SLO's solve drop partial plans that cannot beat a known plan, exactly.
 
-    For the layers after layer l, `rest_latency[l]` is the least latency they can add and
-    `rest_dual[l]` the least of (cost + lam * latency) they can add. By weak duality, layers that
-    get a latency budget B cost at least rest_dual[l] - lam * B for any lam >= 0. A partial plan
-    (t, c) over layers <= l is kept only if t + rest_latency[l] meets the SLO and
-    c + rest_dual[l] - lam * (SLO - t) does not exceed `upper`, the cost of a feasible plan.
-    lam is the multiplier at which the per-layer minimisers of cost + lam * latency first meet
-    the SLO (found by bisection), whose plan gives `upper`; without an SLO, lam = 0.
+    `rest[l]` is the lower convex hull of the cost-vs-latency curve of the layers after layer l,
+    as (latency, cost) vertices: given a latency budget B those layers cost at least its value
+    at B (the convex relaxation of their knapsack: the hull of a Minkowski sum is the sum of the
+    hulls), and no plan at all when B is below its first vertex. A partial plan (t, c) over
+    layers <= l is kept only if c + rest[l](SLO - t) does not exceed `upper`, the cost of a
+    feasible plan: the plan of the per-layer minimisers of cost + lam * latency at the least
+    lam whose plan meets the SLO (found by bisection), improved greedily (`_spend_slack`).
     """
 
     slo_s: float  # inf without an SLO
-    lam: float
     upper: float
-    rest_latency: np.ndarray  # (L,)
-    rest_dual: np.ndarray  # (L,)
+    rest: tuple[tuple[np.ndarray, np.ndarray], ...]  # (L,) hull vertices (latency, cost)
 
     @classmethod
     def make(
@@ -251,7 +259,7 @@ class _Bound:
         fastest = [0] * len(layers)
         if latency(fastest) > slo:
             return None
-        lam, chosen = 0.0, minimisers(0.0)
+        chosen = minimisers(0.0)
         if latency(chosen) > slo:
             low, high = 0.0, 1.0
             while latency(minimisers(high)) > slo and high < 1e15:
@@ -259,123 +267,200 @@ class _Bound:
             for _ in range(64):
                 middle = (low + high) / 2
                 low, high = (low, middle) if latency(minimisers(middle)) <= slo else (middle, high)
-            lam, chosen = high, minimisers(high)
+            chosen = minimisers(high)
             if latency(chosen) > slo:  # lam so large that sums round: start from the fastest
                 chosen = fastest
         upper = _spend_slack(layers, chosen, base_latency, base_cost, slo)
-        dual = np.array([float(np.min(f.cost_usd + lam * f.latency_s)) for f in layers])
-        least = np.array([float(f.latency_s[0]) for f in layers])
-
-        def after(values: np.ndarray) -> np.ndarray:  # sum over the layers after each one
-            return np.r_[np.cumsum(values[::-1])[::-1][1:], 0.0]
-
-        return cls(slo, lam, upper, after(least), after(dual))
+        hulls = [_lower_hull(f.latency_s, f.cost_usd) for f in layers]
+        rest = tuple(_hull_sum(hulls[index + 1 :]) for index in range(len(layers)))
+        return cls(slo, upper, rest)
 
     def keeper(self, layer: int) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
         """The test of partial plans over layers <= `layer` (latency, cost) -> keep mask."""
-        rest_latency, rest_dual = self.rest_latency[layer], self.rest_dual[layer]
+        hull_latency, hull_cost = self.rest[layer]
         slack = BOUND_ATOL + abs(self.upper) * BOUND_RTOL
 
         def keep(latency: np.ndarray, cost: np.ndarray) -> np.ndarray:
-            fits = latency + rest_latency <= self.slo_s + BOUND_ATOL
-            if self.lam == 0.0:
-                return fits & (cost + rest_dual <= self.upper + slack)
-            least = cost + rest_dual - self.lam * (self.slo_s - latency)
-            return fits & (least <= self.upper + slack)
+            budget = self.slo_s + BOUND_ATOL - latency
+            least = cost + np.interp(budget, hull_latency, hull_cost, left=np.inf)
+            return least <= self.upper + slack
 
         return keep
 
 
+def _lower_hull(latency: np.ndarray, cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Vertices of the lower convex hull of a Pareto curve (latency ascending, cost descending).
+
+    Drops, all at once and until none is left, every point on or above the chord between its
+    neighbours: such a point lies above the hull, so each round is safe, and what stays is convex.
+    """
+    x, y = latency, cost
+    while x.size > 2:
+        dx0, dy0 = x[1:-1] - x[:-2], y[1:-1] - y[:-2]
+        dx1, dy1 = x[2:] - x[:-2], y[2:] - y[:-2]
+        above = dx1 * dy0 - dy1 * dx0 >= 0  # the middle point is not below the chord
+        if not above.any():
+            break
+        stay = np.r_[True, ~above, True]
+        x, y = x[stay], y[stay]
+    return x, y
+
+
+def _hull_sum(hulls: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Lower convex hull of the Minkowski sum of hulls: their edges in order of slope."""
+    if not hulls:
+        return np.zeros(1), np.zeros(1)
+    dx = np.concatenate([np.diff(x) for x, _ in hulls])
+    dy = np.concatenate([np.diff(y) for _, y in hulls])
+    order = np.argsort(dy / dx, kind="stable")
+    x0, y0 = sum(float(x[0]) for x, _ in hulls), sum(float(y[0]) for _, y in hulls)
+    return np.r_[x0, x0 + np.cumsum(dx[order])], np.r_[y0, y0 + np.cumsum(dy[order])]
+
+
 def layer_frontier(inst: Instance, layer: int, methods: tuple[Method, ...]) -> LayerFrontier:
     """Pareto frontier of one layer over every (method, beta) pair and every expert option."""
-    parts = []
-    # Pipelined with beta >= r costs what plain S3 costs; listing S3 and direct first makes such
-    # ties go to the method with fewer S3 requests.
-    for method in sorted(methods, key=lambda m: m is Method.PIPELINED):
-        usd, per_s = layer_terms(inst, layer, method)
-        for beta in inst.betas if method is Method.PIPELINED else (1,):
-            latency, cost, option = _points(inst, expert_options(inst, layer, method, beta))
-            parts.append((latency, cost + usd + per_s * latency, option, int(method), beta))
-    latency = np.concatenate([p[0] for p in parts])
-    cost = np.concatenate([p[1] for p in parts])
-    option = np.concatenate([p[2] for p in parts]).reshape(-1, inst.experts)
-    method = np.concatenate([np.full(p[1].size, p[3]) for p in parts])
-    beta = np.concatenate([np.full(p[1].size, p[4]) for p in parts])
-    keep = _pareto(latency, cost)
-    g = inst.max_replicas
-    return LayerFrontier(
-        latency[keep],
-        cost[keep],
-        method[keep],
-        beta[keep],
-        option[keep] // g,
-        option[keep] % g + 1,
-    )
+    return _LayerParts.make(inst, layer, methods).frontier(inst)
 
 
-def _flat(opts: Options) -> tuple[np.ndarray, np.ndarray]:
-    """(E, K) cost and finish over the options k = j * G + (g - 1).
+@dataclass(frozen=True)
+class _LayerParts:
+    """Every expert option of one layer under every part, a (method, beta) pair: (P, E, K) cost
+    and finish over k = j * G + (g - 1), and per part its method, beta and `layer_terms`."""
 
-    Infeasible options get an infinite finish, so no threshold ever admits them.
-    """
-    experts = opts.cost.shape[0]
-    finish = np.where(opts.feasible, opts.finish, np.inf).reshape(experts, -1)
-    return opts.cost.reshape(experts, -1), finish
+    cost: np.ndarray
+    finish: np.ndarray  # infinite where infeasible, so no threshold ever admits the option
+    method: np.ndarray  # (P,)
+    beta: np.ndarray  # (P,)
+    usd: np.ndarray  # (P,)
+    per_s: np.ndarray  # (P,)
 
+    @classmethod
+    def make(cls, inst: Instance, layer: int, methods: tuple[Method, ...]) -> _LayerParts:
+        costs, finishes, method_of, beta_of, usd, per_s = [], [], [], [], [], []
+        # Pipelined with beta >= r costs what plain S3 costs; listing S3 and direct first makes
+        # such ties go to the method with fewer S3 requests.
+        for method in sorted(methods, key=lambda m: m is Method.PIPELINED):
+            betas = np.asarray(inst.betas if method is Method.PIPELINED else (1,), dtype=int)
+            # Every beta from the largest token count on gives one replica's tokens as one
+            # minibatch (any g): the first such stands for the rest, as a tie would pick it.
+            whole = np.flatnonzero(betas >= np.ceil(inst.counts[layer]).max())
+            if whole.size:
+                betas = betas[: whole[0] + 1]
+            cost, finish, feasible = option_grid(inst, layer, method, betas)
+            costs.append(cost)
+            finishes.append(np.where(feasible, finish, np.inf))
+            method_of.append(np.full(betas.size, int(method)))
+            beta_of.append(betas)
+            terms = layer_terms(inst, layer, method)
+            usd.append(np.full(betas.size, terms[0]))
+            per_s.append(np.full(betas.size, terms[1]))
+        shape = (-1, inst.experts, inst.memory_mb.size * inst.max_replicas)
+        return cls(
+            np.concatenate(costs).reshape(shape),
+            np.concatenate(finishes).reshape(shape),
+            np.concatenate(method_of),
+            np.concatenate(beta_of),
+            np.concatenate(usd),
+            np.concatenate(per_s),
+        )
 
-def _points(inst: Instance, opts: Options) -> tuple[np.ndarray, ...]:
-    """Candidate points of one (method, beta): one per finish threshold (latency, cost, options).
+    def fastest(self) -> float:
+        """The layer's least latency (inf when no part has a feasible option for every expert)."""
+        return float(self.finish.min(axis=2).max(axis=1).min())
 
-    The layer's latency is its slowest expert's finish, so each threshold admits every expert's
-    cheapest option finishing within it.
-    """
-    cost, finish = _flat(opts)
-    option, total, finish_max = _cheapest_within(cost, finish)
-    keep = _pareto(finish_max, total)
-    return finish_max[keep], total[keep], option[keep]
+    def frontier(self, inst: Instance, cap_s: float = math.inf) -> LayerFrontier:
+        """The Pareto points with latency at most `cap_s` (what an SLO leaves this layer)."""
+        finish = np.where(self.finish <= cap_s, self.finish, np.inf)
+        part, option, cost, latency = _cheapest_within(self.cost, finish)
+        cost = cost + self.usd[part] + self.per_s[part] * latency
+        keep = _pareto(latency, cost)
+        g = inst.max_replicas
+        return LayerFrontier(
+            latency[keep],
+            cost[keep],
+            self.method[part[keep]],
+            self.beta[part[keep]],
+            option[keep] // g,
+            option[keep] % g + 1,
+        )
 
 
 def _cheapest_within(cost: np.ndarray, finish: np.ndarray) -> tuple[np.ndarray, ...]:
-    """For each threshold tau among the finite finish values, each expert's cheapest option within.
+    """Candidate points of every part (a method and beta): one per finish threshold tau, each
+    expert taking its cheapest option finishing within tau.
 
-    Vectorised: per expert, options sorted by finish with a running minimum of cost (ties go to
-    the earlier option, so to the smaller finish, memory, replicas); the number of options of each
-    expert within each tau is a cumulative histogram of the options' ranks among the thresholds.
-    Returns option (T, E) indices into K, total cost (T,) and the chosen options' largest finish
-    (T,), for the thresholds where every expert has an option.
+    `cost` and `finish` are (P, E, K). Per expert, options sorted by finish with a running
+    minimum of cost form a staircase whose steps are the options cheaper than every faster one
+    (ties go to the earlier option, so to the smaller finish, memory, replicas). The layer's
+    latency at tau is its slowest chosen finish, itself a step, so the steps' finishes are the
+    only thresholds that give distinct points; at each, an expert's choice is its last step
+    within it, read for all (threshold, expert) pairs from a table of steps by threshold rank
+    filled forward. Returns part (N,), option (N, E) indices into K, total
+    cost (N,) and latency (N,), for the thresholds where every expert has an option, by part
+    and then latency.
     """
-    experts, k = cost.shape
-    order = np.argsort(finish, axis=1, kind="stable")
-    finish = np.take_along_axis(finish, order, axis=1)
-    cost = np.take_along_axis(cost, order, axis=1)
-    improves = np.ones(cost.shape, dtype=bool)
-    improves[:, 1:] = cost[:, 1:] < np.minimum.accumulate(cost, axis=1)[:, :-1]
-    cheapest = np.maximum.accumulate(np.where(improves, np.arange(k), 0), axis=1)
-    values, rank = np.unique(finish, return_inverse=True)  # infinite finish ranks last
-    bins = (rank.reshape(experts, k) + values.size * np.arange(experts)[:, None]).ravel()
-    counts = np.bincount(bins, minlength=experts * values.size).reshape(experts, values.size)
-    within = np.cumsum(counts, axis=1)[:, : np.isfinite(values).sum()]  # (E, T) finish <= tau
-    within = within[:, (within > 0).all(axis=0)]
-    rows = np.arange(experts)[:, None]
-    position = cheapest[rows, within - 1]
-    option = order[rows, position].T
-    total = cost[rows, position].sum(axis=0)
-    return option, total, finish[rows, position].max(axis=0, initial=0.0)
+    parts, experts, k = cost.shape
+    order = np.argsort(finish, axis=2, kind="stable")
+    finish = np.take_along_axis(finish, order, axis=2).reshape(-1, k)
+    cost = np.take_along_axis(cost, order, axis=2).reshape(-1, k)
+    steps = np.ones(cost.shape, dtype=bool)
+    steps[:, 1:] = cost[:, 1:] < np.minimum.accumulate(cost, axis=1)[:, :-1]
+    group, position = np.nonzero(steps & np.isfinite(finish))  # by group = part * E + expert
+    step_finish = finish[group, position]
+    step_part = group // experts
+    # Thresholds: the distinct (part, finish) pairs, numbered in (part, finish) order.
+    by_value = np.lexsort((step_finish, step_part))
+    new = np.ones(by_value.size, dtype=bool)
+    new[1:] = (np.diff(step_part[by_value]) != 0) | (np.diff(step_finish[by_value]) != 0)
+    rank = np.empty(by_value.size, dtype=np.int64)
+    rank[by_value] = np.cumsum(new) - 1
+    tau_part, tau = step_part[by_value][new], step_finish[by_value][new]
+    first = np.searchsorted(tau_part, np.arange(parts))  # each part's first threshold
+    local = rank - first[step_part]
+    # table[group, t]: the group's last step within its part's t-th threshold (-1: none yet).
+    # Steps ascend in finish within a group; of two at one finish the later is cheaper.
+    last = np.ones(group.size, dtype=bool)
+    last[:-1] = (group[1:] != group[:-1]) | (local[1:] != local[:-1])
+    width = int(np.diff(np.r_[first, tau.size]).max(initial=0))
+    table = np.full((parts * experts, max(width, 1)), -1, dtype=np.int64)
+    table[group[last], local[last]] = np.flatnonzero(last)
+    table = np.maximum.accumulate(table, axis=1)
+    rows = tau_part[:, None] * experts + np.arange(experts)
+    found = table[rows, (np.arange(tau.size) - first[tau_part])[:, None]]  # (T, E)
+    valid = (found >= 0).all(axis=1)  # every expert has an option within tau
+    found = found[valid]
+    chosen_group, chosen_position = group[found], position[found]
+    option = order.reshape(-1, k)[chosen_group, chosen_position]
+    total = cost[chosen_group, chosen_position].sum(axis=1)
+    return tau_part[valid], option, total, tau[valid]
 
 
 def _pareto(latency: np.ndarray, cost: np.ndarray) -> np.ndarray:
     """Indices of the non-dominated points, by latency ascending (cost strictly descending).
 
-    A point is dropped when an earlier one (in latency to the nanosecond, then cost, then index
-    order) costs no more, up to rounding (TIE_RTOL): equal points keep the first, so the result is
-    deterministic and a tie between methods goes to the one listed first.
+    Latencies equal to the nanosecond form a group, represented by its cheapest point (cost to
+    1e-12 of the largest, TIE_RTOL), the first such in index order; a group's point is kept when
+    it costs less, up to rounding, than every point of a faster group. Equal points keep the
+    first, so the result is deterministic and a tie between methods goes to the one listed
+    first. One stable sort by latency: it meets the inputs' ascending runs (`_merge`), where a
+    lexicographic sort by (latency, cost) would start over.
     """
+    if latency.size == 0:
+        return np.zeros(0, dtype=np.int64)
     scale = float(np.abs(cost).max(initial=0.0)) or 1.0
-    order = np.lexsort((np.round(cost / scale, 12), np.round(latency, 9)))  # ns, 1e-12 of max
+    nanoseconds = np.round(latency, 9)
+    order = np.argsort(nanoseconds, kind="stable")
     cost = cost[order]
-    keep = np.ones(cost.size, dtype=bool)
-    keep[1:] = cost[1:] < np.minimum.accumulate(cost)[:-1] * (1 - TIE_RTOL)
-    return order[keep]
+    opens = np.r_[True, np.diff(nanoseconds[order]) != 0]  # a point opens a new group
+    starts, group = np.flatnonzero(opens), np.cumsum(opens) - 1
+    rounded = np.round(cost / scale, 12)
+    least = np.minimum.reduceat(rounded, starts)
+    first = np.flatnonzero(rounded == least[group])
+    represent = first[np.r_[True, group[first][1:] != group[first][:-1]]]  # one per group
+    faster = np.minimum.accumulate(np.minimum.reduceat(cost, starts))  # through each group
+    keep = np.ones(represent.size, dtype=bool)
+    keep[1:] = cost[represent[1:]] < faster[:-1] * (1 - TIE_RTOL)
+    return order[represent[keep]]
 
 
 def _totals(

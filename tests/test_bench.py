@@ -58,6 +58,7 @@ def test_bench_planner_solvers_agree_on_one_layer(trace16: Path) -> None:
         "20",
     )
     assert summary["instance"]["layers"] == 1 and len(summary["slos"]) == 3
+    assert summary["exact_target_s"] == 0.25 and summary["exact_speedup_vs_ods"] > 0
     for entry in summary["slos"]:
         exact = entry["solvers"]["exact"]
         assert exact["feasible"] and exact["latency_s"] <= entry["slo_s"] * (1 + 1e-9)

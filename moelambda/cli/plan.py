@@ -505,8 +505,9 @@ def bench_planner(
 ) -> None:
     """Solve a paper-scale instance at a loose, a medium and a tight SLO with every solver.
 
-    Targets: the exact solver <= 1 s for all three SLOs together (goal 0.25 s), never costlier
-    than ODS, and equal to the MILP wherever the MILP proves optimality. Paper: ODS 2.27 s.
+    Targets: the exact solver <= 0.25 s for all three SLOs together, each solved from scratch,
+    >= 20x faster than ODS in the same run, never costlier than ODS, and equal to the MILP
+    wherever the MILP proves optimality. Paper: ODS 2.27 s.
     """
     from planner.exact import solve_exact, solve_frontier
     from planner.milp import solve_milp_mixed
@@ -523,7 +524,7 @@ def bench_planner(
         "tight": fastest * 1.02,
     }
     results = []
-    exact_total = 0.0
+    totals = {"exact": 0.0, "ods": 0.0}
     for label, slo_s in slos.items():
         entry: dict[str, Any] = {"label": label, "slo_s": round(slo_s, 6), "solvers": {}}
         with err.status(f"{label} SLO {slo_s:.3f} s: exact, ODS, MILP"):
@@ -544,8 +545,8 @@ def bench_planner(
                     row["latency_s"] = round(solution.latency, 6)
                 if name == "milp":
                     row["optimal"] = bool(solution is not None and solution.optimal)
-                if name == "exact":
-                    exact_total += seconds
+                if name in totals:
+                    totals[name] += seconds
                 entry["solvers"][name] = row
         solvers = entry["solvers"]
         entry["baselines_usd"] = _baselines(inst, slo_s)
@@ -563,8 +564,11 @@ def bench_planner(
         "instance": facts,
         "frontier_points": int(frontier.cost_usd.size),
         "slos": results,
-        "exact_total_s": round(exact_total, 4),
-        "exact_target_s": 1.0,
+        "exact_total_s": round(totals["exact"], 4),
+        "exact_target_s": 0.25,
+        "ods_total_s": round(totals["ods"], 4),
+        "exact_speedup_vs_ods": round(totals["ods"] / max(totals["exact"], 1e-9), 1),
+        "speedup_target": 20.0,
         "paper_ods_s": 2.27,
     }
     if as_json:

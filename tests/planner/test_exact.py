@@ -13,7 +13,15 @@ import numpy as np
 import pytest
 
 from planner.costmodel import evaluate, global_terms
-from planner.exact import Frontier, solve_bounded, solve_exact, solve_frontier
+from planner.exact import (
+    Frontier,
+    _hull_sum,
+    _lower_hull,
+    _pareto,
+    solve_bounded,
+    solve_exact,
+    solve_frontier,
+)
 from planner.instance import Instance, Method
 
 from .small import brute_force, layer_table, small_instance
@@ -24,6 +32,7 @@ SHAPES = {
     "deep": {"layers": 3, "experts": 2, "memories": 2},
     "standard": {"workflow": "standard"},  # transitions instead of Express duration
     "experts": {"objective": "experts"},  # the paper's objective
+    "whole_batch": {"betas": (8, 512, 4096)},  # degrees above every count: one stands for all
 }
 METHODS = [tuple(Method), (Method.PIPELINED,), (Method.S3,), (Method.DIRECT,)]
 CASES = [(shape, seed) for shape in SHAPES for seed in range(12 if len(shape) < 8 else 6)]
@@ -176,3 +185,39 @@ def test_larger_instance_is_consistent() -> None:
         assert evaluation.cost == pytest.approx(frontier.cost_usd[point], rel=RTOL)
         assert evaluation.feasible
     assert solve_exact(inst, frontier.min_latency() * 0.999) is None
+
+
+def _staircase(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """A random Pareto curve: latency ascending, cost strictly descending."""
+    latency, cost = rng.uniform(0, 10, size), rng.uniform(0, 10, size)
+    keep = _pareto(latency, cost)
+    return latency[keep], cost[keep]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_lower_hull_is_convex_and_under_every_point(seed: int) -> None:
+    """The bound's hull: vertices from the curve, slopes ascending, no point below it."""
+    latency, cost = _staircase(np.random.default_rng(seed), 60)
+    x, y = _lower_hull(latency, cost)
+    assert set(zip(x, y, strict=True)) <= set(zip(latency, cost, strict=True))
+    assert x[0] == latency[0] and x[-1] == latency[-1]
+    assert np.all(np.diff(np.diff(y) / np.diff(x)) > 0)
+    assert np.all(np.interp(latency, x, y) <= cost + 1e-12)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_hull_of_a_minkowski_sum_is_the_sum_of_hulls(seed: int) -> None:
+    """Against brute force: the hull of every combination of points of three curves."""
+    rng = np.random.default_rng(seed)
+    curves = [_staircase(rng, 12) for _ in range(3)]
+    latency, cost = np.zeros(1), np.zeros(1)
+    for t, c in curves:
+        latency = (latency[:, None] + t).ravel()
+        cost = (cost[:, None] + c).ravel()
+    keep = _pareto(latency, cost)
+    expected = _lower_hull(latency[keep], cost[keep])
+    x, y = _hull_sum([_lower_hull(t, c) for t, c in curves])
+    assert x[0] == pytest.approx(expected[0][0]) and x[-1] == pytest.approx(expected[0][-1])
+    probe = np.linspace(x[0], x[-1], 200)
+    np.testing.assert_allclose(np.interp(probe, x, y), np.interp(probe, *expected), atol=1e-9)
+    assert np.all(np.interp(latency, x, y) <= cost + 1e-9)  # a lower bound on every plan
