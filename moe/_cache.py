@@ -29,7 +29,7 @@ from moe._moefy import LayerFit
 from moe._registry import ModelSource, resolve_model
 from moe._stages import StageLoader
 
-__all__ = ["CACHE_ENV", "default_cache_dir", "load_exported", "load_model"]
+__all__ = ["CACHE_ENV", "cached_export_dir", "default_cache_dir", "load_exported", "load_model"]
 
 CACHE_ENV = "MOELAMBDA_CACHE_DIR"
 
@@ -49,6 +49,22 @@ def _key(source: ModelSource, experts: int, top_k: int, seed: int, fit_tokens: i
         [source.name, stamp, experts, top_k, seed, fit_tokens, __version__, MANIFEST_VERSION]
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def _entry(source: ModelSource, experts: int, top_k: int, seed: int, fit_tokens: int) -> Path:
+    return default_cache_dir() / "models" / _key(source, experts, top_k, seed, fit_tokens)
+
+
+def cached_export_dir(
+    model: str, *, experts: int, top_k: int, seed: int = 0, fit_tokens: int = 8192
+) -> Path | None:
+    """The weight export `load_model` cached for these arguments, or None if there is none.
+
+    Lets a caller that runs stages in other processes (`gpu.run`) hand them the export's path, so
+    each loads only its own stages' files instead of the whole model.
+    """
+    entry = _entry(resolve_model(model), experts, top_k, seed, fit_tokens)
+    return entry if (entry / "manifest.json").is_file() else None
 
 
 def load_exported(root: str | Path) -> MoEModel:
@@ -116,7 +132,7 @@ def load_model(
             fit_tokens=fit_tokens,
             progress=progress,
         )
-    entry = default_cache_dir() / "models" / _key(source, experts, top_k, seed, fit_tokens)
+    entry = _entry(source, experts, top_k, seed, fit_tokens)
     if (entry / "manifest.json").is_file():
         if progress:
             progress(f"loading MoEfied {source.name} from the cache")

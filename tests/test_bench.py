@@ -25,7 +25,7 @@ def _bench(*args: str) -> dict:
 def trace16(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A short 16-expert MiniLM trace: what the planner bench takes its popularity from."""
     out = tmp_path_factory.mktemp("bench") / "t16"
-    args = ["profile", "--experts", "16", "--tokens", "1280", "--out", str(out), "--json"]
+    args = ["profile", "--experts", "16", "--tokens", "2048", "--out", str(out), "--json"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     return out
@@ -65,3 +65,13 @@ def test_bench_planner_solvers_agree_on_one_layer(trace16: Path) -> None:
         assert entry["exact_vs_ods"] <= 1 + 1e-9  # never costlier than ODS
         if entry["solvers"]["milp"]["optimal"]:
             assert entry["exact_equals_milp"]
+
+
+def test_bench_gpu(trace16: Path) -> None:
+    summary = _bench("gpu", "--traces", str(trace16), "--samples", "20")
+    assert summary["bvn_makespan_equals_bound"] is True and summary["bvn_samples"] == 20
+    ratio = summary["coloc_heuristic_over_opt"]
+    assert 1.0 <= ratio["mean"] <= ratio["max"]
+    orders = summary["orders"]
+    assert set(orders) == {"rank", "sjf", "rcs", "aurora"}
+    assert all(orders["aurora"] <= orders[name] * (1 + 1e-9) for name in orders)

@@ -78,6 +78,55 @@ def _counts(
 DEFAULT_CONFIDENCE = 0.99
 
 
+def _plan_instance(
+    inst: Any,
+    dist: Any,
+    confidence: float,
+    slo_s: float | None,
+    solver: str,
+    methods: tuple[Any, ...],
+    whole: bool,
+    choose_workflow: bool,
+    cal: Any,
+) -> tuple[Any, Any, Any, Any]:
+    """(instance, confident plan or None, solution, curve): the plan `moelambda plan` makes."""
+    confident = None
+    if confidence > 0:
+        inst, confident = _confident(inst, dist, confidence, slo_s, solver, methods)
+    solution, frontier = _solve(inst, solver, methods, slo_s, whole)
+    if choose_workflow and solution.latency > cal.express_max_duration_s:
+        # The request does not fit an Express execution: plan it as a Standard workflow.
+        inst = dataclasses.replace(inst, workflow="standard")
+        if confident is not None:
+            inst, confident = _confident(inst, dist, confidence, slo_s, solver, methods)
+        solution, frontier = _solve(inst, solver, methods, slo_s, whole)
+    return inst, confident, solution, frontier
+
+
+def serverless_best(counts: Path, slo_s: float) -> tuple[Any, Any, int]:
+    """(manifest, solution, tokens per batch): the plan `moelambda plan --counts FILE --slo S`
+    makes with its defaults (full bill, exact solver, the default confidence when the file has
+    a distribution), for commands that compare against it."""
+    from moe import describe_model
+    from planner import load_calibration
+    from planner.build import instance_for
+    from planner.instance import Method
+    from predictor import PredictedCounts
+
+    tokens = PredictedCounts.load(counts).tokens
+    predicted, model, _, dist = _counts(None, counts, tokens, 0)
+    manifest = describe_model(
+        load_with_status(model["model"], model["experts"], model["top_k"], model["seed"], True)
+    )
+    cal = load_calibration(None)
+    inst = instance_for(manifest, predicted, cal, tokens=tokens, workflow="express")
+    confidence = DEFAULT_CONFIDENCE if dist is not None else 0.0
+    solution = _plan_instance(
+        inst, dist, confidence, slo_s, "exact", tuple(Method), False, True, cal
+    )[2]
+    return manifest, solution, tokens
+
+
 def _confident(
     inst: Any,
     dist: Any,
@@ -320,17 +369,9 @@ def plan(
     inst = instance_for(
         manifest, predicted, cal, tokens=tokens, arch=arch, workflow=chosen, objective=objective
     )
-    whole = pareto is not None
-    confident = None
-    if confidence > 0:
-        inst, confident = _confident(inst, dist, confidence, slo_s, solver, methods)
-    solution, frontier = _solve(inst, solver, methods, slo_s, whole)
-    if workflow is None and solution.latency > cal.express_max_duration_s:
-        # The request does not fit an Express execution: plan it as a Standard workflow.
-        inst = dataclasses.replace(inst, workflow="standard")
-        if confident is not None:
-            inst, confident = _confident(inst, dist, confidence, slo_s, solver, methods)
-        solution, frontier = _solve(inst, solver, methods, slo_s, whole)
+    inst, confident, solution, frontier = _plan_instance(
+        inst, dist, confidence, slo_s, solver, methods, pareto is not None, workflow is None, cal
+    )
     if confident is not None:
         source = source | {"confidence": confident.describe()}
     if inst.workflow == "express" and solution.latency > cal.express_max_duration_s:

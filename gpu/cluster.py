@@ -1,0 +1,144 @@
+"""GPU types with prices, and the cluster a GPU plan runs on.
+
+Every number lives in one data file, `gpu/data/catalogue.json`, each type with its source and date
+(as the Lambda prices live in the calibration file), so no algorithm hard-codes a price. A cluster
+is the ordered list of GPU types of its ranks: `--gpus N` of the catalogue's default type, or the
+first N GPUs of a cluster file, which may also define its own types:
+
+    {"gpus": [{"type": "a100", "count": 4}, {"type": "t4", "count": 4}],
+     "types": {"my-gpu": {...same fields as the catalogue...}}}
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ground.errors import MoelambdaError, UsageError, did_you_mean
+
+__all__ = ["Catalogue", "ClusterError", "GpuType", "load_catalogue", "load_cluster"]
+
+
+class ClusterError(MoelambdaError):
+    """A catalogue or cluster file that cannot be used."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Parameter(_Strict):
+    value: float
+    unit: str
+    source: str
+    as_of: str
+
+
+class GpuType(_Strict):
+    """One GPU type: what it computes, moves and costs."""
+
+    gpu: str
+    instance: str
+    memory_gb: float = Field(gt=0)
+    peak_tflops: float = Field(gt=0, description="Dense FP16/BF16 tensor peak.")
+    network_gbps: float = Field(gt=0, description="This GPU's share of the instance network.")
+    usd_per_gpu_hour: float = Field(gt=0)
+    source: str
+    as_of: str
+
+    @property
+    def bandwidth(self) -> float:
+        """NIC bytes per second."""
+        return self.network_gbps * 1e9 / 8
+
+    def flops(self, mfu: float) -> float:
+        """FLOP/s reached at model-FLOPs utilisation `mfu`."""
+        return self.peak_tflops * 1e12 * mfu
+
+
+class _CatalogueFile(_Strict):
+    schema_version: int
+    note: str
+    defaults: dict[str, _Parameter]
+    types: dict[str, GpuType]
+    default_type: str
+
+
+class Catalogue(_Strict):
+    """The catalogue's types and the modelling defaults (`mfu`, `kernel_s`, `max_utilisation`)."""
+
+    types: dict[str, GpuType]
+    default_type: str
+    mfu: float
+    kernel_s: float
+    max_utilisation: float
+
+    def get(self, name: str) -> GpuType:
+        if name not in self.types:
+            raise ClusterError(
+                f"unknown GPU type '{name}'.{did_you_mean(name, list(self.types))}",
+                f"use one of: {', '.join(sorted(self.types))}, or define it in the cluster file.",
+            )
+        return self.types[name]
+
+
+def load_catalogue() -> Catalogue:
+    """The packaged catalogue, validated."""
+    text = resources.files("gpu").joinpath("data/catalogue.json").read_text()
+    doc = _CatalogueFile.model_validate_json(text)
+    if doc.default_type not in doc.types:
+        raise ClusterError(
+            f"the catalogue's default type '{doc.default_type}' is not one of its types.",
+            "fix gpu/data/catalogue.json.",
+        )
+    return Catalogue(
+        types=doc.types,
+        default_type=doc.default_type,
+        mfu=doc.defaults["mfu"].value,
+        kernel_s=doc.defaults["kernel_s"].value,
+        max_utilisation=doc.defaults["max_utilisation"].value,
+    )
+
+
+class _Group(_Strict):
+    type: str
+    count: int = Field(ge=1)
+
+
+class _ClusterFile(_Strict):
+    gpus: list[_Group] = Field(min_length=1)
+    types: dict[str, GpuType] = {}
+
+
+def load_cluster(
+    path: Path | None, gpus: int, catalogue: Catalogue
+) -> tuple[Catalogue, list[str]]:
+    """(catalogue with the file's own types added, the type of each of the first `gpus` ranks)."""
+    if gpus < 1:
+        raise UsageError(f"--gpus {gpus} is not positive.", "pass --gpus 1 or more.")
+    if path is None:
+        return catalogue, [catalogue.default_type] * gpus
+    try:
+        doc = _ClusterFile.model_validate_json(Path(path).read_bytes())
+    except OSError as err:
+        raise ClusterError(
+            f"cannot read the cluster file '{path}': {err.strerror}.", "check the --cluster path."
+        ) from err
+    except (ValidationError, json.JSONDecodeError) as err:
+        raise ClusterError(
+            f"'{path}' is not a valid cluster file: {err}",
+            'write {"gpus": [{"type": "t4", "count": 4}]} (see `moelambda gpu-plan --help`).',
+        ) from err
+    merged = catalogue.model_copy(update={"types": {**catalogue.types, **doc.types}})
+    ranks = [group.type for group in doc.gpus for _ in range(group.count)]
+    for name in ranks:
+        merged.get(name)
+    if len(ranks) < gpus:
+        raise ClusterError(
+            f"the cluster file '{path}' holds {len(ranks)} GPUs; --gpus asks for {gpus}.",
+            f"pass --gpus {len(ranks)} or fewer, or add GPUs to the file.",
+        )
+    return merged, ranks[:gpus]

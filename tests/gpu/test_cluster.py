@@ -1,0 +1,66 @@
+"""The GPU catalogue and cluster files: every number has a source, bad files say what to fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpu.cluster import ClusterError, load_catalogue, load_cluster
+from ground.errors import UsageError
+
+
+def test_catalogue_types_have_sources_and_sane_numbers() -> None:
+    catalogue = load_catalogue()
+    assert catalogue.default_type in catalogue.types
+    assert 0 < catalogue.mfu <= 1 and 0 < catalogue.max_utilisation <= 1
+    for kind in catalogue.types.values():
+        assert kind.source and kind.as_of
+        assert kind.bandwidth == pytest.approx(kind.network_gbps * 1.25e8)
+        assert kind.flops(0.5) == pytest.approx(kind.peak_tflops * 0.5e12)
+
+
+def test_default_cluster_and_a_mixed_file(tmp_path: Path) -> None:
+    catalogue = load_catalogue()
+    _, types = load_cluster(None, 3, catalogue)
+    assert types == [catalogue.default_type] * 3
+    path = tmp_path / "cluster.json"
+    own = catalogue.types["t4"].model_dump() | {"gpu": "mine", "usd_per_gpu_hour": 0.1}
+    path.write_text(
+        json.dumps(
+            {
+                "gpus": [{"type": "a100", "count": 2}, {"type": "mine", "count": 2}],
+                "types": {"mine": own},
+            }
+        )
+    )
+    merged, types = load_cluster(path, 3, catalogue)
+    assert types == ["a100", "a100", "mine"]
+    assert merged.get("mine").usd_per_gpu_hour == 0.1
+
+
+@pytest.mark.parametrize(
+    ("content", "gpus", "message"),
+    [
+        ({"gpus": [{"type": "t4", "count": 2}]}, 3, "holds 2 GPUs"),
+        ({"gpus": [{"type": "a10", "count": 2}]}, 2, "Did you mean 'a10g'"),
+        ({"gpus": []}, 1, "not a valid cluster file"),
+        ({"gpu": [{"type": "t4", "count": 1}]}, 1, "not a valid cluster file"),
+    ],
+)
+def test_bad_cluster_files_name_the_problem(
+    tmp_path: Path, content: dict, gpus: int, message: str
+) -> None:
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(content))
+    with pytest.raises(ClusterError, match=message) as raised:
+        load_cluster(path, gpus, load_catalogue())
+    assert raised.value.fix
+
+
+def test_zero_gpus_and_a_missing_file() -> None:
+    with pytest.raises(UsageError, match="not positive"):
+        load_cluster(None, 0, load_catalogue())
+    with pytest.raises(ClusterError, match="cannot read"):
+        load_cluster(Path("/nonexistent/cluster.json"), 1, load_catalogue())
