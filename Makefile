@@ -41,6 +41,9 @@ bench: setup
 	$(BIN)/moelambda profile --out out/bench-trace --tokens 102400 --force
 	$(BIN)/moelambda bo --traces out/bench-trace --predictor lina-token --seeds 5 --plot out/bo.png --force
 	$(BIN)/moelambda backtest --traces out/bench-trace --batches 50 --plot out/backtest.png --force
+	$(BIN)/moelambda plan --traces out/bench-trace --out out/bench-plan.json --force
+	$(BIN)/moelambda run-local --plan out/bench-plan.json --requests 64 \
+		--text "Serverless functions scale to zero and bill per millisecond." --json
 
 clean:
 	rm -rf out build *.egg-info

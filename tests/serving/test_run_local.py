@@ -109,18 +109,18 @@ def test_run_local_with_faults_reports_every_request(mixed_plan: Path) -> None:
     assert bad.exit_code == 2 and "not a fault=rate item" in bad.output
 
 
-@pytest.mark.timeout(900)  # 120-170 s here; the session's 300 s would be tight on a slower CI
-def test_sixty_four_concurrent_requests_all_succeed_with_their_own_keys(
+def test_concurrent_requests_all_succeed_with_their_own_keys(
     minilm: MoEModel, weights: Path, template: dict[str, Any]
 ) -> None:
-    """Load: 64 short requests at once through every method, on this 2-core machine: all
-    correct, 64 distinct request ids, nothing left behind."""
+    """Load: 16 different short requests at once through every method: all correct, 16
+    distinct request ids, nothing left behind. (`make bench` runs 64 at once: 2-3 minutes on
+    this 2-core machine, too long for the suite.)"""
     words = TEXT.split()
-    texts = [" ".join(words[i % len(words) :] + words[: i % len(words)]) for i in range(64)]
+    texts = [" ".join(words[i % len(words) :] + words[: i % len(words)]) for i in range(16)]
     inputs = [minilm.tokenizer([t], return_tensors="pt")["input_ids"].numpy() for t in texts]
     runs = run_workflow(template, weights, inputs, timeout_s=600)["requests"]
-    assert [r["status"] for r in runs] == ["SUCCEEDED"] * 64
-    assert len({r["request_id"] for r in runs}) == 64
+    assert [r["status"] for r in runs] == ["SUCCEEDED"] * 16
+    assert len({r["request_id"] for r in runs}) == 16
     for run, ids in zip(runs, inputs, strict=True):
         reference = minilm.forward(torch.from_numpy(ids), reference=True).numpy()
         assert float(np.abs(run["output"] - reference).max()) <= 1e-4
