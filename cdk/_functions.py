@@ -14,6 +14,7 @@ every function runs torch on the vCPUs its memory buys (`ground.semantics.thread
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = "Dockerfile.expert"
 DEFAULT_WEIGHTS_PREFIX = "weights/"
 DEFAULT_BASE_IMAGE = "public.ecr.aws/lambda/python:3.12"  # Dockerfile.expert's BASE_IMAGE
+TIMEOUT_MARGIN = 2.0  # a function's timeout over its predicted run: cold starts, noisy hosts
 _DIGEST = re.compile(r"[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}")
 # Only what Dockerfile.expert copies goes into the asset (the repo root has .venv, caches, out/).
 _ASSET_EXCLUDE = [
@@ -154,7 +156,7 @@ class ServingFunctions(Construct):
                     f"Layer{ll}Expert{e.expert:02d}",
                     role="expert",
                     memory_mb=e.memory_mb,
-                    timeout=Duration.seconds(options.expert_timeout_s),
+                    timeout=self._timeout(options.expert_timeout_s, e.time_s),
                     access=access.expert(layer.layer, e.expert, layer.method),
                     weights=[keys[("expert", layer.layer, e.expert)]],
                     environment={
@@ -180,7 +182,10 @@ class ServingFunctions(Construct):
                 f"Layer{ll}",
                 role="layer",
                 memory_mb=plan.nonmoe_memory_mb,
-                timeout=stage_timeout,
+                # A direct gate waits for its slowest expert: the layer's latency.
+                timeout=self._timeout(options.stage_timeout_s, layer.latency_s)
+                if layer.method == "direct"
+                else stage_timeout,
                 access=access.gate(layer.layer, layer.method),
                 weights=[keys[("layer", layer.layer, None)]],
                 environment={
@@ -214,6 +219,13 @@ class ServingFunctions(Construct):
         """Every function of the stack."""
         experts = [fn for layer in self.experts for fn in layer]
         return [self.head, *self.layers, *experts, self.tail, self.cleanup]
+
+    def _timeout(self, default_s: int, predicted_s: float) -> Duration:
+        """The default timeout, or TIMEOUT_MARGIN times the plan's prediction if that is longer,
+        never over Lambda's limit (the planner keeps every prediction within it)."""
+        limit = int(self._plan.calibration["max_timeout_s"])
+        wanted = max(default_s, math.ceil(TIMEOUT_MARGIN * predicted_s))
+        return Duration.seconds(min(limit, wanted))
 
     def _function(
         self,

@@ -43,7 +43,7 @@ class GpuOption:
 
 def _weights_fit(manifest: Manifest, gpus: int, memory_gb: float) -> bool:
     """Every GPU holds the non-MoE weights and its experts (e mod n), in bf16."""
-    width = 4 if manifest.dtype == "float32" else 2
+    width = manifest.dtype_bytes
     shared = sum(s.bytes for s in manifest.stages if s.role != "expert") / width * 2
     per_gpu = np.zeros(gpus)
     for stage in manifest.stages:

@@ -27,8 +27,6 @@ from ground.manifest import Manifest
 
 __all__ = ["LayerEstimate", "ModelWork", "estimate_layer"]
 
-_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-
 
 @dataclass(frozen=True)
 class ModelWork:
@@ -42,7 +40,7 @@ class ModelWork:
 
     @classmethod
     def of(cls, manifest: Manifest) -> ModelWork:
-        width = _DTYPE_BYTES.get(manifest.dtype, 4)
+        width = manifest.dtype_bytes
         nonmoe = np.zeros(manifest.num_layers)
         experts = np.zeros((manifest.num_layers, manifest.experts))
         tail = 0.0

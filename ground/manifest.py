@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 __all__ = [
+    "DTYPE_BYTES",
     "HEAD_KEY",
     "MANIFEST_VERSION",
     "TAIL_KEY",
@@ -24,6 +25,9 @@ __all__ = [
 MANIFEST_VERSION = 1
 HEAD_KEY = "head.safetensors"
 TAIL_KEY = "tail.safetensors"
+
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def layer_key(layer: int) -> str:
@@ -70,6 +74,13 @@ class Manifest(BaseModel):
     token_bytes_out: int
     stages: list[StageEntry]
     router_fit: list[dict[str, float]] = []
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes per weight value: stage bytes / this = parameters (2 FLOPs each per token)."""
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"unknown weight dtype '{self.dtype}'; known: {sorted(DTYPE_BYTES)}")
+        return DTYPE_BYTES[self.dtype]
 
     def expert_bytes(self) -> list[list[int]]:
         """P_{e,i}: bytes of expert i of layer e, as downloaded by its function."""

@@ -123,6 +123,11 @@ class Plan(_Strict):
                 where = f"layer {layer.layer} expert {e.expert}"
                 if not low <= e.memory_mb <= high:
                     raise ValueError(f"{where}: memory {e.memory_mb} MB outside {low}-{high} MB")
+                if e.time_s > cal["max_timeout_s"]:
+                    raise ValueError(
+                        f"{where}: a replica runs {e.time_s:.1f} s, over Lambda's "
+                        f"{cal['max_timeout_s']} s timeout"
+                    )
                 if not e.replicas <= e.max_replicas <= cal["max_replicas"]:
                     raise ValueError(
                         f"{where}: needs replicas <= max_replicas <= G = {cal['max_replicas']}"

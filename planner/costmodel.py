@@ -58,6 +58,7 @@ __all__ = [
     "layer_terms",
     "option_grid",
     "tokens_that_fit",
+    "within_timeout",
 ]
 
 
@@ -186,6 +187,7 @@ def _option_arrays(
     if method is Method.DIRECT:
         event = direct_event_bytes(r, int(max(d_in, d_out)))
         feasible = feasible & (event <= inst.direct_payload_bytes)
+    feasible = feasible & within_timeout(inst, method, pre, time, finish)
     experts_usd = replica_s * m * inst.price_mb_s
     cost = experts_usd
     if inst.objective == "full":
@@ -200,7 +202,24 @@ def _option_arrays(
         # An expert predicted idle may still get tokens: its memory must hold at least one.
         one = np.broadcast_to(need_mb + (d_in + d_out) / MB <= m, shape)
         feasible[idle] = one[idle]
+    if method is not Method.DIRECT and inst.experts > inst.map_max_concurrency:
+        feasible[:] = False  # the Map over the experts would queue: only direct fans out wide
     return (*arrays, feasible)
+
+
+def within_timeout(
+    inst: Instance,
+    method: Method,
+    pre: float,
+    time: np.ndarray,
+    finish: np.ndarray,
+) -> np.ndarray:
+    """Options whose invocations fit Lambda's timeout: a busy replica's billed time, and for
+    direct also the gate, which waits for its slowest expert (layer_s + finish)."""
+    fits = time <= inst.max_timeout_s
+    if method is Method.DIRECT:
+        fits = fits & (pre + finish <= inst.max_timeout_s)
+    return fits
 
 
 def _request_usd(
@@ -335,8 +354,16 @@ def evaluate(inst: Instance, choice: Choice, slo_s: float | None = None) -> Eval
         cost[layer] = opts.cost[experts, j, g]
         time[layer] = opts.time[experts, j, g]
         experts_usd += float(opts.experts_usd[experts, j, g].sum())
+        pre = float(inst.layer_s[layer])
+        fits_time = within_timeout(
+            inst, method, pre, opts.time[experts, j, g], opts.finish[experts, j, g]
+        )
         for e in np.flatnonzero(~opts.feasible[experts, j, g]):
             what = "payload or memory" if method is Method.DIRECT else "memory"
+            if method is not Method.DIRECT and inst.experts > inst.map_max_concurrency:
+                what = f"an inline Map's {inst.map_max_concurrency:g} concurrent iterations"
+            elif not fits_time[e]:
+                what = f"Lambda's {inst.max_timeout_s:g} s timeout"
             violations.append(f"layer {layer} expert {e}: {what} limit")
         latency[layer] = float(opts.finish[experts, j, g].max())
         usd, per_s = layer_terms(inst, layer, method)

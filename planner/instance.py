@@ -72,6 +72,8 @@ class Instance:
     objective: str = "full"  # "full": the whole bill; "experts": the expert functions only
     betas: tuple[int, ...] = ()
     pipelined_residency: bool = False  # [beyond]: only 2*beta tokens resident when pipelining
+    max_timeout_s: float = math.inf  # Lambda's limit on one invocation (expert, direct gate)
+    map_max_concurrency: float = math.inf  # an inline Map's concurrent iterations (s3, pipelined)
     arch: str = "x86_64"
     meta: dict[str, object] = field(default_factory=dict)
 
@@ -195,6 +197,8 @@ class Instance:
             objective=objective,
             betas=betas,
             pipelined_residency=pipelined_residency,
+            max_timeout_s=float(cal.max_timeout_s),
+            map_max_concurrency=float(cal.map_max_concurrency),
             arch=arch,
             meta=dict(meta or {}),
         )

@@ -824,3 +824,22 @@ def test_cdk_nag_passes_the_stack_and_fails_a_new_wildcard(tmp_path: Path) -> No
     assert all("/HeadRole/" in path for _, path in found)
     error = nag_error(tmp_path / "bad")
     assert isinstance(error, NagError) and "AwsSolutions-IAM5" in str(error)
+
+
+def test_timeouts_follow_the_plans_predicted_times(tmp_path: Path) -> None:
+    """An expert predicted at 400 s gets 800 s (TIMEOUT_MARGIN), one at 500 s Lambda's 900 s;
+    a direct gate waits its layer (350 s -> 700 s); a plan over 900 s does not validate."""
+    document = small_plan(methods=("s3", "direct", "pipelined")).model_dump(mode="json")
+    document["layers"][0]["experts"][0]["time_s"] = 400.0
+    document["layers"][0]["experts"][1]["time_s"] = 500.0
+    document["layers"][1]["latency_s"] = 350.0
+    _, template = _synth(tmp_path, Plan.model_validate(document))
+    functions = _functions(template)
+    assert functions["Layer00Expert00"]["Properties"]["Timeout"] == 800
+    assert functions["Layer00Expert01"]["Properties"]["Timeout"] == 900
+    assert functions["Layer00Expert02"]["Properties"]["Timeout"] == 300
+    assert functions["Layer01"]["Properties"]["Timeout"] == 700
+    assert functions["Layer00"]["Properties"]["Timeout"] == 600
+    document["layers"][2]["experts"][0]["time_s"] = 901.0
+    with pytest.raises(ValueError, match="over Lambda's 900 s timeout"):
+        Plan.model_validate(document)

@@ -169,3 +169,42 @@ def test_full_objective_is_the_bill(workflow: str, method: Method) -> None:
     rounding = 0.1 * 64 * 1e-8 if workflow == "express" else 0.0
     assert total - rounding - 1e-15 <= ev.cost <= total + 1e-15
     assert ev.cost > ev.experts_usd
+
+
+def test_lambda_timeout_is_a_constraint_of_every_option() -> None:
+    """s3, g = 1: 0.06 + 100 x (2 kB / 1 MB/s + U_j) = 0.46 s (j = 0), 0.36 s (j = 1); g = 2:
+    0.26 s, 0.21 s. A direct gate waits layer_s + its slowest expert: at least 0.2 + 0.02 +
+    0.1 s of gathering, over a 0.3 s limit whatever the expert does."""
+    inst = _instance(max_timeout_s=0.3)
+    s3 = expert_options(inst, 0, Method.S3)
+    np.testing.assert_array_equal(s3.feasible[0], [[False, True], [False, True]])
+    assert not expert_options(inst, 0, Method.DIRECT).feasible[0].any()
+    choice = Choice(
+        method=np.array([int(Method.S3)]),
+        beta=np.array([1]),
+        memory=np.array([[1, 0]]),
+        replicas=np.array([[1, 1]]),
+    )
+    assert evaluate(inst, choice).violations == ["layer 0 expert 0: Lambda's 0.3 s timeout limit"]
+    relaxed = evaluate(dataclasses.replace(inst, max_timeout_s=0.4), choice)
+    assert relaxed.violations == []
+
+
+def test_an_infeasible_timeout_is_named_with_its_fix() -> None:
+    from moelambda.cli.plan import _why_empty
+
+    error = _why_empty(_instance(max_timeout_s=0.1), tuple(Method))
+    assert "fits Lambda's 0.1 s timeout" in error.problem and "--tokens" in error.fix
+    memory = _why_empty(_instance(runtime_mb=5000.0), tuple(Method))
+    assert "no memory option holds the largest expert" in memory.problem
+
+
+def test_more_experts_than_a_map_runs_at_once_leaves_only_direct() -> None:
+    from moelambda.cli.plan import _why_empty
+
+    inst = _instance(map_max_concurrency=1.0)  # 2 experts, a Map of 1
+    for method in (Method.S3, Method.PIPELINED):
+        assert not expert_options(inst, 0, method, 30).feasible.any()
+    assert expert_options(inst, 0, Method.DIRECT).feasible.any()
+    error = _why_empty(inst, (Method.S3,))
+    assert "exceed an inline Map's 1 concurrent iterations" in error.problem
