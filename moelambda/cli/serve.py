@@ -86,6 +86,12 @@ def run_local(
     injected = Faults.parse(faults, seed=seed)
     document = Plan.load(plan)
     ref = document.model
+    if ref.model_type.startswith("shape:"):
+        raise UsageError(
+            f"'{plan}' plans the model shape {ref.model}, which has no weights to run.",
+            "run-local runs real weights: plan a model you have (--traces or --counts); "
+            "`moelambda synth` works for shapes.",
+        )
     model = load_with_status(ref.model, ref.experts, ref.top_k, ref.seed, True)
     ids = _batch(model.tokenizer, text, tokens or document.totals.tokens, corpus, seed, max_tokens)
     with err.status(f"running the monolithic model on {ids.size:,} tokens"):

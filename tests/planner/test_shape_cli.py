@@ -45,6 +45,8 @@ def test_plan_a_shape_without_weights(tmp_path: Path) -> None:
     assert all(
         e.time_s <= plan.calibration["max_timeout_s"] for la in plan.layers for e in la.experts
     )
+    code, text = _invoke("run-local", "--plan", str(out))
+    assert code == 2 and "has no weights to run" in text
 
 
 def test_the_binding_limits_are_named(tmp_path: Path) -> None:
