@@ -45,7 +45,7 @@ from ground.manifest import (
     expert_key,
     layer_key,
 )
-from predictor._trace import RoutingTrace
+from predictor import RoutingTrace
 
 __all__ = [
     "GQAAttention",
