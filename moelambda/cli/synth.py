@@ -133,7 +133,20 @@ def synth(
         base_image=base_image,
     )
     with err.status("synthesising the stack"):
-        assembly = build_app(plan, out, stack_name=stack_name, options=options)
+        try:
+            assembly = build_app(plan, out, stack_name=stack_name, options=options)
+        except RuntimeError as error:
+            shutil.rmtree(out, ignore_errors=True)  # nothing half-written
+            if "TooManyResourcesInStack" not in str(error):
+                raise
+            functions = sum(len(layer.experts) + 1 for layer in document.layers) + 3
+            raise UsageError(
+                f"the stack would hold more than CloudFormation's {MAX_RESOURCES} resources per "
+                f"template ({functions:,} functions, each with its own role): "
+                + str(error).split(": ", 1)[-1],
+                "splitting a plan into nested stacks is not implemented yet; plan a model with "
+                "fewer experts per stack (the plan's layers x experts functions).",
+            ) from None
     stack = assembly.get_stack_by_name(stack_name)
     template_path = Path(stack.template_full_path)
     template = json.loads(template_path.read_text())

@@ -843,3 +843,45 @@ def test_timeouts_follow_the_plans_predicted_times(tmp_path: Path) -> None:
     document["layers"][2]["experts"][0]["time_s"] = 901.0
     with pytest.raises(ValueError, match="over Lambda's 900 s timeout"):
         Plan.model_validate(document)
+
+
+def test_a_stack_over_cloudformations_resource_limit_is_refused_whole(tmp_path: Path) -> None:
+    """2 layers x 130 experts: 263 functions, each with a role, exceed 500 resources. synth
+    names the limit and leaves no partial output."""
+    experts = 130
+    stages = [{"role": "head", "key": "head.safetensors", "bytes": 1000}]
+    for layer in range(2):
+        stages.append({"role": "layer", "layer": layer, "key": layer_key(layer), "bytes": 500})
+        stages += [
+            {
+                "role": "expert",
+                "layer": layer,
+                "expert": e,
+                "key": expert_key(layer, e),
+                "bytes": 9,
+            }
+            for e in range(experts)
+        ]
+    stages.append({"role": "tail", "key": "tail.safetensors", "bytes": 100})
+    model = {
+        "model": "wide",
+        "model_type": "bert",
+        "moefied": True,
+        "seed": 0,
+        "num_layers": 2,
+        "experts": experts,
+        "top_k": 2,
+        "hidden_size": 8,
+        "token_bytes_in": 32,
+        "token_bytes_out": 32,
+        "stages": stages,
+    }
+    plan = make_plan(model, ("direct", "direct"), [[1] * experts] * 2)
+    path = plan.save(tmp_path / "plan.json")
+    out = tmp_path / "cdk.out"
+    result = runner.invoke(
+        app, ["synth", "--plan", str(path), "--out", str(out), "--no-reserve-concurrency"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "more than CloudFormation's 500 resources" in result.output
+    assert not out.exists()
