@@ -89,7 +89,7 @@ def estimate_layer(
         rounds = 0
     shard_tokens = counts.sum(axis=1) / work.top_k  # counts are (token, expert) pairs
     gate = catalogue.kernel_s + shard_tokens * work.nonmoe_flops[layer] / flops
-    expert_work = processed_flops(counts, placement, work.expert_flops[layer])
+    expert_work = _processed_flops(counts, placement, work.expert_flops[layer])
     hosted = np.array([len(h) for h in placement])
     ffn = catalogue.kernel_s * hosted + expert_work / flops
     aggregate = np.full(len(types), catalogue.kernel_s)
@@ -97,7 +97,7 @@ def estimate_layer(
     return LayerEstimate(float(moved), float(bound), rounds, float(layer_s))
 
 
-def processed_flops(
+def _processed_flops(
     counts: np.ndarray, placement: Placement, expert_flops: np.ndarray
 ) -> np.ndarray:
     """(gpus,) expert FLOPs each GPU runs: its experts' tokens times each expert's FLOPs."""
