@@ -109,11 +109,8 @@ def model_ref(manifest: Any) -> dict[str, Any]:
     return manifest.model_dump(mode="json", include=set(ModelRef.model_fields))
 
 
-def small_plan(
-    methods: tuple[str, ...] = METHODS, arch: str = "x86_64", workflow: str = "standard"
-) -> Plan:
-    """A deployable plan of a 3-expert model with one layer per method."""
-    layers = len(methods)
+def tiny_model(layers: int, experts: int = EXPERTS) -> dict[str, Any]:
+    """The ModelRef fields of a tiny model: `layers` MoE layers of `experts` experts."""
     stages = [{"role": "head", "key": "head.safetensors", "bytes": 1000}]
     for layer in range(layers):
         stages.append({"role": "layer", "layer": layer, "key": layer_key(layer), "bytes": 500})
@@ -125,22 +122,30 @@ def small_plan(
                 "key": expert_key(layer, e),
                 "bytes": 9,
             }
-            for e in range(EXPERTS)
+            for e in range(experts)
         ]
     stages.append({"role": "tail", "key": "tail.safetensors", "bytes": 100})
-    model = {
+    return {
         "model": "tiny",
         "model_type": "bert",
         "moefied": True,
         "seed": 0,
         "num_layers": layers,
-        "experts": EXPERTS,
+        "experts": experts,
         "top_k": 2,
         "hidden_size": 8,
         "token_bytes_in": 32,
         "token_bytes_out": 32,
         "stages": stages,
     }
+
+
+def small_plan(
+    methods: tuple[str, ...] = METHODS, arch: str = "x86_64", workflow: str = "standard"
+) -> Plan:
+    """A deployable plan of a 3-expert model with one layer per method."""
+    layers = len(methods)
+    model = tiny_model(layers)
     return make_plan(
         model,
         methods,
@@ -849,33 +854,7 @@ def test_a_stack_over_cloudformations_resource_limit_is_refused_whole(tmp_path: 
     """2 layers x 130 experts: 263 functions, each with a role, exceed 500 resources. synth
     names the limit and leaves no partial output."""
     experts = 130
-    stages = [{"role": "head", "key": "head.safetensors", "bytes": 1000}]
-    for layer in range(2):
-        stages.append({"role": "layer", "layer": layer, "key": layer_key(layer), "bytes": 500})
-        stages += [
-            {
-                "role": "expert",
-                "layer": layer,
-                "expert": e,
-                "key": expert_key(layer, e),
-                "bytes": 9,
-            }
-            for e in range(experts)
-        ]
-    stages.append({"role": "tail", "key": "tail.safetensors", "bytes": 100})
-    model = {
-        "model": "wide",
-        "model_type": "bert",
-        "moefied": True,
-        "seed": 0,
-        "num_layers": 2,
-        "experts": experts,
-        "top_k": 2,
-        "hidden_size": 8,
-        "token_bytes_in": 32,
-        "token_bytes_out": 32,
-        "stages": stages,
-    }
+    model = tiny_model(2, experts)
     plan = make_plan(model, ("direct", "direct"), [[1] * experts] * 2)
     path = plan.save(tmp_path / "plan.json")
     out = tmp_path / "cdk.out"
