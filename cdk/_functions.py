@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from aws_cdk import Duration, IgnoreMode, RemovalPolicy
+from aws_cdk import Duration, IgnoreMode, RemovalPolicy, Size
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
@@ -47,6 +47,7 @@ DOCKERFILE = "Dockerfile.expert"
 DEFAULT_WEIGHTS_PREFIX = "weights/"
 DEFAULT_BASE_IMAGE = "public.ecr.aws/lambda/python:3.12"  # Dockerfile.expert's BASE_IMAGE
 TIMEOUT_MARGIN = 2.0  # a function's timeout over its predicted run: cold starts, noisy hosts
+_TMP_SLACK_MB = 64  # /tmp beside the weights: the manifest, config files, Python's own
 _DIGEST = re.compile(r"[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}")
 # Only what Dockerfile.expert copies goes into the asset (the repo root has .venv, caches, out/).
 _ASSET_EXCLUDE = [
@@ -130,6 +131,7 @@ class ServingFunctions(Construct):
             else ecr_assets.Platform.LINUX_AMD64
         )
         keys = {(s.role, s.layer, s.expert): s.key for s in plan.model.stages}
+        self._stage_bytes = {s.key: s.bytes for s in plan.model.stages}
         stage_timeout = Duration.seconds(options.stage_timeout_s)
 
         self.head = self._function(
@@ -152,18 +154,22 @@ class ServingFunctions(Construct):
                 else {}
             )
             for e in layer.experts:
+                # A function hosting several experts is named after its slot, not an expert.
+                hosts = {"MOELAMBDA_HOSTS": ",".join(map(str, e.hosts))} if e.hosts else {}
                 fn = self._function(
-                    f"Layer{ll}Expert{e.expert:02d}",
+                    f"Layer{ll}{'Function' if e.hosts else 'Expert'}{e.expert:02d}",
                     role="expert",
+                    log_group=f"Layer{ll}Experts",
                     memory_mb=e.memory_mb,
                     timeout=self._timeout(options.expert_timeout_s, e.time_s),
                     access=access.expert(layer.layer, e.expert, layer.method),
-                    weights=[keys[("expert", layer.layer, e.expert)]],
+                    weights=[keys[("expert", layer.layer, m)] for m in e.hosted],
                     environment={
                         "MOELAMBDA_LAYER": str(layer.layer),
                         "MOELAMBDA_EXPERT": str(e.expert),
                         "MOELAMBDA_METHOD": layer.method,
                         "MOELAMBDA_BETA": str(layer.beta),
+                        **hosts,
                         **payload_limit,
                     },
                     reserved=e.max_replicas if options.reserve_concurrency else None,
@@ -178,6 +184,8 @@ class ServingFunctions(Construct):
                 "payload_limit": plan.direct_payload_bytes,
                 "expert_functions": [fn.function_name for fn in experts],
             }
+            if any(e.hosts for e in layer.experts):
+                layer_plan["hosts"] = [e.hosted for e in layer.experts]
             gate = self._function(
                 f"Layer{ll}",
                 role="layer",
@@ -239,6 +247,7 @@ class ServingFunctions(Construct):
         environment: dict[str, str] | None = None,
         invokes: list[lambda_.IFunction] | None = None,
         reserved: int | None = None,
+        log_group: str = "Stages",
     ) -> lambda_.DockerImageFunction:
         prefix = self._options.weights_prefix
         if weights is not None:
@@ -257,13 +266,11 @@ class ServingFunctions(Construct):
         # function would be a third resource per function and put a 12 x 16 plan over
         # CloudFormation's 500. Each function may write only to its group, which the stack
         # owns and expires (no AWS managed policy granting logs on every group).
-        log_group = self._log_group(
-            id_.split("Expert")[0] + "Experts" if role == "expert" else "Stages"
-        )
+        group = self._log_group(log_group)
         statements.append(
             iam.PolicyStatement(
                 actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-                resources=[f"{log_group.log_group_arn}:*"],
+                resources=[f"{group.log_group_arn}:*"],
             )
         )
         # One role per function with its policy inline: two resources per function, not three
@@ -289,7 +296,8 @@ class ServingFunctions(Construct):
                 ignore_mode=IgnoreMode.DOCKER,
             ),
             role=execution_role,
-            log_group=log_group,
+            log_group=group,
+            ephemeral_storage_size=self._storage(weights or []),
             tracing=lambda_.Tracing.ACTIVE if self._options.tracing else None,
             architecture=self._architecture,
             memory_size=memory_mb,
@@ -303,6 +311,14 @@ class ServingFunctions(Construct):
             },
             description=f"moelambda {role} {id_}",
         )
+
+    def _storage(self, weights: list[str]) -> Size | None:
+        """/tmp for the weights a function downloads (`functions.weights`), with room for the
+        runtime's own files: the free default unless they need more (a packed function)."""
+        cal = self._plan.calibration
+        default, most = cal["ephemeral_storage_default_mb"], cal["ephemeral_storage_max_mb"]
+        needed = math.ceil(sum(self._stage_bytes[key] for key in weights) / 2**20) + _TMP_SLACK_MB
+        return None if needed <= default else Size.mebibytes(min(needed, most))
 
     @property
     def weights_prefix(self) -> str:

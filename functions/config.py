@@ -19,6 +19,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from botocore.exceptions import ClientError
 
 from ground.errors import MoelambdaError
@@ -120,11 +121,13 @@ _REDEPLOY = "synthesise and deploy the stack again from the plan (cdk deploy -c 
 
 @dataclass(frozen=True)
 class LayerPlan:
-    """MOELAMBDA_LAYER_PLAN: how this layer scatters to its experts, one entry per expert.
+    """MOELAMBDA_LAYER_PLAN: how this layer scatters to its experts, one entry per function.
 
     `replicas` is the plan's split, `max_replicas` the reserved concurrency the gate may spread
     a batch's real tokens over, `max_tokens` what one replica can take; `payload_limit` bounds
-    a direct Invoke's JSON event (the plan's `direct_payload_bytes`).
+    a direct Invoke's JSON event (the plan's `direct_payload_bytes`). `hosted` lists each
+    function's experts; a packed plan's JSON has "hosts", an unpacked one leaves it out (function
+    i hosts expert i) to keep the environment within Lambda's 4 KB.
     """
 
     method: str
@@ -134,6 +137,14 @@ class LayerPlan:
     max_tokens: tuple[int, ...]
     payload_limit: int
     expert_functions: tuple[str, ...]
+    hosted: tuple[tuple[int, ...], ...]
+
+    def slot_of(self) -> np.ndarray:
+        """(experts,) the slot of the function hosting each expert."""
+        slots = np.empty(sum(len(h) for h in self.hosted), dtype=np.int64)
+        for slot, members in enumerate(self.hosted):
+            slots[list(members)] = slot
+        return slots
 
     @classmethod
     def from_json(cls, text: str) -> LayerPlan:
@@ -147,16 +158,32 @@ class LayerPlan:
                 tuple(int(t) for t in raw["max_tokens"]),
                 int(raw["payload_limit"]),
                 tuple(str(f) for f in raw["expert_functions"]),
+                tuple(
+                    tuple(int(x) for x in members)
+                    for members in raw.get("hosts") or [[i] for i in range(len(raw["replicas"]))]
+                ),
             )
         except (ValueError, KeyError, TypeError) as err:
             raise ConfigError(
                 f"MOELAMBDA_LAYER_PLAN is not a valid layer plan: {err!r}", _REDEPLOY
             ) from err
-        lists = (plan.replicas, plan.max_replicas, plan.max_tokens, plan.expert_functions)
+        lists = (
+            plan.replicas,
+            plan.max_replicas,
+            plan.max_tokens,
+            plan.expert_functions,
+            plan.hosted,
+        )
         if len({len(values) for values in lists}) != 1:
             raise ConfigError(
-                "MOELAMBDA_LAYER_PLAN needs replicas, max_replicas, max_tokens and a function "
-                "for every expert",
+                "MOELAMBDA_LAYER_PLAN needs replicas, max_replicas, max_tokens, a function name "
+                "and its experts for every function",
+                _REDEPLOY,
+            )
+        everyone = sorted(x for members in plan.hosted for x in members)
+        if everyone != list(range(len(everyone))) or not all(plan.hosted):
+            raise ConfigError(
+                f"MOELAMBDA_LAYER_PLAN's hosts must cover every expert once: {plan.hosted}",
                 _REDEPLOY,
             )
         in_range = (
@@ -205,6 +232,17 @@ class Config:
     @property
     def expert(self) -> int:
         return self._int("MOELAMBDA_EXPERT")
+
+    @property
+    def hosted(self) -> tuple[int, ...]:
+        """The experts this expert function hosts (MOELAMBDA_HOSTS, "3,7"; default: its slot)."""
+        raw = self._env.get("MOELAMBDA_HOSTS")
+        if not raw:
+            return (self.expert,)
+        try:
+            return tuple(int(x) for x in raw.split(","))
+        except ValueError as err:
+            raise ConfigError(f"MOELAMBDA_HOSTS must list integers, got {raw!r}") from err
 
     @property
     def method(self) -> str:

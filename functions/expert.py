@@ -1,4 +1,4 @@
-"""Expert function: one expert of one layer on one shard, by the layer's transport method."""
+"""Expert function: the experts of one layer it hosts, on one shard, by the layer's method."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from pipeline import transports
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """A shard dict (s3, pipelined) or a shard dict with "payload" (direct) -> its result.
 
-    Layer and expert come from the environment, which decided the weights this container holds;
-    an event naming another layer or expert was routed to the wrong function and is refused.
+    Layer, slot and hosted experts come from the environment, which decided the weights this
+    container holds (all of them resident); an event naming another layer or slot was routed to
+    the wrong function and is refused. The shard's rows are each hosted expert's in turn.
     """
     cfg = config.current()
     use_lambda_threads(cfg)
@@ -31,23 +32,31 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
             )
     replica = int(event["replica"])
     s3 = s3_client()
-    stage = weights.expert(s3, cfg.bucket, cfg.weights_prefix, index, number)
+    stages = [weights.expert(s3, cfg.bucket, cfg.weights_prefix, index, m) for m in cfg.hosted]
 
-    def compute(x: np.ndarray) -> np.ndarray:
-        return stage.run(torch.from_numpy(x)).numpy()
+    def compute(x: np.ndarray, hosted_rows: np.ndarray) -> np.ndarray:
+        if len(hosted_rows) != len(stages) or int(hosted_rows.sum()) != x.shape[0]:
+            raise config.ConfigError(
+                f"a shard of {x.shape[0]} rows split {hosted_rows.tolist()} reached the function "
+                f"of layer {index} slot {number}, which hosts experts {list(cfg.hosted)}"
+            )
+        parts = torch.from_numpy(x).split(hosted_rows.tolist())
+        return torch.cat(
+            [stage.run(part) for stage, part in zip(stages, parts, strict=True)]
+        ).numpy()
 
     result = {"request_id": request_id, "layer": index, "expert": number, "replica": replica}
     if method == "direct":  # the response must fit the Invoke payload limit too
-        y = compute(transports.direct_decode(event["payload"]))
+        y = compute(*transports.direct_decode(event["payload"]))
         return transports.direct_event(
             request_id, index, number, replica, y, limit=cfg.payload_limit
         )
     if method == "s3":
-        x = transports.read_tensors(
+        x, hosted_rows = transports.read_tensors(
             s3, cfg.bucket, layout.shard_key(request_id, index, number, replica)
-        )[0]
+        )
         key = layout.out_key(request_id, index, number, replica)
-        transports.write_tensors(s3, cfg.bucket, key, compute(x))
+        transports.write_tensors(s3, cfg.bucket, key, compute(x, hosted_rows))
         return result | {"tokens": x.shape[0], "output_key": key}
     minibatches, tokens = transports.serve_pipelined(
         s3,

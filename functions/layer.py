@@ -34,9 +34,9 @@ class CapacityError(MoelambdaError):
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """{"request_id", "hidden_key", "previous", "expert_failures"?} -> {..., "experts"}.
 
-    "experts" lists, in expert order, each expert with a non-empty shard as {"shards": [...]}:
-    the state machine maps over the experts, and over each one's shards. A pipelined layer's
-    experts are already running: if this fails, they are told to stop.
+    "experts" lists, in slot order, each expert function with a non-empty shard as
+    {"shards": [...]}: the state machine maps over the functions, and over each one's shards.
+    A pipelined layer's experts are already running: if this fails, they are told to stop.
     """
     cfg = config.current()
     use_lambda_threads(cfg)
@@ -52,15 +52,16 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
 
 
 def replicas_for(plan: config.LayerPlan, layer: int, experts: torch.Tensor) -> list[int]:
-    """Replicas of each expert for this batch's routing `experts` (N, k).
+    """Replicas of each expert function for this batch's routing `experts` (N, k).
 
     Raises:
-        CapacityError: An expert's real tokens do not fit even its `max_replicas` replicas;
-            raised before anything is scattered, naming every such expert.
+        CapacityError: A function's real tokens do not fit even its `max_replicas` replicas;
+            raised before anything is scattered, naming every such function.
     """
     if not adapts(Method.parse(plan.method)):
         return list(plan.replicas)
-    tokens = np.bincount(experts.reshape(-1).numpy(), minlength=len(plan.replicas))
+    slots = plan.slot_of()[experts.reshape(-1).numpy()]
+    tokens = np.bincount(slots, minlength=len(plan.replicas))
     cap = np.array(plan.max_replicas)
     replicas = runtime_replicas(
         tokens, np.array(plan.replicas), cap=cap, per_replica_max=np.array(plan.max_tokens)
@@ -68,8 +69,8 @@ def replicas_for(plan: config.LayerPlan, layer: int, experts: torch.Tensor) -> l
     over = np.flatnonzero(replicas > cap)
     if over.size:
         which = "; ".join(
-            f"expert {i}: {tokens[i]:,} tokens, at most {plan.max_tokens[i]:,} per replica on "
-            f"{cap[i]} replicas (its reserved concurrency)"
+            f"{transports.slot_label(i, plan.hosted[i])}: {tokens[i]:,} tokens, at most "
+            f"{plan.max_tokens[i]:,} per replica on {cap[i]} replicas (its reserved concurrency)"
             for i in over
         )
         raise CapacityError(
@@ -83,9 +84,10 @@ def replicas_for(plan: config.LayerPlan, layer: int, experts: torch.Tensor) -> l
 def _run(cfg: config.Config, s3: Any, request_id: str, event: dict[str, Any]) -> dict[str, Any]:
     index, plan = cfg.layer, cfg.layer_plan
     experts = weights.loader(s3, cfg.bucket, cfg.weights_prefix).manifest.experts
-    if len(plan.replicas) != experts:
+    hosted = sum(len(members) for members in plan.hosted)
+    if hosted != experts:
         raise config.ConfigError(
-            f"MOELAMBDA_LAYER_PLAN lists {len(plan.replicas)} experts, the model has {experts}",
+            f"MOELAMBDA_LAYER_PLAN hosts {hosted} experts, the model has {experts}",
             "deploy the plan made for this model's export, or upload that export.",
         )
     hidden = torch.from_numpy(transports.read_tensors(s3, cfg.bucket, event["hidden_key"])[0])
@@ -99,11 +101,15 @@ def _run(cfg: config.Config, s3: Any, request_id: str, event: dict[str, Any]) ->
 
     residual_key = layout.residual_key(request_id, index)
     transports.write_tensors(s3, cfg.bucket, residual_key, out.residual.numpy())
-    routing = (out.experts.numpy().astype("int64"), out.weights.numpy().astype("float32"))
+    routing = (
+        out.experts.numpy().astype("int64"),
+        out.weights.numpy().astype("float32"),
+        plan.slot_of(),  # the gatherer cuts each function's outputs per expert
+    )
     transports.write_tensors(s3, cfg.bucket, layout.routing_key(request_id, index), *routing)
 
     ffn_in = out.ffn_in.numpy()
-    shards = transports.split_shards(out.experts, replicas)
+    shards = transports.split_shards(out.experts, replicas, [list(h) for h in plan.hosted])
     functions = list(plan.expert_functions)
     if plan.method == "direct":  # the experts have run when this returns: nothing to fan out
         transports.call_direct(

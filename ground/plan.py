@@ -11,6 +11,10 @@ encoded event within the Invoke limit, an Express workflow within its duration l
 Version 2 added `workflow`, `objective`, `nonmoe_memory_mb`, and per expert `max_replicas` (the
 reserved concurrency the gate may spread a batch's real tokens over) and
 `max_tokens_per_replica` (what one replica's memory, and for direct its payload, can take).
+An entry of a layer's `experts` is one expert function; `hosts`, when set, packs several of the
+layer's experts into it (their weights resident together; one invocation serves a shard of all
+their rows). Without `hosts` the entry's function hosts expert `expert` alone, as in plans
+written before packing, which stay valid.
 """
 
 from __future__ import annotations
@@ -42,7 +46,18 @@ class _Strict(BaseModel):
 
 
 class ExpertPlan(_Strict):
+    """One expert function of a layer: the experts it hosts, its memory and replicas.
+
+    `expert` is the function's slot in the layer (the S3 keys and events name it); unpacked,
+    the slot is the expert it hosts.
+    """
+
     expert: int = Field(ge=0)
+    hosts: list[int] | None = Field(
+        default=None,
+        description="The layer's experts this function hosts, ascending (packing); "
+        "None: expert `expert` alone.",
+    )
     memory_mb: int
     replicas: int = Field(ge=1)
     tokens: float = Field(ge=0, description="Predicted tokens routed to this expert per batch.")
@@ -55,6 +70,11 @@ class ExpertPlan(_Strict):
         ge=1, description="Tokens one replica can take (memory; for direct also the payload)."
     )
 
+    @property
+    def hosted(self) -> list[int]:
+        """The experts whose weights this function holds and whose rows it computes."""
+        return [self.expert] if self.hosts is None else list(self.hosts)
+
 
 class LayerPlan(_Strict):
     layer: int = Field(ge=0)
@@ -63,6 +83,21 @@ class LayerPlan(_Strict):
     latency_s: float = Field(ge=0, description="MoE-E2E latency of the layer.")
     cost_usd: float = Field(ge=0)
     experts: list[ExpertPlan]
+
+
+def _check_hosting(layer: LayerPlan, experts: int) -> None:
+    """A layer's functions sit in slots 0, 1, ... and host each of the model's experts once."""
+    slots = [e.expert for e in layer.experts]
+    if slots != list(range(len(slots))):
+        raise ValueError(f"layer {layer.layer}: functions must be in slots 0..n-1, got {slots}")
+    hosted = [e.hosted for e in layer.experts]
+    if any(h != sorted(set(h)) or not h for h in hosted):
+        raise ValueError(f"layer {layer.layer}: each function's hosts must be ascending, unique")
+    if sorted(x for h in hosted for x in h) != list(range(experts)):
+        raise ValueError(
+            f"layer {layer.layer}: its functions must host each of the {experts} experts once, "
+            f"got {hosted}"
+        )
 
 
 class ModelRef(_Strict):
@@ -115,10 +150,14 @@ class Plan(_Strict):
                 f"has {len(self.layers)} layers but the model has {self.model.num_layers}"
             )
         for layer in self.layers:
-            if len(layer.experts) != self.model.experts:
-                raise ValueError(
-                    f"layer {layer.layer} does not plan all {self.model.experts} experts"
-                )
+            _check_hosting(layer, self.model.experts)
+        sizes = {len(e.hosted) for layer in self.layers for e in layer.experts}
+        if len(sizes) > 1:
+            raise ValueError(
+                f"its functions host {sorted(sizes)} experts: the cost model prices one "
+                "group size per plan"
+            )
+        for layer in self.layers:
             for e in layer.experts:
                 where = f"layer {layer.layer} expert {e.expert}"
                 if not low <= e.memory_mb <= high:
@@ -144,7 +183,7 @@ class Plan(_Strict):
                         ("a planned shard", shard),
                         ("max_tokens_per_replica", e.max_tokens_per_replica),
                     ):
-                        payload = direct_event_bytes(rows, token_bytes)
+                        payload = direct_event_bytes(rows, token_bytes, len(e.hosted))
                         if payload > self.direct_payload_bytes:
                             raise ValueError(
                                 f"{where}: {what} of {rows:,} tokens makes a direct event of "
@@ -163,6 +202,11 @@ class Plan(_Strict):
                 "use --workflow standard"
             )
         return self
+
+    @property
+    def packed(self) -> bool:
+        """Whether some function hosts more than one expert."""
+        return any(len(e.hosted) > 1 for layer in self.layers for e in layer.experts)
 
     def reserved_concurrency(self) -> int:
         """Concurrency the stack reserves: each expert function's `max_replicas`."""

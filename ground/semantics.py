@@ -20,6 +20,12 @@ The workflow of one request (per MoE layer e, experts i with d_i tokens on g_i r
                  them, and PUTs one output object per shard;
     Tail (gathers the last layer, PUTs the output, LISTs and deletes the intermediates)
 
+An expert function may host several experts of its layer (packing): the gate then splits the
+rows of all of them (each expert's rows in turn, experts ascending) among the function's
+replicas, and every shard, minibatch or direct event carries, beside its rows, how many rows
+belong to each hosted expert (`hosted_rows_bytes`). Requests are counted per function: one
+invocation serves a shard of every expert it hosts.
+
 Billing: a function is billed from its start to its return. A direct gate is billed while its
 experts run; a pipelined replica from its start with the gate, busy or idle; an S3 gate only
 until its upload returns (the Map starts after it). Every started function is one Lambda request.
@@ -43,6 +49,7 @@ __all__ = [
     "adapts",
     "direct_event_bytes",
     "express_duration_usd",
+    "hosted_rows_bytes",
     "max_direct_tokens",
     "request_counts",
     "runtime_replicas",
@@ -68,23 +75,32 @@ def tensor_object_bytes(rows: int, row_bytes: int, ndim: int = 2) -> int:
     return 4 + 1 + 2 + 4 * ndim + rows * row_bytes
 
 
-def direct_event_bytes(tokens: int | np.ndarray, token_bytes: int) -> int | np.ndarray:
-    """Upper bound of the JSON bytes of a direct Invoke carrying `tokens` rows (either way).
+def hosted_rows_bytes(hosted: int) -> int:
+    """Bytes the rows-per-hosted-expert tensor (int64, one per expert) adds to a shard object."""
+    return 2 + 4 + 8 * int(hosted)
+
+
+def direct_event_bytes(
+    tokens: int | np.ndarray, token_bytes: int, hosted: int = 1
+) -> int | np.ndarray:
+    """Upper bound of the JSON bytes of a direct Invoke carrying `tokens` rows (either way) to a
+    function hosting `hosted` experts.
 
     The rows travel base64-encoded inside the JSON event, 4/3 of the raw tensor: the 6 MB Invoke
-    limit applies to the event, not to the tensor.
+    limit applies to the event, not to the tensor. The event also carries the rows per hosted
+    expert; the response, rows only, is smaller.
     """
-    raw = tensor_object_bytes(0, 0) + np.asarray(tokens) * token_bytes
+    raw = tensor_object_bytes(0, 0) + np.asarray(tokens) * token_bytes + hosted_rows_bytes(hosted)
     encoded = 4 * -(-raw // 3)
     out = DIRECT_EVENT_BYTES + encoded
     return int(out) if np.ndim(out) == 0 else out
 
 
-def max_direct_tokens(limit_bytes: int, token_bytes: int) -> int:
+def max_direct_tokens(limit_bytes: int, token_bytes: int, hosted: int = 1) -> int:
     """The most rows one direct Invoke can carry under `limit_bytes` (0 if not even one)."""
     room = (limit_bytes - DIRECT_EVENT_BYTES) // 4 * 3 - tensor_object_bytes(0, 0)
-    tokens = max(room // token_bytes, 0)
-    while tokens > 0 and direct_event_bytes(tokens, token_bytes) > limit_bytes:
+    tokens = max((room - hosted_rows_bytes(hosted)) // token_bytes, 0)
+    while tokens > 0 and direct_event_bytes(tokens, token_bytes, hosted) > limit_bytes:
         tokens -= 1
     return int(tokens)
 

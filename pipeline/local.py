@@ -150,7 +150,8 @@ class InProcessLambdas:
                 elif role == "layer":
                     weights.layer(*where, cfg.layer)
                 elif role == "expert":
-                    weights.expert(*where, cfg.layer, cfg.expert)
+                    for number in cfg.hosted:
+                        weights.expert(*where, cfg.layer, number)
                 elif role == "tail":
                     weights.tail(*where)
 

@@ -1,10 +1,12 @@
 """Scatter-gather between a layer's gate and its experts: direct, s3 and pipelined s3.
 
-The gate splits the tokens routed to each expert among that expert's replicas (the contract's
-deterministic split) and ships the rows; the experts compute and write their outputs back; the
-next stage gathers them. Only the gate knows the plan's replica counts, so the gatherer finds
-the outputs by listing the layer's `out/` prefix and checks every expert's rows against the
-routing the gate stored: a missing or extra output is an error, never a silently wrong sum.
+The gate splits the tokens routed to each expert function (the rows of every expert it hosts,
+expert by expert) among that function's replicas (the contract's deterministic split) and ships
+the rows with how many belong to each hosted expert; the experts compute and write their outputs
+back; the next stage gathers them. Only the gate knows the plan's replica counts, so the
+gatherer finds the outputs by listing the layer's `out/` prefix and checks every function's rows
+against the routing the gate stored (with each expert's slot): a missing or extra output is an
+error, never a silently wrong sum.
 
 Nothing here decides sizes or talks to Lambda: the method, β, replicas and the function that
 invokes an expert are all given by the caller.
@@ -47,6 +49,7 @@ __all__ = [
     "scatter_pipelined",
     "scatter_s3",
     "serve_pipelined",
+    "slot_label",
     "split_shards",
     "write_tensors",
 ]
@@ -63,11 +66,18 @@ class TransportError(MoelambdaError):
 
 @dataclass(frozen=True)
 class ShardRows:
-    """Replica `replica` of expert `expert`: positions of its rows in the layer's (N, h) input."""
+    """Replica `replica` of the function in slot `expert`: positions of its rows in the layer's
+    (N, h) input, and how many of them belong to each expert the function hosts."""
 
     expert: int
     replica: int
-    tokens: np.ndarray  # int64 (n,), ascending token order
+    tokens: np.ndarray  # int64 (n,): each hosted expert's rows in ascending token order
+    hosted_rows: np.ndarray  # int64 (hosted,): rows per hosted expert, summing to n
+
+    def rows_per_expert(self, start: int, stop: int) -> np.ndarray:
+        """`hosted_rows` of the shard's rows start..stop (a pipelined minibatch)."""
+        bounds = np.r_[0, np.cumsum(self.hosted_rows)]
+        return np.diff(np.clip(bounds, start, stop)).astype(np.int64)
 
     def describe(self, request_id: str, layer: int, function: str) -> dict[str, Any]:
         """The shard dict of the contract, less the input key (a direct shard has none)."""
@@ -81,17 +91,43 @@ class ShardRows:
         }
 
 
-def split_shards(experts: torch.Tensor, replicas: list[int]) -> list[ShardRows]:
-    """Every (expert, replica) pair, empty ones included, in (expert, replica) order, with rows.
+def slot_label(slot: int, hosted: list[int] | tuple[int, ...]) -> str:
+    """How errors name a layer's expert function: "expert 3", or "function 1 (experts 2, 7)"."""
+    if list(hosted) == [slot]:
+        return f"expert {slot}"
+    return f"function {slot} (experts {', '.join(map(str, hosted))})"
 
-    Rows of expert e are its (token, slot) pairs in ascending token order; replica r takes the
-    r-th of R near-equal contiguous chunks: the split the gatherer undoes by concatenating.
+
+def split_shards(
+    experts: torch.Tensor, replicas: list[int], hosted: list[list[int]] | None = None
+) -> list[ShardRows]:
+    """Every (function, replica) pair, empty ones included, in (slot, replica) order, with rows.
+
+    `hosted` lists each slot's experts (None: slot i hosts expert i). Rows of expert e are its
+    (token, top-k slot) pairs in ascending token order; a function's rows are its experts' in
+    turn, and replica r takes the r-th of R near-equal contiguous chunks: the split the
+    gatherer undoes by concatenating.
     """
+    hosted = [[i] for i in range(len(replicas))] if hosted is None else hosted
     unused_weights = torch.zeros(experts.shape)  # routing_shards splits weights too; not needed
+    count = sum(len(h) for h in hosted)
+    per_expert = [
+        tokens.numpy().astype(np.int64)
+        for tokens, _ in routing_shards(experts, unused_weights, count)
+    ]
     shards = []
-    for expert, (tokens, _) in enumerate(routing_shards(experts, unused_weights, len(replicas))):
-        chunks = np.array_split(tokens.numpy().astype(np.int64), replicas[expert])
-        shards += [ShardRows(expert, r, chunk) for r, chunk in enumerate(chunks)]
+    for slot, members in enumerate(hosted):
+        whole = ShardRows(
+            slot,
+            0,
+            np.concatenate([per_expert[m] for m in members]),
+            np.array([per_expert[m].size for m in members], dtype=np.int64),
+        )
+        start = 0
+        for r, chunk in enumerate(np.array_split(whole.tokens, replicas[slot])):
+            stop = start + chunk.size
+            shards.append(ShardRows(slot, r, chunk, whole.rows_per_expert(start, stop)))
+            start = stop
     return shards
 
 
@@ -152,7 +188,7 @@ def scatter_s3(
 
     def upload(s: ShardRows) -> None:
         key = layout.shard_key(request_id, layer, s.expert, s.replica)
-        put_object(s3, bucket, key, encode(_rows(ffn_in, s)))
+        put_object(s3, bucket, key, encode(_rows(ffn_in, s), s.hosted_rows))
 
     with ThreadPoolExecutor(_WORKERS) as pool:
         list(pool.map(upload, [s for s in shards if s.tokens.size]))
@@ -183,9 +219,10 @@ def scatter_pipelined(
 
     def upload(item: tuple[ShardRows, int]) -> None:
         s, m = item
-        rows = _rows(ffn_in, s)[m * beta : (m + 1) * beta]
+        start, stop = m * beta, (m + 1) * beta
+        rows = _rows(ffn_in, s)[start:stop]
         key = layout.minibatch_key(request_id, layer, s.expert, s.replica, m)
-        put_object(s3, bucket, key, encode(rows))
+        put_object(s3, bucket, key, encode(rows, s.rows_per_expert(start, stop)))
 
     with ThreadPoolExecutor(_WORKERS) as pool:
         list(pool.map(done, [s for s in shards if not s.tokens.size]))
@@ -215,12 +252,12 @@ def abort_pipelined(
         list(pool.map(lambda key: put_object(s3, bucket, key, marker), keys))
 
 
-def direct_encode(rows: np.ndarray) -> str:
-    return base64.b64encode(encode(rows)).decode("ascii")
+def direct_encode(*arrays: np.ndarray) -> str:
+    return base64.b64encode(encode(*arrays)).decode("ascii")
 
 
-def direct_decode(payload: str) -> np.ndarray:
-    return decode(base64.b64decode(payload))[0]
+def direct_decode(payload: str) -> list[np.ndarray]:
+    return decode(base64.b64decode(payload))
 
 
 def direct_event(
@@ -232,12 +269,14 @@ def direct_event(
     *,
     limit: int,
     function: str | None = None,
+    hosted_rows: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    """A direct Invoke's event (with `function`) or an expert's response (without it).
+    """A direct Invoke's event (with `function` and `hosted_rows`) or an expert's response.
 
     The contract's fields, in the order `ground.semantics.DIRECT_EVENT_BYTES` bounds, then the
-    rows base64-encoded as "payload". Lambda limits the JSON, not the tensor, so the encoded
-    JSON is measured here: an oversized message fails with its size before it is sent.
+    rows (and in an event the rows per hosted expert) base64-encoded as "payload". Lambda
+    limits the JSON, not the tensor, so the encoded JSON is measured here: an oversized message
+    fails with its size before it is sent.
     """
     event: dict[str, Any] = {
         "request_id": request_id,
@@ -248,7 +287,7 @@ def direct_event(
     }
     if function is not None:
         event["function"] = function
-    event["payload"] = direct_encode(rows)
+    event["payload"] = direct_encode(rows, *(() if hosted_rows is None else (hosted_rows,)))
     size = len(json.dumps(event))
     if size > limit:
         what = "event" if function is not None else "response"
@@ -290,6 +329,7 @@ def call_direct(
                 _rows(ffn_in, s),
                 limit=limit,
                 function=functions[s.expert],
+                hosted_rows=s.hosted_rows,
             ),
         )
         for s in shards
@@ -298,7 +338,7 @@ def call_direct(
 
     def call(item: tuple[ShardRows, dict[str, Any]]) -> None:
         s, event = item
-        rows = direct_decode(invoke(functions[s.expert], event)["payload"])
+        rows = direct_decode(invoke(functions[s.expert], event)["payload"])[0]
         if rows.shape[0] != s.tokens.size:
             raise TransportError(
                 f"layer {layer} expert {s.expert} replica {s.replica} returned {rows.shape[0]} "
@@ -321,7 +361,7 @@ def _minibatches(
     replica: int,
     poll_s: float,
     timeout_s: float,
-) -> Iterator[np.ndarray]:
+) -> Iterator[list[np.ndarray]]:
     """Yield minibatches 0, 1, ... as the gate uploads them, until done.bin says that was all.
 
     Every poll costs GET requests, and an expert started alongside its gate waits the whole gate
@@ -365,7 +405,7 @@ def _minibatches(
                     f"done.bin announces {count} minibatches but {key} is missing",
                     "the layer function or a cleanup removed it; rerun the request.",
                 )
-        yield decode(data)[0]
+        yield decode(data)
         m += 1
         misses = 0
         deadline = time.monotonic() + timeout_s
@@ -378,21 +418,25 @@ def serve_pipelined(
     layer: int,
     expert: int,
     replica: int,
-    compute: Callable[[np.ndarray], np.ndarray],
+    compute: Callable[[np.ndarray, np.ndarray], np.ndarray],
     *,
     poll_s: float,
     timeout_s: float,
 ) -> tuple[int, int]:
-    """Compute each minibatch as it appears; returns (minibatches, tokens).
+    """Compute each minibatch (rows, rows per hosted expert) as it appears; returns
+    (minibatches, tokens).
 
     The upload of minibatch m runs on a background thread while m+1 is downloaded and computed.
     """
     minibatches = tokens = 0
     with ThreadPoolExecutor(1) as uploads:
         pending = []
-        for x in _minibatches(s3, bucket, request_id, layer, expert, replica, poll_s, timeout_s):
+        for x, hosted_rows in _minibatches(
+            s3, bucket, request_id, layer, expert, replica, poll_s, timeout_s
+        ):
             key = layout.out_minibatch_key(request_id, layer, expert, replica, minibatches)
-            pending.append(uploads.submit(put_object, s3, bucket, key, encode(compute(x))))
+            y = compute(x, hosted_rows)
+            pending.append(uploads.submit(put_object, s3, bucket, key, encode(y)))
             minibatches += 1
             tokens += x.shape[0]
         for future in pending:
@@ -410,34 +454,40 @@ def gather(
 ) -> torch.Tensor:
     """The weighted sum of layer `layer`'s expert outputs at each token: (N, hidden).
 
-    Outputs are concatenated per expert in (replica, minibatch) order, which restores the
-    gate's row order, then handed to `gather_shards` with the stored routing.
+    The gate stored the routing with each expert's function slot. A slot's outputs,
+    concatenated in (replica, minibatch) order, restore the gate's row order: each hosted
+    expert's rows in turn, experts ascending. They are cut per expert and handed to
+    `gather_shards` with the stored routing.
     """
-    experts, weights = read_tensors(s3, bucket, layout.routing_key(request_id, layer))
+    experts, weights, slot_of = read_tensors(s3, bucket, layout.routing_key(request_id, layer))
+    slots = int(slot_of.max(initial=-1)) + 1
     prefix = layout.out_prefix(request_id, layer)
     found: dict[int, list[tuple[tuple[int, int], str]]] = defaultdict(list)
     for key in list_keys(s3, bucket, prefix):
-        expert, replica, minibatch = layout.parse_out_key(prefix, key)
-        if (minibatch is not None) != (method == "pipelined") or expert >= num_experts:
+        slot, replica, minibatch = layout.parse_out_key(prefix, key)
+        if (minibatch is not None) != (method == "pipelined") or slot >= slots:
             raise TransportError(f"unexpected output {key} for method '{method}' of layer {layer}")
-        found[expert].append(((replica, minibatch or 0), key))
+        found[slot].append(((replica, minibatch or 0), key))
     keys = [key for pieces in found.values() for _, key in pieces]
     with ThreadPoolExecutor(_WORKERS) as pool:
         arrays = dict(
             zip(keys, pool.map(lambda k: read_tensors(s3, bucket, k)[0], keys), strict=True)
         )
-    parts = []
     routed = routing_shards(torch.from_numpy(experts), torch.from_numpy(weights), num_experts)
-    for expert, (tokens, w) in enumerate(routed):
-        pieces = [arrays[key] for _, key in sorted(found[expert])]
+    parts = []
+    for slot in range(slots):
+        members = np.flatnonzero(slot_of == slot)
+        pieces = [arrays[key] for _, key in sorted(found[slot])]
         y = np.concatenate(pieces) if pieces else np.zeros((0, hidden), np.float32)
-        if y.shape[0] != tokens.numel():
+        sizes = [routed[m][0].numel() for m in members]
+        if y.shape[0] != sum(sizes):
             raise TransportError(
-                f"layer {layer} expert {expert}: its outputs hold {y.shape[0]} rows but the gate "
-                f"routed {tokens.numel()} tokens to it",
+                f"layer {layer} {slot_label(slot, members.tolist())}: its outputs hold "
+                f"{y.shape[0]} rows but the gate routed {sum(sizes)} tokens to it",
                 "an expert invocation failed or is still running; rerun the request.",
             )
-        parts.append((tokens, w, torch.from_numpy(y)))
+        for m, part in zip(members, np.split(y, np.cumsum(sizes)[:-1]), strict=True):
+            parts.append((*routed[m], torch.from_numpy(part)))
     return gather_shards(experts.shape[0], hidden, parts)
 
 

@@ -94,6 +94,7 @@ def make_plan(
         experts = [
             ExpertPlan(
                 expert=e,
+                hosts=None if inst.groups is None else [int(x) for x in inst.groups[layer, e]],
                 memory_mb=int(inst.memory_mb[choice.memory[layer, e]]),
                 replicas=int(choice.replicas[layer, e]),
                 tokens=float(inst.counts[layer, e]),

@@ -122,6 +122,8 @@ class Calibration(BaseModel):
     mb_per_vcpu: PositiveFloat
     max_vcpus: PositiveFloat
     max_timeout_s: PositiveFloat
+    ephemeral_storage_default_mb: PositiveInt
+    ephemeral_storage_max_mb: PositiveInt
     billing_mb_per_gb: PositiveFloat
     billing_granularity_s: PositiveFloat
     warm_start_s: PositiveFloat

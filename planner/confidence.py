@@ -25,6 +25,7 @@ import numpy as np
 from ground.errors import InfeasibleError
 from planner.costmodel import Solution
 from planner.instance import Instance
+from planner.packing import function_counts, pack
 from planner.serving import serve
 from predictor._uncertainty import quantile
 
@@ -119,8 +120,9 @@ def attainment(
     """
     allowed = int(np.floor((1.0 - confidence) * len(draws) + 1e-9))
     met, costs = 0, []
-    for counts in draws:
-        run = serve(inst, solution.choice, counts)
+    for counts in draws:  # per expert; a packed plan serves its functions' sums
+        served = counts if inst.groups is None else function_counts(inst.groups, counts)
+        run = serve(inst, solution.choice, served)
         costs.append(run.cost)
         within = slo_s is None or run.latency <= slo_s * (1 + 1e-9)
         met += bool(within and not run.failed.any())
@@ -179,5 +181,9 @@ def plan_with_confidence(
 
 
 def with_counts(inst: Instance, counts: np.ndarray) -> Instance:
-    """`inst` with other counts (what the backtest serves a plan on)."""
+    """`inst` with other per-expert counts (what the backtest serves a plan on); a packed
+    instance is packed again from its source with them."""
+    if inst.source is not None:
+        assert inst.groups is not None
+        return pack(with_counts(inst.source, counts), inst.groups)
     return dataclasses.replace(inst, counts=np.asarray(counts, float))

@@ -124,7 +124,7 @@ def replica_limits(
     )
     if payload:
         token_bytes = int(max(inst.token_bytes_in, inst.token_bytes_out))
-        limit = max_direct_tokens(inst.direct_payload_bytes, token_bytes)
+        limit = max_direct_tokens(inst.direct_payload_bytes, token_bytes, inst.hosted)
         fits = np.where((choice.method == Method.DIRECT)[:, None], np.minimum(fits, limit), fits)
     return np.maximum(caps, choice.replicas), np.maximum(fits, 1).astype(int)
 
@@ -185,7 +185,7 @@ def _option_arrays(
     need_mb = inst.expert_bytes[layer][:, None, None] / MB + inst.runtime_mb
     feasible = need_mb + resident * (d_in + d_out) / MB <= m
     if method is Method.DIRECT:
-        event = direct_event_bytes(r, int(max(d_in, d_out)))
+        event = direct_event_bytes(r, int(max(d_in, d_out)), inst.hosted)
         feasible = feasible & (event <= inst.direct_payload_bytes)
     feasible = feasible & within_timeout(inst, method, pre, time, finish)
     experts_usd = replica_s * m * inst.price_mb_s
@@ -398,7 +398,7 @@ def usage(inst: Instance, choice: Choice, evaluation: Evaluation) -> dict[str, f
             gate_s += float(evaluation.layer_latency[layer])
             rows = np.ceil(tokens[layer] / choice.replicas[layer])
             token_bytes = int(max(inst.token_bytes_in, inst.token_bytes_out))
-            payload = max(payload, int(direct_event_bytes(rows.max(), token_bytes)))
+            payload = max(payload, int(direct_event_bytes(rows.max(), token_bytes, inst.hosted)))
         else:
             gate_s += (
                 inst.s3_delay_s + tokens[layer].sum() * inst.token_bytes_in / inst.s3_bandwidth

@@ -76,6 +76,11 @@ class Instance:
     map_max_concurrency: float = math.inf  # an inline Map's concurrent iterations (s3, pipelined)
     arch: str = "x86_64"
     meta: dict[str, object] = field(default_factory=dict)
+    # Packing (`planner.packing`): each "expert" above is then a function hosting `hosted`
+    # experts, `groups` (L, E, hosted) their ids, `source` the per-expert instance.
+    hosted: int = 1
+    groups: np.ndarray | None = None
+    source: Instance | None = None
 
     def __post_init__(self) -> None:
         if not self.betas:

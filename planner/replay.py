@@ -19,6 +19,7 @@ from planner.build import instance_for
 from planner.calibration import Calibration
 from planner.costmodel import Choice, evaluate, price, usage
 from planner.instance import Instance, Method
+from planner.packing import pack
 
 __all__ = [
     "calibration_of",
@@ -53,7 +54,7 @@ def instance_of(plan: Plan, manifest: Manifest, counts: np.ndarray, tokens: int)
     calibration = calibration_of(plan)
     via_invoke = plan.direct_payload_bytes == calibration.invoke_payload_bytes
     payload = "invoke" if via_invoke else "step-functions"
-    return instance_for(
+    inst = instance_for(
         manifest,
         counts,
         calibration,
@@ -63,6 +64,9 @@ def instance_of(plan: Plan, manifest: Manifest, counts: np.ndarray, tokens: int)
         objective=plan.objective,
         payload=payload,
     )
+    if not plan.packed:
+        return inst
+    return pack(inst, np.array([[e.hosted for e in layer.experts] for layer in plan.layers]))
 
 
 def choice_of(plan: Plan, inst: Instance) -> Choice:

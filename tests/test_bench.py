@@ -65,6 +65,11 @@ def test_bench_planner_solvers_agree_on_one_layer(trace16: Path) -> None:
         assert entry["exact_vs_ods"] <= 1 + 1e-9  # never costlier than ODS
         if entry["solvers"]["milp"]["optimal"]:
             assert entry["exact_equals_milp"]
+        packed = entry["packed"]
+        assert packed["by_size"]["1"] == pytest.approx(exact["cost_usd"], rel=1e-12)
+        assert set(packed["by_size"]) == {"1", "2", "4", "8", "16"}
+        assert packed["cost_usd"] == min(v for v in packed["by_size"].values() if v is not None)
+    assert summary["packed_never_worse"] is True
 
 
 def test_bench_gpu(trace16: Path) -> None:

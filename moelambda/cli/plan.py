@@ -121,10 +121,59 @@ def _plan_instance(
     return inst, confident, solution, frontier
 
 
+def _pack_sizes(pack: str, experts: int) -> list[int]:
+    """Experts per function `--pack` asks for: every divisor of `experts` for auto."""
+    from planner.packing import group_sizes
+
+    sizes = group_sizes(experts)
+    if pack == "auto":
+        return sizes
+    if not pack.isdigit() or int(pack) not in sizes:
+        raise UsageError(
+            f"--pack {pack!r} is not 'auto' or a number of experts per function that divides "
+            f"the model's {experts} experts.",
+            f"pass --pack auto, or one of {', '.join(map(str, sizes))} (1: one expert per "
+            "function).",
+        )
+    return [int(pack)]
+
+
+def _plan_packed(
+    inst: Any, sizes: list[int], *args: Any
+) -> tuple[Any, Any, Any, Any, list[dict[str, Any]]]:
+    """`_plan_instance` for each number of experts per function in `sizes` (groups balanced
+    by predicted tokens), the cheapest kept; ties keep the fewer experts per function.
+
+    Returns its result and, per size, the cost or why there was no plan. With no plan at any
+    size, the first size's reason is raised.
+    """
+    from planner.packing import balanced_groups, pack
+
+    best, tried, first_error = None, [], None
+    for size in sizes:
+        candidate = inst if size == 1 else pack(inst, balanced_groups(inst.counts, size))
+        label = f"{size} expert{'s' if size > 1 else ''} per function"
+        try:
+            with err.status(f"planning {label}"):
+                result = _plan_instance(candidate, *args)
+        except InfeasibleError as error:
+            first_error = first_error or error
+            tried.append({"experts_per_function": size, "cost_usd": None, "why": str(error)})
+            continue
+        cost = result[2].cost
+        tried.append({"experts_per_function": size, "cost_usd": cost, "why": None})
+        if best is None or cost < best[2].cost * (1 - 1e-12):
+            best = result
+    if best is None:
+        assert first_error is not None
+        raise first_error
+    return (*best, tried)
+
+
 def serverless_best(counts: Path, slo_s: float) -> tuple[Any, Any, int]:
     """(manifest, solution, tokens per batch): the plan `moelambda plan --counts FILE --slo S`
-    makes with its defaults (full bill, exact solver, the default confidence when the file has
-    a distribution), for commands that compare against it."""
+    makes with its defaults (full bill, exact solver, packing auto, the default confidence when
+    the file has a distribution), for commands that compare against it."""
     from moe import describe_model
     from planner import load_calibration
     from planner.build import instance_for
@@ -139,8 +188,17 @@ def serverless_best(counts: Path, slo_s: float) -> tuple[Any, Any, int]:
     cal = load_calibration(None)
     inst = instance_for(manifest, predicted, cal, tokens=tokens, workflow="express")
     confidence = DEFAULT_CONFIDENCE if dist is not None else 0.0
-    solution = _plan_instance(
-        inst, dist, confidence, slo_s, "exact", tuple(Method), False, True, cal
+    solution = _plan_packed(
+        inst,
+        _pack_sizes("auto", inst.experts),
+        dist,
+        confidence,
+        slo_s,
+        "exact",
+        tuple(Method),
+        False,
+        True,
+        cal,
     )[2]
     return manifest, solution, tokens
 
@@ -388,6 +446,14 @@ def plan(
             "counts alone. Default: 0.99 when the counts file has a distribution, else 0."
         ),
     ] = None,
+    pack: Annotated[
+        str,
+        typer.Option(
+            help="Experts per function: 'auto' plans every number that divides the layer's "
+            "experts (groups balanced by predicted tokens) and keeps the cheapest, 1 gives "
+            "each expert its own function, K packs K experts of a layer into each."
+        ),
+    ] = "auto",
     concurrency_quota: Annotated[
         int,
         typer.Option(
@@ -455,8 +521,18 @@ def plan(
     inst = instance_for(
         manifest, predicted, cal, tokens=tokens, arch=arch, workflow=chosen, objective=objective
     )
-    inst, confident, solution, frontier = _plan_instance(
-        inst, dist, confidence, slo_s, solver, methods, pareto is not None, workflow is None, cal
+    sizes = _pack_sizes(pack, inst.experts)
+    inst, confident, solution, frontier, packings = _plan_packed(
+        inst,
+        sizes,
+        dist,
+        confidence,
+        slo_s,
+        solver,
+        methods,
+        pareto is not None,
+        workflow is None,
+        cal,
     )
     if confident is not None:
         source = source | {"confidence": confident.describe()}
@@ -486,6 +562,9 @@ def plan(
         "moe_cost_usd": solution.evaluation.experts_usd,
         "bill_usd": document.totals.bill_usd,
         "smallest_slo_s": round(frontier.min_latency(), 6),
+        "experts_per_function": inst.hosted,
+        "functions": sum(len(layer.experts) for layer in document.layers),
+        "packing": packings,
         "confidence": None if confident is None else confident.describe(),
         "layers": [
             {
@@ -513,7 +592,8 @@ def _print_plan(summary: dict[str, Any]) -> None:
     table = Table(
         title=f"Plan for {summary['model']}: {summary['tokens']:,} tokens per batch, {slo}"
     )
-    for column in ("layer", "method", "beta", "memory MB per expert", "replicas"):
+    per = "function" if summary["experts_per_function"] > 1 else "expert"
+    for column in ("layer", "method", "beta", f"memory MB per {per}", "replicas"):
         table.add_column(column, justify="right" if column != "method" else "left")
     for i, layer in enumerate(summary["layers"]):
         beta = str(layer["beta"]) if layer["method"] == "pipelined" else "-"
@@ -534,10 +614,21 @@ def _print_plan(summary: dict[str, Any]) -> None:
         f"${bill['requests_usd']:.6f}, S3 ${bill['s3_usd']:.6f}, {summary['workflow']} "
         f"workflow ${bill['workflow_usd']:.6f}). Solver {summary['solver']} in "
         f"{summary['seconds']:.3f} s. "
+        + _packing_line(summary)
         + _confidence_line(summary["confidence"])
         + f"Wrote {summary['plan']}"
         + (f", {', '.join(summary['pareto'])}" if "pareto" in summary else "")
     )
+
+
+def _packing_line(summary: dict[str, Any]) -> str:
+    tried = [t for t in summary["packing"] if t["cost_usd"] is not None]
+    k = summary["experts_per_function"]
+    line = f"{summary['functions']} expert functions ({k} expert{'s' if k > 1 else ''} each"
+    if len(summary["packing"]) > 1:
+        costs = ", ".join(f"{t['experts_per_function']}: ${t['cost_usd']:.6f}" for t in tried)
+        line += f"; cheapest of {costs}"
+    return line + "). "
 
 
 def _confidence_line(confidence: dict[str, Any] | None) -> str:
@@ -631,6 +722,28 @@ def _shape_instance(shape: str, popularity: str, tokens: int) -> tuple[Any, dict
     return inst, facts
 
 
+def _packed_exact(inst: Any, slo_s: float) -> dict[str, Any]:
+    """`plan --pack auto` with the exact solver at one SLO: the cost of each number of experts
+    per function (None: no plan), the cheapest, and the seconds all of them took."""
+    from planner.exact import solve_exact
+    from planner.packing import balanced_groups, group_sizes, pack
+
+    started = time.perf_counter()
+    by_size: dict[str, float | None] = {}
+    for size in group_sizes(inst.experts):
+        packed = inst if size == 1 else pack(inst, balanced_groups(inst.counts, size))
+        solution = solve_exact(packed, slo_s)
+        by_size[str(size)] = None if solution is None else solution.cost
+    found = {k: v for k, v in by_size.items() if v is not None}
+    best = min(found, key=lambda k: found[k]) if found else None
+    return {
+        "experts_per_function": None if best is None else int(best),
+        "cost_usd": None if best is None else found[best],
+        "by_size": by_size,
+        "seconds": round(time.perf_counter() - started, 4),
+    }
+
+
 def _baselines(inst: Any, slo_s: float) -> dict[str, float | None]:
     """Costs of LambdaML and of each uniform method (exact, so fast) at one SLO."""
     from planner import lambdaml
@@ -691,7 +804,7 @@ def bench_planner(
         "tight": fastest * 1.02,
     }
     results = []
-    totals = {"exact": 0.0, "ods": 0.0}
+    totals = {"exact": 0.0, "ods": 0.0, "packed": 0.0}
     for label, slo_s in slos.items():
         entry: dict[str, Any] = {"label": label, "slo_s": round(slo_s, 6), "solvers": {}}
         with err.status(f"{label} SLO {slo_s:.3f} s: exact, ODS, MILP"):
@@ -717,6 +830,9 @@ def bench_planner(
                     totals[name] += seconds
                 entry["solvers"][name] = row
         solvers = entry["solvers"]
+        with err.status(f"{label} SLO {slo_s:.3f} s: packed"):
+            entry["packed"] = _packed_exact(inst, slo_s)
+        totals["packed"] += entry["packed"]["seconds"]
         entry["baselines_usd"] = _baselines(inst, slo_s)
         exact_cost = solvers["exact"].get("cost_usd")
         if exact_cost is not None and shape is None:
@@ -734,6 +850,12 @@ def bench_planner(
         "slos": results,
         "exact_total_s": round(totals["exact"], 4),
         "exact_target_s": 0.25 if shape is None else 5.0,
+        "packed_total_s": round(totals["packed"], 4),
+        "packed_never_worse": all(
+            entry["packed"]["cost_usd"] <= entry["solvers"]["exact"]["cost_usd"] * (1 + 1e-9)
+            for entry in results
+            if entry["solvers"]["exact"]["feasible"]
+        ),
     }
     if shape is None:
         summary |= {

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from cdk._state_machine import workflow_timeout_s
@@ -864,3 +865,64 @@ def test_a_stack_over_cloudformations_resource_limit_is_refused_whole(tmp_path: 
     assert result.exit_code == 2, result.output
     assert "more than CloudFormation's 500 resources" in result.output
     assert not out.exists()
+
+
+def _packed_plan(expert_bytes: int, hosts: list[list[int]]) -> Plan:
+    """Two layers (s3, direct) of 4 experts of `expert_bytes` each, packed as `hosts`."""
+    model = tiny_model(2, experts=4)
+    for stage in model["stages"]:
+        if stage["role"] == "expert":
+            stage["bytes"] = expert_bytes
+    plan = make_plan(model, ("s3", "direct"), [[1] * 4] * 2).model_dump(mode="json")
+    for layer in plan["layers"]:
+        layer["experts"] = [
+            layer["experts"][0] | {"expert": slot, "hosts": members}
+            for slot, members in enumerate(hosts)
+        ]
+    return Plan.model_validate(plan)
+
+
+def test_a_packed_function_hosts_its_experts_weights_and_tmp_room_for_them(
+    tmp_path: Path,
+) -> None:
+    """Each function reads only its own experts' weights, and gets /tmp for them past 512 MB."""
+    mb = 2**20
+    plan = _packed_plan(300 * mb, [[0, 2], [1, 3]])
+    assert plan.packed
+    _, template = _synth(tmp_path, plan)
+    functions = _functions(template)
+    experts = sorted(name for name in functions if "Function" in name or "Expert" in name)
+    assert experts == [f"Layer{ll:02d}Function{f:02d}" for ll in (0, 1) for f in (0, 1)]
+    for ll in (0, 1):
+        gate_env = _render(functions[f"Layer{ll:02d}"]["Properties"]["Environment"]["Variables"])
+        assert json.loads(gate_env["MOELAMBDA_LAYER_PLAN"])["hosts"] == [[0, 2], [1, 3]]
+        for slot, members in enumerate([[0, 2], [1, 3]]):
+            fn = functions[f"Layer{ll:02d}Function{slot:02d}"]
+            env = fn["Properties"]["Environment"]["Variables"]
+            assert env["MOELAMBDA_HOSTS"] == ",".join(map(str, members))
+            assert env["MOELAMBDA_EXPERT"] == str(slot)
+            bucket = next(iter(_resources(template, "AWS::S3::Bucket")))
+            read = _s3_access(_policies(template, fn), bucket)["s3:GetObject"]
+            weights = {key for key in read if key.startswith("weights/layers/")}
+            assert weights == {f"weights/{expert_key(ll, m)}" for m in members}
+            assert fn["Properties"]["EphemeralStorage"] == {"Size": 600 + 64}
+    small = _packed_plan(100 * mb, [[0, 1], [2, 3]])
+    _, template = _synth(tmp_path / "small", small)
+    for name, fn in _functions(template).items():
+        assert "EphemeralStorage" not in fn["Properties"], name  # the free 512 MB suffice
+
+
+@pytest.mark.parametrize(
+    ("hosts", "error"),
+    [
+        ([[0, 1], [2]], "host each of the 4 experts once"),
+        ([[0, 1], [1, 2, 3]], "host"),
+        ([[1, 0], [2, 3]], "ascending"),
+        ([[0], [1, 2, 3]], "one group size per plan"),
+    ],
+)
+def test_a_plan_whose_functions_do_not_host_every_expert_once_is_refused(
+    hosts: list[list[int]], error: str
+) -> None:
+    with pytest.raises(ValidationError, match=error):
+        _packed_plan(9, hosts)

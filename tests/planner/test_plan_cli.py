@@ -36,7 +36,32 @@ def counts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _plan(counts: Path, out: Path, *extra: str):  # type: ignore[no-untyped-def]
-    return runner.invoke(app, ["plan", "--counts", str(counts), "--out", str(out), *extra])
+    """`plan` one expert per function unless `extra` passes --pack."""
+    pack = () if "--pack" in extra else ("--pack", "1")
+    return runner.invoke(app, ["plan", "--counts", str(counts), "--out", str(out), *pack, *extra])
+
+
+def test_pack_auto_keeps_the_cheapest_grouping_and_never_costs_more(
+    counts: Path, tmp_path: Path
+) -> None:
+    one = _json(_plan(counts, tmp_path / "one.json", "--json"))
+    auto = _json(_plan(counts, tmp_path / "auto.json", "--pack", "auto", "--json"))
+    assert [t["experts_per_function"] for t in auto["packing"]] == [1, 2, 4]
+    costs = {t["experts_per_function"]: t["cost_usd"] for t in auto["packing"]}
+    assert costs[1] == pytest.approx(one["objective_usd"], rel=1e-12)
+    assert auto["objective_usd"] == min(c for c in costs.values() if c is not None)
+    assert auto["objective_usd"] <= one["objective_usd"]
+    k = auto["experts_per_function"]
+    plan = Plan.load(tmp_path / "auto.json")
+    assert auto["functions"] == 6 * 4 // k == sum(len(la.experts) for la in plan.layers)
+    assert plan.packed == (k > 1)
+    two = _json(_plan(counts, tmp_path / "two.json", "--pack", "2", "--json"))
+    assert two["objective_usd"] == pytest.approx(costs[2], rel=1e-12)
+    assert [len(e.hosted) for e in Plan.load(tmp_path / "two.json").layers[0].experts] == [2, 2]
+    for bad in ("3", "0", "many"):
+        refused = _plan(counts, tmp_path / "bad.json", "--pack", bad)
+        assert refused.exit_code == 2 and "--pack" in refused.output
+        assert not (tmp_path / "bad.json").exists()
 
 
 def _json(result) -> dict:  # type: ignore[no-untyped-def,type-arg]

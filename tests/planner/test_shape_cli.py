@@ -31,6 +31,8 @@ def test_plan_a_shape_without_weights(tmp_path: Path) -> None:
         "zipf:1.2",
         "--concurrency-quota",
         "100000",
+        "--pack",
+        "1",
         "--out",
         str(out),
     )
@@ -49,13 +51,30 @@ def test_plan_a_shape_without_weights(tmp_path: Path) -> None:
     assert code == 2 and "has no weights to run" in text
 
 
-def test_the_binding_limits_are_named(tmp_path: Path) -> None:
+def test_the_binding_limits_are_named_and_packing_lifts_them(tmp_path: Path) -> None:
+    """Unpacked, OLMoE at 10,240 tokens has no plan (64 experts: only direct fans out, and
+    its events exceed 6 MB); packed, its functions fit an inline Map."""
     args = ["plan", "--shape", "olmoe", "--out", str(tmp_path / "p.json")]
-    code, text = _invoke(*args, "--tokens", "10240", "--concurrency-quota", "100000")
+    large = ["--tokens", "10240", "--concurrency-quota", "100000"]
+    code, text = _invoke(*args, *large, "--pack", "1")
     assert code == 2 and "exceed an inline Map's 40 concurrent iterations" in text
     assert "payload limit" in text
-    code, text = _invoke(*args, "--tokens", "1024")
+    code, text = _invoke(*args, "--tokens", "1024", "--pack", "1")
     assert code == 2 and "concurrency quota of 1,000" in text
+    code, text = _invoke(*args, *large)
+    assert code == 0, text
+    summary = json.loads(text)
+    assert summary["packing"][0] == {
+        "experts_per_function": 1,
+        "cost_usd": None,
+        "why": summary["packing"][0]["why"],
+    }
+    assert "payload limit" in summary["packing"][0]["why"]
+    k = summary["experts_per_function"]
+    assert k > 1 and summary["functions"] == 16 * 64 // k
+    plan = Plan.load(tmp_path / "p.json")
+    assert all(len(e.hosted) == k for la in plan.layers for e in la.experts)
+    (tmp_path / "p.json").unlink()
     code, text = _invoke("plan", "--shape", "gpt-moe-huge", "--out", str(tmp_path / "q.json"))
     assert code == 2 and "olmoe" in text.lower()
     assert not any(tmp_path.iterdir())

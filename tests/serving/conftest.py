@@ -85,7 +85,8 @@ def mixed_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ).save(counts)
     plan = tmp / "plan.json"
     made = CliRunner().invoke(
-        app, ["plan", "--counts", str(counts), "--tokens", "256", "--out", str(plan)]
+        app,
+        ["plan", "--counts", str(counts), "--tokens", "256", "--pack", "1", "--out", str(plan)],
     )
     assert made.exit_code == 0, made.output
     doc = json.loads(plan.read_text())

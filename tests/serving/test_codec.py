@@ -14,7 +14,12 @@ import pytest
 from functions import config
 from ground import layout
 from ground.errors import UsageError
-from ground.semantics import DIRECT_EVENT_BYTES, direct_event_bytes, max_direct_tokens
+from ground.semantics import (
+    DIRECT_EVENT_BYTES,
+    direct_event_bytes,
+    hosted_rows_bytes,
+    max_direct_tokens,
+)
 from pipeline import transports
 from pipeline.tensorio import TensorIOError, decode, encode
 
@@ -137,23 +142,35 @@ def test_direct_envelope_is_within_the_bound_the_planner_uses(function: str | No
     assert (envelope == DIRECT_EVENT_BYTES) == (function is not None)  # the bound is tight
 
 
+@pytest.mark.parametrize("hosted", [1, 8])
 @pytest.mark.parametrize("tokens", [0, 1, 2, 3, 7, 100, 1001])
-def test_direct_event_bytes_bounds_the_real_event(tokens: int) -> None:
+def test_direct_event_bytes_bounds_the_real_event(tokens: int, hosted: int) -> None:
+    """An event carries the rows and the rows per hosted expert; a response the rows alone."""
     hidden = 384
     rows = np.ones((tokens, hidden), np.float32)
-    for function in ("f" * 64, None):
-        event = transports.direct_event(**WIDEST, rows=rows, limit=10**9, function=function)
-        real = len(json.dumps(event))
-        assert real <= direct_event_bytes(tokens, 4 * hidden)
-        # base64 padding and a token count narrower than the bound's six digits are the slack
-        assert direct_event_bytes(tokens, 4 * hidden) - real < (8 if function else 100)
-    assert transports.direct_decode(event["payload"]).shape == (tokens, hidden)
+    hosted_rows = np.full(hosted, tokens // hosted, np.int64)
+    bound = direct_event_bytes(tokens, 4 * hidden, hosted)
+    event = transports.direct_event(
+        **WIDEST, rows=rows, limit=10**9, function="f" * 64, hosted_rows=hosted_rows
+    )
+    # base64 padding and a token count narrower than the bound's six digits are the slack
+    assert 0 <= bound - len(json.dumps(event)) < 8
+    x, decoded_rows = transports.direct_decode(event["payload"])
+    assert x.shape == (tokens, hidden) and decoded_rows.tolist() == hosted_rows.tolist()
+    response = transports.direct_event(**WIDEST, rows=rows, limit=10**9)
+    assert 0 <= bound - len(json.dumps(response)) < 100 + 2 * hosted_rows_bytes(hosted)
+    assert len(transports.direct_decode(response["payload"])) == 1
 
 
 @pytest.mark.parametrize("limit", [262144, 6291456])
 def test_the_planners_direct_capacity_is_accepted_and_one_byte_less_refused(limit: int) -> None:
-    rows = np.ones((max_direct_tokens(limit, 4 * 384), 384), np.float32)
-    event = transports.direct_event(**WIDEST, rows=rows, limit=limit, function="f" * 64)
+    rows = np.ones((max_direct_tokens(limit, 4 * 384, 4), 384), np.float32)
+    hosted_rows = np.array([rows.shape[0], 0, 0, 0])
+    shipped = {"function": "f" * 64, "hosted_rows": hosted_rows}
+    event = transports.direct_event(**WIDEST, rows=rows, limit=limit, **shipped)
     size = len(json.dumps(event))
     with pytest.raises(transports.TransportError, match=f"is {size:,} bytes of JSON, above"):
-        transports.direct_event(**WIDEST, rows=rows, limit=size - 1, function="f" * 64)
+        transports.direct_event(**WIDEST, rows=rows, limit=size - 1, **shipped)
+    more = np.ones((rows.shape[0] + 1, 384), np.float32)
+    with pytest.raises(transports.TransportError):
+        transports.direct_event(**WIDEST, rows=more, limit=limit, **shipped)

@@ -72,7 +72,18 @@ def base_plan(
     ).save(counts)
     plan = tmp / "plan.json"
     made = runner.invoke(
-        app, ["plan", "--counts", str(counts), "--tokens", str(TOKENS), "--out", str(plan)]
+        app,
+        [
+            "plan",
+            "--counts",
+            str(counts),
+            "--tokens",
+            str(TOKENS),
+            "--pack",
+            "1",
+            "--out",
+            str(plan),
+        ],
     )
     assert made.exit_code == 0, made.output
     return json.loads(plan.read_text())

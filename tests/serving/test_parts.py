@@ -30,13 +30,13 @@ from tests.serving.driver import Deployment, clean, s3_requests
 def test_pipelined_expert_times_out_when_no_gate_writes(s3: object) -> None:
     with pytest.raises(transports.TransportError, match="no minibatch at .* after 0.2 s"):
         transports.serve_pipelined(
-            s3, BUCKET, "lonely", 0, 1, 0, lambda x: x, poll_s=0.02, timeout_s=0.2
+            s3, BUCKET, "lonely", 0, 1, 0, lambda x, hosted_rows: x, poll_s=0.02, timeout_s=0.2
         )
 
 
 def test_gather_refuses_outputs_that_do_not_match_the_routing(s3: object) -> None:
     experts = np.array([[0, 1], [1, 0], [0, 1]], np.int64)
-    routing = (experts, np.ones((3, 2), np.float32))
+    routing = (experts, np.ones((3, 2), np.float32), np.arange(2))
     transports.write_tensors(s3, BUCKET, layout.routing_key("short", 0), *routing)
     for expert in (0, 1):  # expert 1 got 3 tokens but returns only 2 rows
         rows = np.ones((3 if expert == 0 else 2, 4), np.float32)
@@ -120,7 +120,7 @@ def test_pipelined_experts_stop_at_once_when_their_gate_failed(s3: object) -> No
     started = time.monotonic()
     with pytest.raises(transports.TransportError, match="layer 0 function .* failed"):
         transports.serve_pipelined(
-            s3, BUCKET, "aborted", 0, 1, 1, lambda x: x, poll_s=0.02, timeout_s=30
+            s3, BUCKET, "aborted", 0, 1, 1, lambda x, hosted_rows: x, poll_s=0.02, timeout_s=30
         )
     assert time.monotonic() - started < 5
     assert clean(Deployment(BUCKET, [], 1, []), "aborted")["deleted"] == 3
@@ -163,11 +163,14 @@ def test_a_pipelined_replica_reads_each_minibatch_once_and_everything_else_is_a_
     """What the meter relies on: one successful GET per minibatch; other GETs are polls."""
     minibatches = [layout.minibatch_key("race", 0, 1, 0, m) for m in range(3)]
     done = layout.done_key("race", 0, 1, 0)
-    objects = {key: encode(np.full((2, 4), m, np.float32)) for m, key in enumerate(minibatches)}
+    objects = {
+        key: encode(np.full((2, 4), m, np.float32), np.array([2]))
+        for m, key in enumerate(minibatches)
+    }
     objects[done] = encode(np.array([3, 6], np.int64))
     fake = _RacingS3(objects, late=set(minibatches))
     served = transports.serve_pipelined(
-        fake, BUCKET, "race", 0, 1, 0, lambda x: x, poll_s=0.001, timeout_s=5
+        fake, BUCKET, "race", 0, 1, 0, lambda x, hosted_rows: x, poll_s=0.001, timeout_s=5
     )
     assert served == (3, 6) and len(fake.puts) == 3
     data = Counter(key for key, found in fake.gets if found and key != done)
@@ -197,8 +200,14 @@ def test_torch_threads_follow_the_function_only_on_lambda(monkeypatch: pytest.Mo
 
 def _layer_plan(method: str, **lists: list[int]) -> config.LayerPlan:
     plan = {"replicas": [1, 2, 1], "max_replicas": [4, 2, 1], "max_tokens": [10, 10, 10]}
+    hosted = ((0,), (1,), (2,))
     return config.LayerPlan(
-        method, 4, *(tuple(lists.get(k, v)) for k, v in plan.items()), 6291456, ("a", "b", "c")
+        method,
+        4,
+        *(tuple(lists.get(k, v)) for k, v in plan.items()),
+        6291456,
+        ("a", "b", "c"),
+        hosted,
     )
 
 
