@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from aws_cdk import Duration, IgnoreMode, RemovalPolicy, Size
+from aws_cdk import CfnParameter, Duration, IgnoreMode, NestedStack, RemovalPolicy, Size
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
@@ -48,6 +48,13 @@ DEFAULT_WEIGHTS_PREFIX = "weights/"
 DEFAULT_BASE_IMAGE = "public.ecr.aws/lambda/python:3.12"  # Dockerfile.expert's BASE_IMAGE
 TIMEOUT_MARGIN = 2.0  # a function's timeout over its predicted run: cold starts, noisy hosts
 _TMP_SLACK_MB = 64  # /tmp beside the weights: the manifest, config files, Python's own
+# Template bytes of one expert function with its role, as CDK writes them: measured 4.7 KB
+# hosting 2 experts and 11.3 KB hosting 30 (each hosted expert adds its weights' key to the
+# role's GetObject and ListBucket statements). Expert functions whose estimate passes
+# _EXPERT_BYTES_PER_STACK go into nested stacks, leaving room for the parent's gates and
+# workflow under CloudFormation's 1 MB per template.
+_FUNCTION_BYTES, _HOSTED_BYTES = 4_200, 240
+_EXPERT_BYTES_PER_STACK = 400_000
 _DIGEST = re.compile(r"[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}")
 # Only what Dockerfile.expert copies goes into the asset (the repo root has .venv, caches, out/).
 _ASSET_EXCLUDE = [
@@ -85,6 +92,12 @@ class FunctionOptions:
         tracing: X-Ray active tracing on every function (and the workflow). Defaults to off.
         base_image: The image's base pinned by digest (`repository@sha256:<64 hex>`).
             Defaults to None: Dockerfile.expert's tag, which moves as AWS patches it.
+        experts_per_stack: With more expert functions than this (or more estimated template
+            bytes than 400 KB: a function hosting many experts has a long policy), they go into
+            nested stacks of whole layers, at most this many each (a layer with more gets one
+            of its own). Defaults to 64: with a role each and two outputs each (name and ARN,
+            which the gates and the workflow read), a nested template stays far within
+            CloudFormation's 500 resources, 200 outputs and 1 MB.
     """
 
     expert_timeout_s: int = 300
@@ -95,8 +108,14 @@ class FunctionOptions:
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
     tracing: bool = False
     base_image: str | None = None
+    experts_per_stack: int = 64
 
     def __post_init__(self) -> None:
+        if self.experts_per_stack < 1:
+            raise UsageError(
+                f"{self.experts_per_stack} expert functions per stack is not positive.",
+                "pass 1 or more (default 64).",
+            )
         if self.base_image is not None and not _DIGEST.fullmatch(self.base_image):
             raise UsageError(
                 f"base image '{self.base_image}' is not pinned by digest.",
@@ -119,6 +138,8 @@ class ServingFunctions(Construct):
     ) -> None:
         super().__init__(scope, id_)
         self._plan, self._bucket, self._options = plan, bucket, options
+        self._buckets: dict[str, s3.IBucket] = {}  # by nested stack id: the bucket imported
+        self.nested: list[NestedStack] = []  # the expert functions' nested stacks, if any
         self._mb_per_vcpu = float(plan.calibration["mb_per_vcpu"])
         self._log_groups: dict[str, logs.LogGroup] = {}
         self.access: dict[str, Access] = {}  # by construct id: what each function may touch
@@ -144,7 +165,8 @@ class ServingFunctions(Construct):
         )
         self.experts: list[list[lambda_.DockerImageFunction]] = []
         self.layers: list[lambda_.DockerImageFunction] = []
-        for layer in plan.layers:
+        scopes = self._expert_scopes(plan, options.experts_per_stack)
+        for layer, where in zip(plan.layers, scopes, strict=True):
             ll = f"{layer.layer:02d}"
             experts = []
             # A direct expert's response must fit the same limit as its event.
@@ -158,6 +180,7 @@ class ServingFunctions(Construct):
                 hosts = {"MOELAMBDA_HOSTS": ",".join(map(str, e.hosts))} if e.hosts else {}
                 fn = self._function(
                     f"Layer{ll}{'Function' if e.hosts else 'Expert'}{e.expert:02d}",
+                    scope=where,
                     role="expert",
                     log_group=f"Layer{ll}Experts",
                     memory_mb=e.memory_mb,
@@ -223,6 +246,53 @@ class ServingFunctions(Construct):
             weights=None,
         )
 
+    def _expert_scopes(self, plan: Plan, per_stack: int) -> list[Construct]:
+        """Where each layer's expert functions go: this stack, or, once the plan has more than
+        `per_stack` of them or more than _EXPERT_BYTES_PER_STACK of their estimated template,
+        nested stacks of whole layers within both."""
+        counts = [len(layer.experts) for layer in plan.layers]
+        sizes = [
+            sum(_FUNCTION_BYTES + _HOSTED_BYTES * len(e.hosted) for e in layer.experts)
+            for layer in plan.layers
+        ]
+        if sum(counts) <= per_stack and sum(sizes) <= _EXPERT_BYTES_PER_STACK:
+            return [self] * len(plan.layers)
+        scopes: list[Construct] = []
+        held = size = 0
+        for layer, count, layer_size in zip(plan.layers, counts, sizes, strict=True):
+            full = held + count > per_stack or size + layer_size > _EXPERT_BYTES_PER_STACK
+            if not self.nested or full:
+                self.nested.append(self._nested(f"ExpertsFromLayer{layer.layer:02d}"))
+                held = size = 0
+            scopes.append(self.nested[-1])
+            held += count
+            size += layer_size
+        return scopes
+
+    def _nested(self, id_: str) -> NestedStack:
+        """A nested stack that sees the bucket through its own parameters, BucketArn and
+        BucketName, so its policies name `<BucketArn>/...` whatever the parent calls it."""
+        nested = NestedStack(
+            self,
+            id_,
+            parameters={
+                "BucketArn": self._bucket.bucket_arn,
+                "BucketName": self._bucket.bucket_name,
+            },
+        )
+        arn, name = (CfnParameter(nested, key) for key in ("BucketArn", "BucketName"))
+        self._buckets[nested.node.id] = s3.Bucket.from_bucket_attributes(
+            nested, "Bucket", bucket_arn=arn.value_as_string, bucket_name=name.value_as_string
+        )
+        return nested
+
+    def bucket_in(self, scope: Construct) -> s3.IBucket:
+        """The bucket as the stack holding `scope` refers to it."""
+        for nested in self.nested:
+            if scope is nested or nested in scope.node.scopes:
+                return self._buckets[nested.node.id]
+        return self._bucket
+
     def all(self) -> list[lambda_.DockerImageFunction]:
         """Every function of the stack."""
         experts = [fn for layer in self.experts for fn in layer]
@@ -248,12 +318,14 @@ class ServingFunctions(Construct):
         invokes: list[lambda_.IFunction] | None = None,
         reserved: int | None = None,
         log_group: str = "Stages",
+        scope: Construct | None = None,
     ) -> lambda_.DockerImageFunction:
+        scope = scope or self
         prefix = self._options.weights_prefix
         if weights is not None:
             access = access.with_weights(prefix, weights)
         self.access[id_] = access
-        statements = self._statements(access)
+        statements = self._statements(access, self.bucket_in(scope))
         if invokes:
             arns = [fn.function_arn for fn in invokes]
             statements.append(
@@ -266,7 +338,7 @@ class ServingFunctions(Construct):
         # function would be a third resource per function and put a 12 x 16 plan over
         # CloudFormation's 500. Each function may write only to its group, which the stack
         # owns and expires (no AWS managed policy granting logs on every group).
-        group = self._log_group(log_group)
+        group = self._log_group(log_group, scope)
         statements.append(
             iam.PolicyStatement(
                 actions=["logs:CreateLogStream", "logs:PutLogEvents"],
@@ -276,13 +348,13 @@ class ServingFunctions(Construct):
         # One role per function with its policy inline: two resources per function, not three
         # (a role plus a separate policy), which keeps large plans under the 500-resource quota.
         execution_role = iam.Role(
-            self,
+            scope,
             f"{id_}Role",
             assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
             inline_policies={"Access": iam.PolicyDocument(statements=statements)},
         )
         return lambda_.DockerImageFunction(
-            self,
+            scope,
             id_,
             code=lambda_.DockerImageCode.from_image_asset(
                 str(REPO_ROOT),
@@ -304,7 +376,7 @@ class ServingFunctions(Construct):
             timeout=timeout,
             reserved_concurrent_executions=reserved,
             environment={
-                "MOELAMBDA_BUCKET": self._bucket.bucket_name,
+                "MOELAMBDA_BUCKET": self.bucket_in(scope).bucket_name,
                 "MOELAMBDA_WEIGHTS_PREFIX": prefix,
                 "MOELAMBDA_THREADS": str(threads_for(memory_mb, self._mb_per_vcpu)),
                 **(environment or {}),
@@ -328,20 +400,20 @@ class ServingFunctions(Construct):
         """The functions' log groups: one for head, gates, tail and cleanup, one per layer."""
         return list(self._log_groups.values())
 
-    def _log_group(self, name: str) -> logs.LogGroup:
-        """The log group `name` ("Stages" or "LayerNNExperts"), created on first use."""
+    def _log_group(self, name: str, scope: Construct) -> logs.LogGroup:
+        """The log group `name` ("Stages" or "LayerNNExperts"), created on first use in
+        `scope` (a layer's experts' group in the stack that holds them)."""
         if name not in self._log_groups:
             self._log_groups[name] = logs.LogGroup(
-                self,
+                scope,
                 f"{name}Logs",
                 retention=self._options.log_retention,
                 removal_policy=RemovalPolicy.DESTROY,
             )
         return self._log_groups[name]
 
-    def _statements(self, access: Access) -> list[iam.PolicyStatement]:
+    def _statements(self, access: Access, bucket: s3.IBucket) -> list[iam.PolicyStatement]:
         """The S3 statements of `access`: one per action, listing only what it may read."""
-        bucket = self._bucket
         statements = []
         for action, patterns in (
             ("s3:GetObject", access.read),

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from aws_cdk import Acknowledgment, Validations
+from aws_cdk import Acknowledgment, Stack, Validations
 
 from ground.errors import MoelambdaError
 
@@ -87,20 +87,22 @@ def acknowledge(stack: Any, *, tracing: bool) -> None:
     IAM5 findings are acknowledged one resource pattern at a time (cdk-nag names each
     `AwsSolutions-IAM5[Resource::<LogicalId.Arn>/pattern]`), so a new wildcard still fails.
     """
-    bucket = _logical_id(stack, stack.bucket)
-    streams = [f"<{_logical_id(stack, g)}.Arn>:*" for g in stack.functions.log_groups()]
+    streams = [f"<{_logical_id(g)}.Arn>:*" for g in stack.functions.log_groups()]
     xray = ["*"] if tracing else []  # xray:PutTraceSegments accepts no narrower resource
     for fn in stack.functions.all():
         access = stack.functions.access[fn.node.id]
         patterns = {*access.read, *access.write, *access.delete}
-        keys = [f"<{bucket}.Arn>/{p}" for p in sorted(patterns) if "*" in p]
+        # A nested stack names the bucket by its own parameter (cdk._functions).
+        nested = Stack.of(fn) is not stack
+        bucket = "<BucketArn>" if nested else f"<{_logical_id(stack.bucket)}.Arn>"
+        keys = [f"{bucket}/{p}" for p in sorted(patterns) if "*" in p]
         _accept(fn.role, [_iam5(r) for r in keys + streams + xray], _ROLE_WILDCARDS)
     machine = stack.workflow.state_machine
     tasks = [stack.functions.head, *stack.functions.layers, stack.functions.tail]
     tasks.append(stack.functions.cleanup)
     _accept(
         machine.role,
-        [_iam5(f"<{_logical_id(stack, fn)}.Arn>:*") for fn in tasks] + [_iam5("*")],
+        [_iam5(f"<{_logical_id(fn)}.Arn>:*") for fn in tasks] + [_iam5("*")],
         "CDK's LambdaInvoke tasks grant <function ARN>:* (versions of the head, gates, tail and "
         "cleanup), and log delivery and X-Ray need Resource '*' (CloudWatch Logs' "
         "CreateLogDelivery family and xray:PutTraceSegments accept no narrower resource).",
@@ -167,8 +169,10 @@ def _iam5(resource: str) -> str:
     return f"AwsSolutions-IAM5[Resource::{resource}]"
 
 
-def _logical_id(stack: Any, construct: Any) -> str:
-    """The CloudFormation logical ID of `construct`'s resource, as cdk-nag names it."""
+def _logical_id(construct: Any) -> str:
+    """The CloudFormation logical ID of `construct`'s resource in its own (maybe nested)
+    stack, as cdk-nag names it."""
+    stack = Stack.of(construct)
     return str(stack.resolve(stack.get_logical_id(construct.node.default_child)))
 
 

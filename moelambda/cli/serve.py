@@ -63,11 +63,12 @@ def run_local(
     execution is metered (functions warm, as the plan prices them): its billed requests,
     transitions and GB-seconds are set against the plan's, and both are priced.
     """
-    from cdk.app import build_app
+    from cdk.app import DEFAULT_STACK, build_app
     from ground.plan import Plan
     from moe import export_model
     from pipeline.faults import Faults
     from pipeline.local import run_workflow
+    from pipeline.stacks import flat_template
     from planner import function_seconds, instance_of, planned_usage, price_usage
     from planner.replay import runtime_choice
 
@@ -101,7 +102,8 @@ def run_local(
         root = Path(tmp)
         with err.status("exporting weights and synthesising the stack"):
             manifest = export_model(model, root / "weights")
-            template = build_app(plan, root / "cdk.out").stacks[0].template
+            build_app(plan, root / "cdk.out", stack_name=DEFAULT_STACK)
+            template = flat_template(root / "cdk.out", DEFAULT_STACK)
         # Before the run: a batch the plan cannot serve (more tokens than an expert's replicas
         # can take) is refused here, as its gate would refuse it.
         inst = instance_of(document, manifest, counts, int(ids.size))

@@ -43,6 +43,70 @@ def lint_template(path: Path, region: str = "us-east-1") -> dict[str, Any]:
     }
 
 
+_FUNCTION = "AWS::Lambda::Function"
+_NAME_BYTES = 64  # the longest name CloudFormation gives a function: what a reference may become
+_ENVIRONMENT_BYTES = 4096  # Lambda's limit on a function's environment, keys and values
+
+
+def _environment_bytes(variables: dict[str, Any]) -> int:
+    """The most bytes an environment can take once deployed: each reference (a function's
+    name, the bucket's) counted at the longest name it may resolve to."""
+
+    def size(value: Any) -> int:
+        if isinstance(value, str):
+            return len(value)
+        if isinstance(value, dict) and "Fn::Join" in value:
+            separator, parts = value["Fn::Join"]
+            return sum(size(part) for part in parts) + len(separator) * max(len(parts) - 1, 0)
+        return _NAME_BYTES
+
+    return sum(len(key) + size(value) for key, value in variables.items())
+
+
+def _template_facts(path: Path) -> dict[str, Any]:
+    """A template's resources (by type), outputs, size and whether CloudFormation takes it."""
+    template = json.loads(path.read_text())
+    resources = Counter(r["Type"] for r in template.get("Resources", {}).values())
+    environments = [
+        _environment_bytes(r["Properties"].get("Environment", {}).get("Variables", {}))
+        for r in template.get("Resources", {}).values()
+        if r["Type"] == _FUNCTION
+    ]
+    facts = {
+        "template": str(path),
+        "resources": sum(resources.values()),
+        "resource_types": dict(sorted(resources.items())),
+        "outputs": len(template.get("Outputs", {})),
+        "bytes": path.stat().st_size,
+        "largest_environment_bytes": max(environments, default=0),
+    }
+    facts["within_limits"] = (
+        facts["resources"] <= MAX_RESOURCES
+        and facts["outputs"] <= MAX_OUTPUTS
+        and facts["bytes"] <= MAX_TEMPLATE_BYTES
+        and facts["largest_environment_bytes"] <= _ENVIRONMENT_BYTES
+    )
+    return facts
+
+
+def _lint_all(paths: list[Path]) -> dict[str, Any]:
+    """cfn-lint over the parent and nested templates: counts summed, errors by file."""
+    verdicts = [(path, lint_template(path)) for path in paths]
+    rules: Counter[str] = Counter()
+    for _, verdict in verdicts:
+        rules.update(verdict["rules"])
+    return {
+        "ok": all(v["ok"] for _, v in verdicts),
+        **{k: sum(v[k] for _, v in verdicts) for k in ("errors", "warnings", "informational")},
+        "rules": dict(sorted(rules.items())),
+        "error_messages": [
+            f"{path.name}: {message}" if len(paths) > 1 else message
+            for path, v in verdicts
+            for message in v["error_messages"]
+        ],
+    }
+
+
 def _clear(out: Path) -> None:
     """--force replaces only a cloud assembly CDK wrote (manifest.json), never other data."""
     if out.is_dir() and any(out.iterdir()):
@@ -96,6 +160,14 @@ def synth(
             "type is the plan's, since its bill was priced for it."
         ),
     ] = None,
+    experts_per_stack: Annotated[
+        int,
+        typer.Option(
+            help="With more expert functions than this, put them in nested stacks of whole "
+            "layers, at most this many each (CloudFormation: 500 resources, 200 outputs, 1 MB "
+            "per template)."
+        ),
+    ] = 64,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -131,6 +203,7 @@ def synth(
         expert_timeout_s=expert_timeout,
         tracing=tracing,
         base_image=base_image,
+        experts_per_stack=experts_per_stack,
     )
     with err.status("synthesising the stack"):
         try:
@@ -139,38 +212,41 @@ def synth(
             shutil.rmtree(out, ignore_errors=True)  # nothing half-written
             if "TooManyResourcesInStack" not in str(error):
                 raise
-            functions = sum(len(layer.experts) + 1 for layer in document.layers) + 3
+            widest = max(len(layer.experts) for layer in document.layers)
             raise UsageError(
-                f"the stack would hold more than CloudFormation's {MAX_RESOURCES} resources per "
-                f"template ({functions:,} functions, each with its own role): "
+                f"a template would hold more than CloudFormation's {MAX_RESOURCES} resources: "
                 + str(error).split(": ", 1)[-1],
-                "splitting a plan into nested stacks is not implemented yet; plan a model with "
-                "fewer experts per stack (the plan's layers x experts functions).",
+                f"nested stacks take whole layers, and a layer has {widest} expert functions "
+                "(each with its own role): pack experts into functions (`moelambda plan --pack "
+                "auto`), or pass a smaller --experts-per-stack.",
             ) from None
     stack = assembly.get_stack_by_name(stack_name)
     template_path = Path(stack.template_full_path)
-    template = json.loads(template_path.read_text())
-    resources = Counter(r["Type"] for r in template.get("Resources", {}).values())
+    nested = sorted(template_path.parent.glob(f"{stack_name}*.nested.template.json"))
+    templates = [_template_facts(path) for path in [template_path, *nested]]
+    parent = templates[0]
     summary: dict[str, Any] = {
         "template": str(template_path),
         "assembly": str(out),
         "stack": stack_name,
         "workflow": document.workflow,
-        "resources": sum(resources.values()),
-        "resource_types": dict(sorted(resources.items())),
-        "outputs": len(template.get("Outputs", {})),
-        "functions": resources["AWS::Lambda::Function"],
-        "template_bytes": template_path.stat().st_size,
-        "within_limits": sum(resources.values()) <= MAX_RESOURCES
-        and len(template.get("Outputs", {})) <= MAX_OUTPUTS
-        and template_path.stat().st_size <= MAX_TEMPLATE_BYTES,
+        "resources": parent["resources"],
+        "resource_types": parent["resource_types"],
+        "outputs": parent["outputs"],
+        "functions": sum(t["resource_types"].get(_FUNCTION, 0) for t in templates),
+        "template_bytes": parent["bytes"],
+        "nested_stacks": len(nested),
+        "templates": [{k: v for k, v in t.items() if k != "resource_types"} for t in templates],
+        "largest_template_resources": max(t["resources"] for t in templates),
+        "largest_environment_bytes": max(t["largest_environment_bytes"] for t in templates),
+        "within_limits": all(t["within_limits"] for t in templates),
         "cdk_nag": {"pack": "AwsSolutions", "unacknowledged": 0},  # else build_app raised
         "base_image": {"reference": base_image or DEFAULT_BASE_IMAGE, "pinned": bool(base_image)},
         "cfn_lint": None,
     }
     if lint:
         with err.status("cfn-lint"):
-            summary["cfn_lint"] = lint_template(template_path)
+            summary["cfn_lint"] = _lint_all([template_path, *nested])
     if as_json:
         print(json.dumps(summary))
     else:
@@ -181,7 +257,14 @@ def synth(
 
 def _print_summary(summary: dict[str, Any]) -> None:
     console = Console()
-    table = Table(title=f"Stack {summary['stack']}: {summary['resources']} resources")
+    nested = summary["nested_stacks"]
+    title = f"Stack {summary['stack']}: {summary['resources']} resources"
+    if nested:
+        title += (
+            f" and {nested} nested stacks of expert functions (largest template: "
+            f"{summary['largest_template_resources']} resources)"
+        )
+    table = Table(title=title)
     table.add_column("resource type")
     table.add_column("count", justify="right")
     for kind, count in summary["resource_types"].items():
@@ -196,8 +279,10 @@ def _print_summary(summary: dict[str, Any]) -> None:
     if not summary["within_limits"]:
         console.print(
             f"[yellow]warning:[/] over CloudFormation's {MAX_RESOURCES} resources, "
-            f"{MAX_OUTPUTS} outputs or {MAX_TEMPLATE_BYTES:,} bytes per template; this stack "
-            "will not deploy as one template."
+            f"{MAX_OUTPUTS} outputs or {MAX_TEMPLATE_BYTES:,} bytes in a template, or a "
+            f"function's environment may exceed Lambda's {_ENVIRONMENT_BYTES:,} bytes (largest "
+            f"{summary['largest_environment_bytes']:,}, names counted at {_NAME_BYTES}): it may "
+            "not deploy. Pass a smaller --experts-per-stack, or pack experts (plan --pack)."
         )
     lint = summary["cfn_lint"]
     if lint is None:

@@ -48,3 +48,19 @@ def test_checkov_finds_nothing_unexplained(tmp_path: Path, extra: list[str]) -> 
     ]
     assert skips and all(len(s["comment"]) > 40 for s in skips)
     assert report["summary"]["skipped"] == len(skips)
+
+
+def test_checkov_finds_nothing_unexplained_in_nested_stacks(tmp_path: Path) -> None:
+    summary, _ = _synth(
+        tmp_path,
+        small_plan(("s3", "pipelined", "direct")),
+        "--no-lint",
+        "--experts-per-stack",
+        "3",
+    )
+    assert summary["nested_stacks"] == 3
+    for entry in summary["templates"][1:]:
+        report = _checkov(Path(entry["template"]))
+        failed = report["results"]["failed_checks"]
+        assert report["summary"]["failed"] == 0, [(f["check_id"], f["resource"]) for f in failed]
+        assert report["summary"]["passed"] > 10 and report["summary"]["skipped"] > 0

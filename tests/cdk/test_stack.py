@@ -852,19 +852,65 @@ def test_timeouts_follow_the_plans_predicted_times(tmp_path: Path) -> None:
 
 
 def test_a_stack_over_cloudformations_resource_limit_is_refused_whole(tmp_path: Path) -> None:
-    """2 layers x 130 experts: 263 functions, each with a role, exceed 500 resources. synth
-    names the limit and leaves no partial output."""
-    experts = 130
-    model = tiny_model(2, experts)
-    plan = make_plan(model, ("direct", "direct"), [[1] * experts] * 2)
+    """One layer of 260 experts: nested stacks take whole layers, and 260 functions, each with
+    a role, exceed 500 resources in one. synth names the limit and leaves no partial output."""
+    experts = 260
+    plan = make_plan(tiny_model(1, experts), ("direct",), [[1] * experts])
     path = plan.save(tmp_path / "plan.json")
     out = tmp_path / "cdk.out"
     result = runner.invoke(
         app, ["synth", "--plan", str(path), "--out", str(out), "--no-reserve-concurrency"]
     )
     assert result.exit_code == 2, result.output
-    assert "more than CloudFormation's 500 resources" in result.output
+    text = " ".join(result.output.split())
+    assert "more than CloudFormation's 500 resources" in text
+    assert "a layer has 260 expert functions" in text and "--pack" in text
     assert not out.exists()
+
+
+def test_expert_functions_past_the_per_stack_limit_go_into_nested_stacks(
+    tmp_path: Path,
+) -> None:
+    """Four layers of 3 experts, at most 6 per stack: two nested stacks of two whole layers,
+    each seeing the bucket through its own parameters; cdk-nag and cfn-lint clean."""
+    plan = make_plan(tiny_model(4), ("s3", "pipelined", "direct", "s3"), [[1, 2, 1]] * 4)
+    summary, parent = _synth(tmp_path, plan, "--experts-per-stack", "6")
+    assert summary["nested_stacks"] == 2 and summary["within_limits"]
+    assert summary["cfn_lint"]["ok"] and summary["cdk_nag"]["unacknowledged"] == 0
+    assert summary["functions"] == 4 * 3 + 4 + 3
+    assert len(summary["templates"]) == 3
+    assert summary["largest_template_resources"] == max(
+        t["resources"] for t in summary["templates"]
+    )
+    stacks = _resources(parent, "AWS::CloudFormation::Stack")
+    assert len(stacks) == 2
+    for stack in stacks.values():
+        given = stack["Properties"]["Parameters"]
+        assert set(given) == {"BucketArn", "BucketName"}
+    in_parent = {fn["Properties"]["Description"].split()[-1] for fn in _functions(parent).values()}
+    assert not any("Expert" in name for name in in_parent)
+    for entry in summary["templates"][1:]:
+        nested = json.loads(Path(entry["template"]).read_text())
+        functions = _functions(nested)
+        assert len(functions) == 6  # two whole layers of three
+        for fn in functions.values():
+            env = fn["Properties"]["Environment"]["Variables"]
+            assert env["MOELAMBDA_BUCKET"] == {"Ref": "BucketName"}
+            for statement in _policies(nested, fn):
+                for resource in _listed(statement["Resource"]):
+                    assert resource.startswith("<Ref:BucketArn>") or "Logs" in resource, resource
+    unnested, _ = _synth(tmp_path / "one", plan)
+    assert unnested["nested_stacks"] == 0 and len(unnested["templates"]) == 1
+
+
+def test_an_environment_lambda_may_refuse_is_reported(tmp_path: Path) -> None:
+    """A direct gate naming 64 expert functions: at up to 64 characters a name, its layer plan
+    may pass Lambda's 4 KB environment, and synth says so."""
+    plan = make_plan(tiny_model(1, 64), ("direct",), [[1] * 64])
+    summary, _ = _synth(tmp_path, plan, "--no-reserve-concurrency", "--no-lint")
+    assert summary["largest_environment_bytes"] > 4096 and not summary["within_limits"]
+    small, _ = _synth(tmp_path / "small", small_plan(), "--no-lint")
+    assert small["largest_environment_bytes"] < 4096 and small["within_limits"]
 
 
 def _packed_plan(expert_bytes: int, hosts: list[list[int]]) -> Plan:

@@ -19,6 +19,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from cdk._functions import FunctionOptions
 from cdk.app import build_app
 from ground.manifest import Manifest
 from ground.method import Method
@@ -29,6 +30,7 @@ from moelambda.cli import app
 from moelambda.corpus import load_corpus, make_windows
 from pipeline.local import atomic_s3, run_workflow
 from pipeline.meter import Meter
+from pipeline.stacks import flat_template
 from planner import planned_usage
 from predictor import PredictedCounts
 
@@ -38,6 +40,7 @@ BETA = 512  # pipelined minibatch: ~10 per busy replica, enough to pipeline, few
 TOL = 1e-4
 EXACT = ("lambda_requests", "s3_put", "s3_get", "s3_list", "s3_delete", "transitions")
 MIXED = ["s3", "pipelined", "direct"] * 2
+NESTED = "AWS::CloudFormation::Stack"
 
 
 @pytest.fixture(scope="module")
@@ -260,3 +263,37 @@ def test_the_meter_counts_its_buckets_s3_requests_by_billed_type(addressing: str
         assert BotocoreStubber.__call__ is original
     s3_keys = {"s3_put": 2, "s3_get": 2, "s3_get_poll": 2, "s3_list": 1, "s3_delete": 1}
     assert meter.usage() == dict.fromkeys(USAGE_KEYS, 0) | s3_keys
+
+
+def test_a_plan_split_into_nested_stacks_runs_as_one_and_meters_as_planned(
+    base_plan: dict[str, Any],
+    exported: tuple[Path, Manifest],
+    batch: np.ndarray,
+    monolithic: tuple[np.ndarray, np.ndarray],
+    tmp_path: Path,
+) -> None:
+    """Expert functions in nested stacks of at most 8 (whole layers: three stacks of two
+    layers): the parent reads their names and ARNs from the nested outputs, they read the
+    bucket from their parameters; run as one workflow, it equals the monolithic model."""
+    plan = _plan(base_plan, MIXED, tmp_path / "plan.json")
+    out = tmp_path / "cdk.out"
+    build_app(plan, out, options=FunctionOptions(experts_per_stack=8))
+    parent = json.loads((out / "MoeLambda.template.json").read_text())
+    nested = [r for r in parent["Resources"].values() if r["Type"] == NESTED]
+    assert len(nested) == 3
+    in_parent = [
+        r["Properties"]["Description"]
+        for r in parent["Resources"].values()
+        if r["Type"] == "AWS::Lambda::Function"
+    ]
+    assert len(in_parent) == 6 + 3 and not any("Expert" in d for d in in_parent)
+    template = flat_template(out, "MoeLambda")
+    assert not any(r["Type"] == NESTED for r in template["Resources"].values())
+    result = run_workflow(template, exported[0], [batch], metered=True)
+    (run,) = result["requests"]
+    assert run["status"] == "SUCCEEDED", (run.get("error"), run.get("cause"))
+    assert run["intermediates_left"] == 0 and result["denied"] == []
+    output, counts = monolithic
+    assert float(np.abs(run["output"] - output).max()) <= TOL
+    planned = planned_usage(Plan.load(plan), exported[1], counts, TOKENS)["usage"]
+    assert {k: result["usage"][k] for k in EXACT} == {k: planned[k] for k in EXACT}
