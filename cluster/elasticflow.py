@@ -28,17 +28,22 @@ def progressive_filling(
 ) -> np.ndarray | None:
     """The job's per-slot GPUs over `free` (slots from now to its deadline): at the smallest
     level cap that completes `remaining` iterations, filling its latest slots first and only
-    as many as it needs; None if even the largest cap cannot."""
+    as many as it needs; None if even the largest cap cannot.
+
+    Caps are tried from the smallest up (most jobs need one of the first); counts are looked
+    up in the curve's per-count tables, not searched.
+    """
     if remaining <= 0:
         return np.zeros(free.size, dtype=int)
     if free.size == 0:
         return None
+    level, rate = curve.by_count
+    target = remaining * (1 - 1e-12)
     for cap in curve.levels:
-        gpus = curve.level_at_most(np.minimum(cap, free))
-        work = curve.at(gpus) * slot_s
-        done = np.cumsum(work[::-1])
-        if done[-1] >= remaining * (1 - 1e-12):
-            needed = int(np.searchsorted(done, remaining * (1 - 1e-12)))
+        gpus = level[np.minimum(cap, free)]
+        done = np.cumsum(rate[gpus[::-1]]) * slot_s  # work of the latest k slots
+        if done[-1] >= target:
+            needed = int(np.searchsorted(done, target))
             plan = np.zeros(free.size, dtype=int)
             plan[free.size - needed - 1 :] = gpus[free.size - needed - 1 :]
             return plan

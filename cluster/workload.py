@@ -13,6 +13,7 @@ import csv
 import math
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +76,14 @@ class ScalingCurve:
         g = np.asarray(gpus)
         index = np.searchsorted(self.levels, g, side="right") - 1
         return np.where(index >= 0, self.levels[np.clip(index, 0, None)], 0)
+
+    @cached_property
+    def by_count(self) -> tuple[np.ndarray, np.ndarray]:
+        """(level, rate) for every GPU count 0..1024 at once: what the planners index with
+        whole arrays of counts instead of searching the levels each time."""
+        counts = np.arange(1025)
+        level = self.level_at_most(counts)
+        return level, self.at(level)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """`moelambda cluster simulate`: a GPU-cluster scheduler replayed on a training trace.
 
-The schedulers the simulator has today: ElasticFlow (with and without admission control) and
-EDF. Tiresias, Gandiva, Rubick and Lyra are not built yet (issue 15); naming one says so.
+The schedulers the simulator has today: ElasticFlow (with and without admission control), EDF
+and Tiresias. Gandiva, Rubick and Lyra are not built yet (issue 15); naming one says so.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.progress import Progress
+from rich.table import Table
 
 from ground.errors import UsageError
 from moelambda.cli._app import JsonOpt, app, err, user_errors
@@ -20,12 +21,13 @@ from moelambda.cli._app import JsonOpt, app, err, user_errors
 cluster_app = typer.Typer(help="GPU-cluster schedulers on training traces.", no_args_is_help=True)
 app.add_typer(cluster_app, name="cluster")
 
-SCHEDULERS = ("elasticflow", "elasticflow-noadmit", "edf")
-NOT_YET = ("tiresias", "gandiva", "rubick", "lyra")
+SCHEDULERS = ("elasticflow", "elasticflow-noadmit", "edf", "tiresias")
+NOT_YET = ("gandiva", "rubick", "lyra")
 
 
 def _policy(name: str, cluster: Any, slot_s: float) -> Any:
     from cluster.elasticflow import EDF, ElasticFlow
+    from cluster.tiresias import Tiresias
 
     if name == "elasticflow":
         return ElasticFlow(cluster, slot_s)
@@ -33,6 +35,8 @@ def _policy(name: str, cluster: Any, slot_s: float) -> Any:
         return ElasticFlow(cluster, slot_s, admission=False)
     if name == "edf":
         return EDF(cluster)
+    if name == "tiresias":
+        return Tiresias(cluster)
     if name in NOT_YET:
         raise UsageError(
             f"scheduler '{name}' is not built yet.", f"use one of: {', '.join(SCHEDULERS)}."
@@ -40,28 +44,22 @@ def _policy(name: str, cluster: Any, slot_s: float) -> Any:
     raise UsageError(f"unknown --scheduler '{name}'.", f"use one of: {', '.join(SCHEDULERS)}.")
 
 
-@cluster_app.command()
-@user_errors
-def simulate(
-    trace: Annotated[
-        str,
-        typer.Option(
-            help="A shipped trace (elasticVpollux_e, 100jobs_1500lam, philly_103959, "
-            "cluster01..05, 195job) or a CSV in the ElasticFlow artifact's format."
-        ),
-    ] = "elasticVpollux_e",
-    cluster: Annotated[
-        str, typer.Option(help="A shape like n16g4 (nodes x GPUs per node) or a spec CSV.")
-    ] = "n16g4",
-    gpu_type: Annotated[str, typer.Option(help="Throughput tables: T4 or A100.")] = "T4",
-    scheduler: Annotated[
-        str, typer.Option(help=f"One of: {', '.join(SCHEDULERS)}.")
-    ] = "elasticflow",
-    slot: Annotated[float, typer.Option(help="Scheduling slot, seconds.")] = 60.0,
-    as_json: JsonOpt = False,
-) -> None:
-    """Replay a trace under one scheduler: deadline-satisfactory ratio, JCT, makespan,
-    preemptions, GPU utilisation, and the simulator's own wall time."""
+TraceOpt = Annotated[
+    str,
+    typer.Option(
+        help="A shipped trace (elasticVpollux_e, 100jobs_1500lam, philly_103959, "
+        "cluster01..05, 195job) or a CSV in the ElasticFlow artifact's format."
+    ),
+]
+ClusterOpt = Annotated[
+    str, typer.Option(help="A shape like n16g4 (nodes x GPUs per node) or a spec CSV.")
+]
+GpuTypeOpt = Annotated[str, typer.Option(help="Throughput tables: T4 or A100.")]
+SlotOpt = Annotated[float, typer.Option(help="Scheduling slot, seconds.")]
+
+
+def _run(trace: str, cluster: str, gpu_type: str, scheduler: str, slot: float) -> Any:
+    """One scheduler on one trace, with a progress bar on stderr."""
     from cluster.simulate import simulate as run
     from cluster.workload import load_cluster, load_curves, load_trace
 
@@ -79,7 +77,7 @@ def simulate(
         )
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task(f"{scheduler} on {Path(trace).stem}", total=len(jobs))
-        result = run(
+        return run(
             jobs,
             curves,
             shape,
@@ -87,8 +85,95 @@ def simulate(
             slot_s=slot,
             progress=lambda arrived, _: bar.update(task, completed=arrived),
         )
-    summary = result.summary()
+
+
+@cluster_app.command()
+@user_errors
+def simulate(
+    trace: TraceOpt = "elasticVpollux_e",
+    cluster: ClusterOpt = "n16g4",
+    gpu_type: GpuTypeOpt = "T4",
+    scheduler: Annotated[
+        str, typer.Option(help=f"One of: {', '.join(SCHEDULERS)}.")
+    ] = "elasticflow",
+    slot: SlotOpt = 60.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Replay a trace under one scheduler: deadline-satisfactory ratio, JCT, makespan,
+    preemptions, GPU utilisation, and the simulator's own wall time."""
+    summary = _run(trace, cluster, gpu_type, scheduler, slot).summary()
     if as_json:
         print(json.dumps(summary))
         return
     Console().print_json(json.dumps(summary))
+
+
+@cluster_app.command()
+@user_errors
+def compare(
+    trace: TraceOpt = "elasticVpollux_e",
+    cluster: ClusterOpt = "n16g4",
+    gpu_type: GpuTypeOpt = "T4",
+    schedulers: Annotated[str, typer.Option(help="Comma-separated schedulers to run.")] = ",".join(
+        SCHEDULERS
+    ),
+    slot: SlotOpt = 60.0,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write a bar chart of the deadline ratios (PNG).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Several schedulers on one trace: a table (and a plot) of their metrics."""
+    names = [n.strip() for n in schedulers.split(",") if n.strip()]
+    if not names:
+        raise UsageError("--schedulers is empty.", f"pass e.g. {','.join(SCHEDULERS)}.")
+    for name in names:
+        _policy(name, None, slot)  # refuse an unknown name before running anything
+    rows = [_run(trace, cluster, gpu_type, name, slot).summary() for name in names]
+    if plot is not None:
+        _plot(rows, plot, f"{Path(trace).stem} on {cluster} ({gpu_type})")
+    if as_json:
+        print(json.dumps({"trace": trace, "cluster": cluster, "results": rows}))
+        return
+    table = Table(title=f"{Path(trace).stem} on {cluster} ({gpu_type}, {slot:g} s slots)")
+    for column in (
+        "scheduler",
+        "deadline ratio",
+        "avg JCT h",
+        "makespan h",
+        "preemptions",
+        "GPU util.",
+        "wall s",
+    ):
+        table.add_column(column, justify="left" if column == "scheduler" else "right")
+    for row in rows:
+        ratio = row["deadline_ratio"]
+        table.add_row(
+            str(row["scheduler"]),
+            "-" if ratio is None else f"{ratio:.3f}",
+            "-" if row["avg_jct_s"] is None else f"{row['avg_jct_s'] / 3600:.1f}",
+            f"{row['makespan_s'] / 3600:.1f}",
+            str(row["preemptions"]),
+            f"{row['gpu_utilisation']:.2f}",
+            f"{row['wall_s']:.2f}",
+        )
+    Console().print(table)
+
+
+def _plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    try:
+        names = [str(r["scheduler"]) for r in rows]
+        ax.bar(names, [r["deadline_ratio"] or 0.0 for r in rows], color="tab:blue")
+        ax.set_ylabel("deadline-satisfactory ratio")
+        ax.set_ylim(0, 1)
+        ax.set_title(title)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+    finally:
+        plt.close(fig)

@@ -92,3 +92,42 @@ def test_cluster_simulate_cli_reports_the_issue_s_fields(tmp_path) -> None:  # t
     ):
         refused = runner.invoke(app, ["cluster", "simulate", *args])
         assert refused.exit_code == 2 and error in " ".join(refused.output.split()), args
+
+
+def test_tiresias_runs_the_least_attained_service_first_and_preempts() -> None:
+    """One GPU: a long job runs alone until a short one arrives; the long one has attained
+    more than the first queue's limit, so the newcomer (queue 0) preempts it and, needing less
+    than the limit, finishes first. Without the limit both queue FIFO."""
+    from cluster.tiresias import Tiresias
+
+    curve = ScalingCurve(np.array([1]), np.array([1.0]))
+    long_job = Job(0, 0.0, 7200.0, "m", 1, 1, float("inf"), 7200.0)
+    short_job = Job(1, 1200.0, 600.0, "m", 1, 1, float("inf"), 600.0)
+    cluster = Cluster(1, 1)
+    result = simulate(
+        [long_job, short_job], {("m", 1): curve}, cluster, Tiresias(cluster, limits=(900.0,))
+    )
+    assert result.finish[1] < result.finish[0]
+    assert result.preemptions >= 1
+    fifo = simulate(
+        [long_job, short_job], {("m", 1): curve}, cluster, Tiresias(cluster, limits=(1e9,))
+    )
+    assert fifo.finish[0] < fifo.finish[1] and fifo.preemptions == 0
+
+
+def test_cluster_compare_runs_several_schedulers_and_plots(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from typer.testing import CliRunner
+
+    from moelambda.cli import app
+
+    plot = tmp_path / "c.png"
+    args = ["cluster", "compare", "--schedulers", "edf,tiresias", "--plot", str(plot), "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["results"]
+    assert [r["scheduler"] for r in rows] == ["edf", "tiresias"]
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    refused = CliRunner().invoke(app, ["cluster", "compare", "--schedulers", "edf,lyra"])
+    assert refused.exit_code == 2 and "not built yet" in refused.output
