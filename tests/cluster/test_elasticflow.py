@@ -131,3 +131,16 @@ def test_cluster_compare_runs_several_schedulers_and_plots(tmp_path) -> None:  #
     assert plot.read_bytes()[:4] == b"\x89PNG"
     refused = CliRunner().invoke(app, ["cluster", "compare", "--schedulers", "edf,lyra"])
     assert refused.exit_code == 2 and "not built yet" in refused.output
+
+
+def test_bench_cluster_times_each_scheduler() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from moelambda.cli import app
+
+    result = CliRunner().invoke(app, ["bench", "cluster", "--schedulers", "edf", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["runs"]["edf"]["wall_s"] > 0 and summary["elasticflow_target_s"] == 5.0
