@@ -1,162 +1,382 @@
-"""ElasticFlow (ASPLOS'23): admission control by minimum satisfactory share, elastic allocation
-of the idle GPUs by marginal return; and EDF, its deadline-ordered, non-elastic baseline.
+"""ElasticFlow (ASPLOS'23) and its deadline-ordered baseline EDF, as its artifact runs them.
 
-Plans are per slot from now: `free[t]` GPUs are left in slot t after the jobs planned before.
-`progressive_filling` (Algorithm 1's inner step) gives a job the smallest per-slot cap j, a
-power-of-two level, whose latest slots up to its deadline hold its remaining iterations: its
-minimum satisfactory share (MSS). Admission plans every admitted job and the new one in
-deadline order and drops the new one if it, or a job it would push out, cannot be planned.
-Each scheduling event gives every job its MSS for the next slot, then hands out the idle GPUs
-one level step at a time to the job whose plan's GPU-time grows least per GPU (Algorithm 2;
-the GPU-time saved, usually negative under concave curves, is its priority).
+Both plan on a free-GPU profile: `free[k]` GPUs idle in slot k from now (slots of `slot_s`,
+the profile's breakpoints are always on that grid; beyond the array every GPU is free). A
+*period* is a run of slots with the same free count; the slot holding a deadline is cut at it.
+
+ElasticFlow gives each job, in deadline order, its minimum satisfactory share (MSS): the
+smallest cap c (a level of its curve) such that, filling its periods backwards from the
+deadline at min(c, what is free), it completes. The period where that backward fill completes
+is where the job starts running at c; periods before it get the previous cap (none for the
+first). The plan holds its GPUs until its end rounded up to a slot. A job that no cap saves
+gets a fallback plan that runs on past its deadline; a job is judged by the end its last plan
+promised (`real_end`), and an arrival is admitted only if every job, old and new, still has
+an MSS plan (one infeasible job blocks every admission until it ends, as in the artifact).
+Idle GPUs then go, one level at a time, to the jobs whose planned GPU-time grows most per GPU
+(the artifact sorts that marginal in descending order, the paper says ascending; we follow the
+artifact, whose numbers we reproduce), jobs planned to start later first.
+
+EDF plans in deadline order too, each job at the largest count its table profiles (up to its
+batch size and 64; more GPUs than help it, as the artifact does) when that many are free,
+otherwise at the largest level that is free; elastic and preemptive, no admission control,
+no scaling overhead.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from cluster.simulate import Active
-from cluster.workload import Cluster, ScalingCurve
+from cluster.profile import Steps
+from cluster.simulate import Running, overhead_s, run_interval
+from cluster.workload import Cluster, Job, ScalingCurve
 
-__all__ = ["EDF", "ElasticFlow", "progressive_filling"]
+__all__ = ["EDF", "ElasticFlow", "elastic_max_gpus", "profiled_max_gpus"]
 
-
-def progressive_filling(
-    curve: ScalingCurve, remaining: float, free: np.ndarray, slot_s: float
-) -> np.ndarray | None:
-    """The job's per-slot GPUs over `free` (slots from now to its deadline): at the smallest
-    level cap that completes `remaining` iterations, filling its latest slots first and only
-    as many as it needs; None if even the largest cap cannot.
-
-    Caps are tried from the smallest up (most jobs need one of the first); counts are looked
-    up in the curve's per-count tables, not searched.
-    """
-    if remaining <= 0:
-        return np.zeros(free.size, dtype=int)
-    if free.size == 0:
-        return None
-    level, rate = curve.by_count
-    target = remaining * (1 - 1e-12)
-    for cap in curve.levels:
-        gpus = level[np.minimum(cap, free)]
-        done = np.cumsum(rate[gpus[::-1]]) * slot_s  # work of the latest k slots
-        if done[-1] >= target:
-            needed = int(np.searchsorted(done, target))
-            plan = np.zeros(free.size, dtype=int)
-            plan[free.size - needed - 1 :] = gpus[free.size - needed - 1 :]
-            return plan
-    return None
+_ELASTIC_MAX_T4 = {"bert": 16, "cifar10": 16, "yolov3": 4, "ncf": 1}
+_RESTART_EVERY = 60  # rounds between restarts of every trainer (the artifact's)
 
 
-def _horizon(deadline: float, now: float, slot_s: float) -> int:
-    """Slots from now up to the deadline, aligned up to a slot boundary (as the artifact)."""
-    return max(0, math.ceil((deadline - now) / slot_s - 1e-9))
+def elastic_max_gpus(model: str, batch: int, gpu_type: str) -> int:
+    """The most GPUs ElasticFlow gives a job: the artifact's per-model limits (its
+    `models.get_max_gpu`), where its profiles show scaling stop paying."""
+    if gpu_type.upper() == "T4":
+        if model == "deepspeech2" and batch == 320:
+            return 32
+        return _ELASTIC_MAX_T4.get(model, 64)
+    limits = {
+        ("gpt2", 128): 16,
+        ("gpt2", 256): 32,
+        ("bert", 64): 8,
+        ("inception3", 64): 16,
+        ("inception3", 128): 32,
+        ("resnet50", 64): 32,
+        ("vgg16", 64): 32,
+    }
+    if model == "deepspeech2":
+        return batch
+    if model == "bert":
+        return limits.get((model, batch), 16)
+    return limits.get((model, batch), min(batch, 64))
+
+
+def profiled_max_gpus(curve: ScalingCurve, batch: int) -> int:
+    """The most GPUs the other schedulers give a job: its largest profiled count, at most its
+    batch size and 64 (the artifact's rule for every non-elastic scheduler)."""
+    return int(min(curve.max_gpus, batch, 64))
+
+
+def _slots(seconds: float, slot_s: float) -> int:
+    """Seconds from now rounded up to whole slots (the artifact's `align_to_time_slot`)."""
+    return math.ceil(seconds / slot_s - 1e-9)
+
+
+@dataclass
+class Plan:
+    """A job's GPUs per slot from now (a step function, 0 from `end` on), its promised end in
+    seconds from now, whether that meets the deadline, and its GPU-time as the artifact
+    counts it (the last period to its next breakpoint, if the plan has one)."""
+
+    steps: Steps
+    end: int
+    real_end: float
+    ok: bool
+    gpu_time: float
+
+    @property
+    def now(self) -> int:
+        return int(self.steps.vals[0])
+
+
+def _plan(head: list[tuple[int, int]], end: int) -> Steps:
+    """A plan from (start, GPUs) pieces in order, ending at slot `end`."""
+    pieces = [(s, g) for s, g in head if s < end]
+    starts = [0, *(s for s, _ in pieces), end]
+    vals = [0, *(g for _, g in pieces), 0]
+    return Steps.of(starts, vals)
+
+
+class _Planner:
+    """MSS, fallback and scale-up plans of one job on a free profile (see the module doc)."""
+
+    def __init__(self, curve: ScalingCurve, gpus: int, slot_s: float) -> None:
+        self.gpus, self.slot = gpus, slot_s
+        self.level, self.rate = curve.by_count
+        self.caps = [int(c) for c in curve.levels[curve.levels <= gpus]]
+        self.top = int(curve.level_at_most(gpus))
+        self.cap_column = np.array(self.caps)[:, None]
+        self.above = {a: b for a, b in zip([0, *self.caps], self.caps, strict=False)}
+
+    def _finish(self, left: float, start: int, gpus: int) -> tuple[int, float]:
+        """(aligned end in slots, real end in seconds) of `left` iterations from slot
+        `start` at `gpus`."""
+        real = math.ceil(left / self.rate[gpus] - 1e-9)
+        return start + _slots(real, self.slot), start * self.slot + real
+
+    def mss(
+        self,
+        left: float,
+        free: Steps,
+        ddl_s: float,
+        k0: int = 0,
+        head: tuple[tuple[int, int], ...] = (),
+        used: float = 0.0,
+    ) -> Plan:
+        """The MSS plan from slot k0 (or the fallback when no cap meets the deadline);
+        `head` and `used` are the pieces and GPU-time already planned before k0."""
+        slot = self.slot
+        k_ddl = _slots(ddl_s, slot)
+        prev = 0
+        if k_ddl <= k0:
+            return self._after_deadline(left, free, max(k_ddl, k0), list(head), used)
+        starts = free.breaks(k0, k_ddl)
+        ends = np.append(starts[1:], k_ddl)
+        dur = ((ends - starts) * slot).astype(float)
+        dur[-1] = ddl_s - starts[-1] * slot
+        can = self.level[np.minimum(free.at(starts), self.gpus)]
+        target = left * (1 - 1e-12)
+        # every cap at once: its allocation per period and the work of its latest periods
+        allocs = np.minimum(self.cap_column, can)
+        back = np.cumsum((dur * self.rate[allocs])[:, ::-1], axis=1)
+        fits = np.flatnonzero(back[:, -1] >= target)
+        if fits.size:
+            c = int(fits[0])
+            prev = self.caps[c - 1] if c else 0
+            alloc = allocs[c]
+            point = starts.size - 1 - int(np.searchsorted(back[c], target))
+            alloc[:point] = np.minimum(prev, can[:point])
+            work = np.cumsum(dur * self.rate[alloc])
+            f = min(int(np.searchsorted(work, target)), starts.size - 1)
+            end, real = self._finish(
+                left - (work[f - 1] if f else 0.0), int(starts[f]), int(alloc[f])
+            )
+            last = (ends[f] if ends[f] < k_ddl else end) - starts[f]
+            used += slot * (float((alloc[:f] * (ends[:f] - starts[:f])).sum()) + alloc[f] * last)
+            pieces = [*head, *zip(starts[: f + 1].tolist(), alloc[: f + 1].tolist(), strict=True)]
+            return Plan(_plan(pieces, end), end, real, real <= ddl_s + 1e-9, used)
+        prev = self.caps[-1]
+        alloc = np.minimum(prev, can)
+        left -= float((dur * self.rate[alloc]).sum())
+        used += slot * float((alloc * (ends - starts)).sum())
+        pieces = [*head, *zip(starts.tolist(), alloc.tolist(), strict=True)]
+        return self._after_deadline(left, free, k_ddl, pieces, used)
+
+    def _after_deadline(
+        self, left: float, free: Steps, start: int, pieces: list[tuple[int, int]], used: float
+    ) -> Plan:
+        """The fallback: past the deadline, as many GPUs as are free (up to its limit) until
+        done; the profile's last period (every GPU free) lasts forever."""
+        starts = free.breaks(start, np.inf)
+        ends = np.append(starts[1:], np.iinfo(np.int64).max)
+        for s, e, n in zip(starts.tolist(), ends.tolist(), free.at(starts).tolist(), strict=True):
+            gpus = int(self.level[min(n, self.gpus)])
+            work = (e - s) * self.slot * self.rate[gpus]
+            pieces.append((s, gpus))
+            if gpus and work >= left:
+                end, real = self._finish(left, s, gpus)
+                return Plan(
+                    _plan(pieces, end), end, real, False, used + gpus * (end - s) * self.slot
+                )
+            left -= work
+            used += gpus * (e - s) * self.slot
+        raise AssertionError("a profile's last period has every GPU free")
+
+    def scale_up(self, left: float, free: Steps, ddl_s: float, gpus: int) -> Plan:
+        """The plan with `gpus` until the profile's next breakpoint, then MSS again: what
+        a job would have if given the next level now (the artifact's marginal estimate)."""
+        slot = self.slot
+        k_ddl = _slots(ddl_s, slot)
+        k1 = int(free.starts[1]) if free.starts.size > 1 else k_ddl
+        end, real = self._finish(left, 0, gpus)
+        if k1 >= end or k1 <= 0:  # done before the profile changes, or already late
+            return Plan(_plan([(0, gpus)], end), end, real, real <= ddl_s, gpus * end * slot)
+        dur = k1 * slot if k1 != k_ddl else ddl_s
+        rest = free.minus(_plan([(0, gpus)], k1))
+        return self.mss(
+            left - dur * self.rate[gpus], rest, ddl_s, k1, ((0, gpus),), gpus * k1 * slot
+        )
 
 
 class ElasticFlow:
     """ElasticFlow, or with `admission=False` its no-admission-control ablation."""
 
-    def __init__(self, cluster: Cluster, slot_s: float, *, admission: bool = True) -> None:
-        self.cluster, self.slot_s, self.admission = cluster, slot_s, admission
+    judges_plan = True
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        curves: dict[tuple[str, int], ScalingCurve],
+        gpu_type: str,
+        slot_s: float = 60.0,
+        *,
+        admission: bool = True,
+    ) -> None:
+        self.cluster, self.curves, self.gpu_type = cluster, curves, gpu_type
+        self.slot, self.admission = slot_s, admission
         self.name = "elasticflow" if admission else "elasticflow-noadmit"
-        self.every_slot = True  # a plan's per-slot counts change between events
+        self.cache: set[tuple[int, int]] = set()
+        self._planners: dict[tuple[str, int], _Planner] = {}
 
-    def _plans(
-        self, now: float, jobs: list[Active]
-    ) -> tuple[dict[int, np.ndarray], np.ndarray, list[Active]]:
-        """MSS plans of `jobs` in deadline order, the free profile left, and the jobs that
-        could not be planned (they run on what is idle)."""
-        finite = [j for j in jobs if math.isfinite(j.job.deadline)]
-        horizon = max((_horizon(j.job.deadline, now, self.slot_s) for j in finite), default=0)
-        free = np.full(horizon, self.cluster.gpus, dtype=int)
-        plans, unplanned = {}, []
-        for entry in sorted(jobs, key=lambda a: (a.job.deadline, a.job.submit, a.job.id)):
-            if not math.isfinite(entry.job.deadline):
-                unplanned.append(entry)  # best effort: idle GPUs only
-                continue
-            n = _horizon(entry.job.deadline, now, self.slot_s)
-            plan = progressive_filling(entry.curve, entry.remaining, free[:n], self.slot_s)
-            if plan is None:
-                unplanned.append(entry)
-                continue
-            free[:n] -= plan
-            plans[entry.job.id] = plan
-        return plans, free, unplanned
+    def curve(self, job: Job) -> ScalingCurve:
+        limit = elastic_max_gpus(job.model, job.batch, self.gpu_type)
+        return self.curves[job.model, job.batch].capped(limit)
 
-    def admit(self, job: Active, now: float, active: list[Active]) -> bool:
+    def _planner(self, entry: Running) -> _Planner:
+        key = entry.job.model, entry.job.batch
+        if key not in self._planners:
+            self._planners[key] = _Planner(entry.curve, self.cluster.gpus, self.slot)
+        return self._planners[key]
+
+    def _plan_all(self, now: float, jobs: list[Running]) -> tuple[dict[int, Plan], Steps]:
+        """Every job's plan in deadline order on a fresh profile, and what is left free."""
+        free = Steps.constant(self.cluster.gpus)
+        plans = {}
+        for entry in _by_deadline(jobs):
+            plan = self._planner(entry).mss(entry.iter_left, free, entry.job.deadline - now)
+            free = free.minus(plan.steps)
+            plans[id(entry)] = plan
+        return plans, free
+
+    advance = staticmethod(run_interval)
+
+    def arrive(self, now: float, new: list[Running], jobs: list[Running]) -> list[Running]:
         if not self.admission:
-            return True
-        _, _, before = self._plans(now, active)
-        _, _, after = self._plans(now, [*active, job])
-        lost = {a.job.id for a in after} - {a.job.id for a in before}
-        return not lost
+            return new
+        plans, _ = self._plan_all(now, [*jobs, *new])
+        return new if all(p.ok for p in plans.values()) else []
 
-    def allocate(self, now: float, active: list[Active]) -> dict[int, int]:
-        plans, free, unplanned = self._plans(now, active)
-        by_id = {a.job.id: a for a in active}
-        gpus = {i: int(plan[0]) if plan.size else 0 for i, plan in plans.items()}
-        idle = self.cluster.gpus - sum(gpus.values())
+    def schedule(self, now: float, jobs: list[Running]) -> float:
+        plans, free = self._plan_all(now, jobs)
+        for entry in jobs:
+            plan = plans[id(entry)]
+            entry.state["plan"] = plan
+            entry.gpus = plan.now
+            entry.judged = now + plan.real_end  # extra GPUs below do not move it (artifact)
+        order = self._allocate_idle(now, _by_deadline(jobs), free)
+        for entry in order:
+            entry.end = now + entry.state["plan"].end * self.slot
+        self._place(order)
+        return math.inf  # re-plans at arrivals and completions only
 
-        def step(i: int) -> tuple[float, int, np.ndarray] | None:
-            """(priority, extra GPUs, new plan) of one level more for job i in slot 0."""
-            entry, plan = by_id[i], plans[i]
-            levels = entry.curve.levels
-            above = levels[levels > gpus[i]]
-            if not above.size or above[0] - gpus[i] > idle or plan.size == 0:
-                return None
-            more = int(above[0])
-            left = entry.remaining - float(entry.curve.at(more)) * self.slot_s
-            rest = free[1 : plan.size] + plan[1:]
-            tail = progressive_filling(entry.curve, max(left, 0.0), rest, self.slot_s)
-            if tail is None:
-                return None
-            new = np.r_[more, tail]
-            saved = float(plan.sum() - new.sum())
-            return saved / (more - gpus[i]), more - gpus[i], new
+    def _next_level(self, entry: Running) -> int:
+        return self._planner(entry).above.get(entry.gpus, entry.gpus)
 
-        candidates = {i: step(i) for i in plans}
+    def _allocate_idle(self, now: float, order: list[Running], free: Steps) -> list[Running]:
+        """Hand idle GPUs out one level at a time (the artifact's `allocate_free_gpus`):
+        to the job whose planned GPU-time grows most per GPU, jobs planned to wait first."""
+        idle = self.cluster.gpus - sum(a.gpus for a in order)
+        if idle <= 0:
+            return order
+        marginal: dict[int, float] = {}
+        options: dict[int, Plan] = {}
+
+        def estimate(entry: Running) -> None:
+            nxt = self._next_level(entry)
+            options.pop(id(entry), None)
+            if nxt - entry.gpus > idle or nxt == entry.gpus:
+                marginal[id(entry)] = -math.inf
+                return
+            plan = entry.state["plan"]
+            mine = free.plus(plan.steps)
+            new = self._planner(entry).scale_up(
+                entry.iter_left, mine, entry.job.deadline - now, nxt
+            )
+            options[id(entry)] = new
+            gain = (new.gpu_time - plan.gpu_time) / (nxt - entry.gpus)
+            marginal[id(entry)] = math.inf if entry.gpus == 0 else gain
+
+        for entry in order:
+            estimate(entry)
+        order = sorted(order, key=lambda a: -marginal[id(a)])
         while idle > 0:
-            options = {i: c for i, c in candidates.items() if c is not None and c[1] <= idle}
-            if not options:
+            chosen = next((a for a in order if id(a) in options), None)
+            if chosen is None:
                 break
-            i = max(options, key=lambda k: (options[k][0], -by_id[k].job.deadline))
-            _, extra, new = options[i]
-            old = plans[i]
-            free[1 : old.size] += old[1:] - new[1:]
-            plans[i] = new
-            gpus[i] += extra
-            idle -= extra
-            candidates[i] = step(i)
-        for entry in unplanned:  # late or best-effort jobs run on what is left
-            level = int(entry.curve.level_at_most(min(idle, entry.curve.max_gpus)))
-            if level:
-                gpus[entry.job.id] = level
-                idle -= level
-        return gpus
+            plan = options.pop(id(chosen))
+            free = free.plus(chosen.state["plan"].steps).minus(plan.steps)
+            idle -= plan.now - chosen.gpus
+            chosen.gpus = plan.now
+            chosen.state["plan"] = plan
+            for entry in order:
+                estimate(entry)
+            order = sorted(order, key=lambda a: -marginal[id(a)])
+        return order
+
+    def _place(self, order: list[Running]) -> None:
+        """Buddy placement, largest jobs first: a job whose (first GPU, count) was placed
+        before since the last restart finds its trainers cached."""
+        offset = 0
+        for entry in sorted(order, key=lambda a: -a.gpus):
+            if not entry.gpus:
+                continue
+            key = offset, entry.gpus
+            entry.state["cached"] = key in self.cache
+            self.cache.add(key)
+            offset += entry.gpus
+
+    def charge(self, now: float, jobs: list[Running], round_index: int) -> None:
+        restart = round_index > 0 and round_index % _RESTART_EVERY == 0
+        large = self.cluster.gpus >= 256
+        for entry in jobs:
+            if entry.gpus:
+                cached = entry.state.get("cached", False)
+                entry.overhead = overhead_s(entry.gpus, restart, cached, large)
+                entry.end += entry.overhead
+        if restart:
+            self.cache.clear()
 
 
 class EDF:
-    """Earliest deadline first, not elastic (the paper's baseline): in deadline order, a job
-    starts once as many GPUs as it can use without lowering its throughput (its curve's
-    largest level) are idle, and keeps them until it finishes; later jobs wait behind it."""
+    """Earliest deadline first, elastic and preemptive as the artifact runs it (see the
+    module doc); no admission control and no scaling overhead."""
 
     name = "edf"
 
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
+    def __init__(
+        self, cluster: Cluster, curves: dict[tuple[str, int], ScalingCurve], slot_s: float = 60.0
+    ) -> None:
+        self.cluster, self.curves, self.slot = cluster, curves, slot_s
 
-    def admit(self, job: Active, now: float, active: list[Active]) -> bool:
-        return True
+    def curve(self, job: Job) -> ScalingCurve:
+        curve = self.curves[job.model, job.batch]
+        return curve.capped(profiled_max_gpus(curve, job.batch))
 
-    def allocate(self, now: float, active: list[Active]) -> dict[int, int]:
-        gpus = {a.job.id: a.decided for a in active if a.decided}
-        idle = self.cluster.gpus - sum(gpus.values())
-        waiting = [a for a in active if not a.decided]
-        for entry in sorted(waiting, key=lambda a: (a.job.deadline, a.job.submit, a.job.id)):
-            if entry.curve.max_gpus > idle:
-                break
-            gpus[entry.job.id] = entry.curve.max_gpus
-            idle -= entry.curve.max_gpus
-        return gpus
+    advance = staticmethod(run_interval)
+
+    def arrive(self, now: float, new: list[Running], jobs: list[Running]) -> list[Running]:
+        return new
+
+    def _plan(self, entry: Running, free: Steps) -> tuple[Steps, float]:
+        """(GPUs per slot until the end rounded up to a slot, end in seconds from now)."""
+        base = min(entry.curve.max_gpus, self.cluster.gpus)
+        level, rate = entry.curve.by_count
+        starts = free.breaks(0, np.inf)
+        ends = np.append(starts[1:], np.iinfo(np.int64).max)
+        left, pieces = entry.iter_left, []
+        for s, e, n in zip(starts.tolist(), ends.tolist(), free.at(starts).tolist(), strict=True):
+            gpus = base if n >= base else int(level[n])
+            work = (e - s) * self.slot * rate[gpus]
+            pieces.append((s, gpus))
+            if gpus and work >= left:
+                real = s * self.slot + math.ceil(left / rate[gpus] - 1e-9)
+                return _plan(pieces, _slots(real, self.slot)), real
+            left -= work
+        raise AssertionError("a profile's last period has every GPU free")
+
+    def schedule(self, now: float, jobs: list[Running]) -> float:
+        free = Steps.constant(self.cluster.gpus)
+        for entry in _by_deadline(jobs):
+            plan, real = self._plan(entry, free)
+            free = free.minus(plan)
+            entry.gpus = int(plan.vals[0])
+            entry.end = now + real
+        return math.inf
+
+    def charge(self, now: float, jobs: list[Running], round_index: int) -> None:
+        return None
+
+
+def _by_deadline(jobs: list[Running]) -> list[Running]:
+    return sorted(jobs, key=lambda a: (a.job.deadline, a.job.submit, a.job.id))

@@ -52,10 +52,11 @@ class Job:
 
 @dataclass(frozen=True)
 class ScalingCurve:
-    """Iterations per second of one (model, batch) at each power-of-two GPU count.
+    """Iterations per second of one (model, batch) at each profiled GPU count.
 
-    `levels` are the counts a job may hold (1, 2, 4, ... up to `max_gpus`, where more GPUs stop
-    helping); `rate[i]` is the throughput at `levels[i]`.
+    `levels` are the counts a job may hold (1, 2, 4, ... up to `max_gpus`); `rate[i]` is the
+    throughput at `levels[i]`, which need not rise with it (the schedulers that give a job
+    more GPUs than help it are part of what the artifacts measure).
     """
 
     levels: np.ndarray
@@ -76,6 +77,11 @@ class ScalingCurve:
         g = np.asarray(gpus)
         index = np.searchsorted(self.levels, g, side="right") - 1
         return np.where(index >= 0, self.levels[np.clip(index, 0, None)], 0)
+
+    def capped(self, max_gpus: int) -> ScalingCurve:
+        """The same curve without the levels above `max_gpus`."""
+        keep = self.levels <= max_gpus
+        return ScalingCurve(self.levels[keep], self.rate[keep])
 
     @cached_property
     def by_count(self) -> tuple[np.ndarray, np.ndarray]:
@@ -114,11 +120,9 @@ def load_cluster(spec: str | Path) -> Cluster:
 
 
 def load_curves(gpu_type: str) -> dict[tuple[str, int], ScalingCurve]:
-    """Every (model, global batch) scaling curve profiled on `gpu_type` (T4 or A100).
-
-    A curve stops at the last level before throughput first fails to rise: more GPUs would
-    only slow the job (ElasticFlow's profiler stops there too).
-    """
+    """Every (model, global batch) throughput table profiled on `gpu_type` (T4 or A100): all
+    the GPU counts profiled (a "nan" or "-" cell is not), whether or not more GPUs help. Each
+    scheduler caps the levels it may give (`ScalingCurve.capped`), as its artifact does."""
     folder = _EF / f"throughputs_{gpu_type.upper()}"
     if not folder.is_dir():
         raise UsageError(f"no throughputs for GPU type '{gpu_type}'.", "use T4 or A100.")
@@ -127,14 +131,11 @@ def load_curves(gpu_type: str) -> dict[tuple[str, int], ScalingCurve]:
         with path.open() as f:
             for row in csv.DictReader(f):
                 batch = int(row.pop("global_batch_size"))
-                levels, rates = [], []
-                for gpus, value in row.items():
-                    rate = float(value) if value not in ("", "-") else math.nan
-                    if not math.isfinite(rate) or (rates and rate <= rates[-1]):
-                        break  # not profiled ("-", "nan"), or no faster than the level below
-                    levels.append(int(gpus))
-                    rates.append(rate)
-                curves[path.stem, batch] = ScalingCurve(np.array(levels), np.array(rates))
+                cells = [(int(g), float(v)) for g, v in row.items() if v not in ("", "-")]
+                cells = [(g, r) for g, r in cells if math.isfinite(r)]
+                curves[path.stem, batch] = ScalingCurve(
+                    np.array([g for g, _ in cells]), np.array([r for _, r in cells])
+                )
     return curves
 
 

@@ -25,23 +25,28 @@ SCHEDULERS = ("elasticflow", "elasticflow-noadmit", "edf", "tiresias")
 NOT_YET = ("gandiva", "rubick", "lyra")
 
 
-def _policy(name: str, cluster: Any, slot_s: float) -> Any:
-    from cluster.elasticflow import EDF, ElasticFlow
-    from cluster.tiresias import Tiresias
-
-    if name == "elasticflow":
-        return ElasticFlow(cluster, slot_s)
-    if name == "elasticflow-noadmit":
-        return ElasticFlow(cluster, slot_s, admission=False)
-    if name == "edf":
-        return EDF(cluster)
-    if name == "tiresias":
-        return Tiresias(cluster)
+def _check(name: str) -> None:
+    """Refuse an unknown or unbuilt scheduler name before any work starts."""
     if name in NOT_YET:
         raise UsageError(
             f"scheduler '{name}' is not built yet.", f"use one of: {', '.join(SCHEDULERS)}."
         )
-    raise UsageError(f"unknown --scheduler '{name}'.", f"use one of: {', '.join(SCHEDULERS)}.")
+    if name not in SCHEDULERS:
+        raise UsageError(f"unknown --scheduler '{name}'.", f"use one of: {', '.join(SCHEDULERS)}.")
+
+
+def _policy(name: str, cluster: Any, curves: Any, gpu_type: str, slot_s: float) -> Any:
+    from cluster.elasticflow import EDF, ElasticFlow
+    from cluster.tiresias import Tiresias
+
+    _check(name)
+    if name == "elasticflow":
+        return ElasticFlow(cluster, curves, gpu_type, slot_s)
+    if name == "elasticflow-noadmit":
+        return ElasticFlow(cluster, curves, gpu_type, slot_s, admission=False)
+    if name == "edf":
+        return EDF(cluster, curves, slot_s)
+    return Tiresias(cluster, curves, slot_s)
 
 
 TraceOpt = Annotated[
@@ -66,7 +71,7 @@ def _run(trace: str, cluster: str, gpu_type: str, scheduler: str, slot: float) -
     if not slot > 0:
         raise UsageError(f"--slot {slot} is not positive.", "pass e.g. --slot 60.")
     shape = load_cluster(cluster)
-    policy = _policy(scheduler, shape, slot)
+    _check(scheduler)
     jobs = load_trace(trace)
     curves = load_curves(gpu_type)
     missing = sorted({(j.model, j.batch) for j in jobs} - set(curves))
@@ -75,11 +80,11 @@ def _run(trace: str, cluster: str, gpu_type: str, scheduler: str, slot: float) -
             f"the {gpu_type} throughput tables have no curve for {missing[:3]}.",
             "pass the --gpu-type the trace was made for (the Pollux trace: T4; ITP: A100).",
         )
+    policy = _policy(scheduler, shape, curves, gpu_type, slot)
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task(f"{scheduler} on {Path(trace).stem}", total=len(jobs))
         return run(
             jobs,
-            curves,
             shape,
             policy,
             slot_s=slot,
@@ -128,7 +133,7 @@ def compare(
     if not names:
         raise UsageError("--schedulers is empty.", f"pass e.g. {','.join(SCHEDULERS)}.")
     for name in names:
-        _policy(name, None, slot)  # refuse an unknown name before running anything
+        _check(name)  # refuse an unknown name before running anything
     rows = [_run(trace, cluster, gpu_type, name, slot).summary() for name in names]
     if plot is not None:
         _plot(rows, plot, f"{Path(trace).stem} on {cluster} ({gpu_type})")

@@ -1,0 +1,48 @@
+"""`moelambda cluster simulate|compare` and `bench cluster`: the issue's fields and refusals."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from moelambda.cli import app
+
+
+def test_cluster_simulate_cli_reports_the_issue_s_fields(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    runner = CliRunner()
+    result = runner.invoke(app, ["cluster", "simulate", "--scheduler", "edf", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    issue = "scheduler jobs deadline_ratio avg_jct_s p95_jct_s makespan_s preemptions"
+    assert list(summary) == [*issue.split(), "gpu_utilisation", "wall_s"]
+    assert summary["jobs"] == 195 and summary["deadline_ratio"] == 23 / 195
+    assert 0 < summary["gpu_utilisation"] <= 1 and summary["preemptions"] > 0  # elastic EDF
+    for args, error in (
+        (["--scheduler", "nosuch"], "unknown --scheduler"),
+        (["--cluster", "n0"], "neither a shape"),
+        (["--trace", str(tmp_path / "none.csv")], "neither a shipped trace"),
+        (["--gpu-type", "A100"], "no curve for"),
+        (["--slot", "0"], "not positive"),
+    ):
+        refused = runner.invoke(app, ["cluster", "simulate", *args])
+        assert refused.exit_code == 2 and error in " ".join(refused.output.split()), args
+
+
+def test_cluster_compare_runs_several_schedulers_and_plots(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    plot = tmp_path / "c.png"
+    args = ["cluster", "compare", "--schedulers", "edf,tiresias", "--plot", str(plot), "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["results"]
+    assert [r["scheduler"] for r in rows] == ["edf", "tiresias"]
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    refused = CliRunner().invoke(app, ["cluster", "compare", "--schedulers", "edf,nosuch"])
+    assert refused.exit_code == 2 and "unknown --scheduler" in refused.output
+
+
+def test_bench_cluster_times_each_scheduler() -> None:
+    result = CliRunner().invoke(app, ["bench", "cluster", "--schedulers", "edf", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["runs"]["edf"]["wall_s"] > 0 and summary["elasticflow_target_s"] == 5.0
