@@ -175,6 +175,7 @@ def simulate(
     elapsed = 0.0
     seen = 0
     judges_plan = getattr(policy, "judges_plan", False)
+    ticks = getattr(policy, "ticks", False)  # rounds every slot once arrivals are over
     while seen < len(arrivals) or active:
         policy.advance(active, now, elapsed)
         busy_gpu_s += sum(a.gpus * elapsed for a in active)
@@ -204,17 +205,17 @@ def simulate(
         for entry in active:
             preemptions += bool(before[id(entry)] and not entry.gpus)
             entry.started |= entry.gpus > 0
-        policy.charge(now, active, rounds)
-        rounds += 1
+        events = [wake, *(a.end for a in active), *submits[seen : seen + 2]]
+        if any(math.isfinite(t) for t in events):  # the artifact charges only then
+            policy.charge(now, active, rounds)
+            rounds += 1
         if not judges_plan:
             for entry in active:
                 entry.judged = entry.end
-        pending = [wake, *(a.end for a in active)]
-        if seen < len(arrivals):
-            pending.append(submits[seen])
-            if seen + 1 < len(arrivals):
-                pending.append(submits[seen + 1])
-        pending = [t for t in pending if math.isfinite(t)]
+        pending = [t for t in (wake, *(a.end for a in active)) if math.isfinite(t)]
+        pending += submits[seen : seen + 2]
+        if ticks and seen == len(arrivals) and active:
+            pending.append(now + slot_s)
         if not pending:  # nothing will change: jobs left waiting never run (too big)
             break
         nxt = _next_event(now, pending, slot_s)

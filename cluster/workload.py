@@ -38,7 +38,7 @@ _SHAPE = re.compile(r"n(\d+)g(\d+)")
 
 @dataclass(frozen=True)
 class Job:
-    """One training job of a trace; times in seconds from the trace's first submission."""
+    """One training job of a trace; times in seconds on the trace's clock."""
 
     id: int
     submit: float
@@ -148,7 +148,8 @@ def shipped_traces() -> dict[str, Path]:
 
 def load_trace(trace: str | Path) -> list[Job]:
     """A trace by its shipped name (`elasticVpollux_e`, `cluster01`, ...) or a CSV path, in
-    either of the artifact's column sets; times are shifted to start at 0."""
+    either of the artifact's column sets. Times stay as the trace has them: Gandiva rotates
+    its time slices on whole minutes of that clock."""
     path = shipped_traces().get(str(trace), Path(trace))
     if not path.is_file():
         raise UsageError(
@@ -163,21 +164,20 @@ def load_trace(trace: str | Path) -> list[Job]:
     iterations_key = "iteration" if "iteration" in rows[0] else "num_iteration"
     deadline_key = "ddl" if "ddl" in rows[0] else "deadline"
     try:
-        start = min(float(r[submit_key]) for r in rows)
         return [
             Job(
-                id=int(r["job_id"]),
-                submit=float(r[submit_key]) - start,
+                id=index,  # the artifact's job_idx: ITP traces name jobs by UUID
+                submit=float(r[submit_key]),
                 iterations=float(r[iterations_key]),
                 model=r["model_name"],
                 batch=int(r["batch_size"]),
                 gpus=int(r["num_gpu"]),
-                deadline=float(r[deadline_key]) - start
+                deadline=float(r[deadline_key])
                 if r.get(deadline_key) not in (None, "", "inf")
                 else float("inf"),
                 duration=float(r["duration"]),
             )
-            for r in rows
+            for index, r in enumerate(rows)
         ]
     except (KeyError, ValueError) as err:
         raise UsageError(

@@ -1,7 +1,7 @@
 """`moelambda cluster simulate`: a GPU-cluster scheduler replayed on a training trace.
 
-The schedulers the simulator has today: ElasticFlow (with and without admission control), EDF
-and Tiresias. Gandiva, Rubick and Lyra are not built yet (issue 15); naming one says so.
+The schedulers the simulator has today: ElasticFlow (with and without admission control), EDF,
+Tiresias and Gandiva. Rubick and Lyra are not built yet (issue 15); naming one says so.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from moelambda.cli._app import JsonOpt, app, bench_app, err, user_errors
 cluster_app = typer.Typer(help="GPU-cluster schedulers on training traces.", no_args_is_help=True)
 app.add_typer(cluster_app, name="cluster")
 
-SCHEDULERS = ("elasticflow", "elasticflow-noadmit", "edf", "tiresias")
-NOT_YET = ("gandiva", "rubick", "lyra")
+SCHEDULERS = ("elasticflow", "elasticflow-noadmit", "edf", "tiresias", "gandiva")
+NOT_YET = ("rubick", "lyra")
 
 
 def _check(name: str) -> None:
@@ -37,6 +37,7 @@ def _check(name: str) -> None:
 
 def _policy(name: str, cluster: Any, curves: Any, gpu_type: str, slot_s: float) -> Any:
     from cluster.elasticflow import EDF, ElasticFlow
+    from cluster.gandiva import Gandiva
     from cluster.tiresias import Tiresias
 
     _check(name)
@@ -46,6 +47,8 @@ def _policy(name: str, cluster: Any, curves: Any, gpu_type: str, slot_s: float) 
         return ElasticFlow(cluster, curves, gpu_type, slot_s, admission=False)
     if name == "edf":
         return EDF(cluster, curves, slot_s)
+    if name == "gandiva":
+        return Gandiva(cluster, curves, slot_s)
     return Tiresias(cluster, curves, slot_s)
 
 
