@@ -166,6 +166,8 @@ def simulate(
     started_at = time.perf_counter()
     arrivals = sorted(jobs, key=lambda j: (j.submit, j.id))
     submits = [j.submit for j in arrivals]
+    # the first arrival time after each job's (the merge rule counts distinct event times)
+    after = np.searchsorted(submits, submits, side="right").tolist()
     active: list[Running] = []
     finish: dict[int, float] = {}
     met: set[int] = set()
@@ -205,7 +207,12 @@ def simulate(
         for entry in active:
             preemptions += bool(before[id(entry)] and not entry.gpus)
             entry.started |= entry.gpus > 0
-        events = [wake, *(a.end for a in active), *submits[seen : seen + 2]]
+        coming = (
+            [submits[i] for i in (seen, after[seen]) if i < len(submits)]
+            if seen < len(submits)
+            else []
+        )
+        events = [wake, *(a.end for a in active), *coming]
         if any(math.isfinite(t) for t in events):  # the artifact charges only then
             policy.charge(now, active, rounds)
             rounds += 1
@@ -213,7 +220,7 @@ def simulate(
             for entry in active:
                 entry.judged = entry.end
         pending = [t for t in (wake, *(a.end for a in active)) if math.isfinite(t)]
-        pending += submits[seen : seen + 2]
+        pending += coming
         if ticks and seen == len(arrivals) and active:
             pending.append(now + slot_s)
         if not pending:  # nothing will change: jobs left waiting never run (too big)
