@@ -27,8 +27,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from cluster.profile import Steps
 from cluster.simulate import Running, overhead_s, run_interval
 from cluster.workload import Cluster, Job, ScalingCurve
@@ -99,15 +97,17 @@ def _plan(head: list[tuple[int, int]], end: int) -> Steps:
 
 
 class _Planner:
-    """MSS, fallback and scale-up plans of one job on a free profile (see the module doc)."""
+    """MSS, fallback and scale-up plans of one job on a free profile (see the module doc).
+    Plain Python over a profile's few dozen periods: numpy's per-call cost dominated here."""
 
     def __init__(self, curve: ScalingCurve, gpus: int, slot_s: float) -> None:
         self.gpus, self.slot = gpus, slot_s
-        self.level, self.rate = curve.by_count
+        level, rate = curve.by_count
+        self.level = level[: gpus + 1].tolist()  # the largest level <= a count
+        self.rate = rate.tolist()  # throughput at the level below a count
         self.caps = [int(c) for c in curve.levels[curve.levels <= gpus]]
-        self.top = int(curve.level_at_most(gpus))
-        self.cap_column = np.array(self.caps)[:, None]
-        self.above = {a: b for a, b in zip([0, *self.caps], self.caps, strict=False)}
+        self.top = self.level[gpus]
+        self.above = dict(zip([0, *self.caps], self.caps, strict=False))
 
     def _finish(self, left: float, start: int, gpus: int) -> tuple[int, float]:
         """(aligned end in slots, real end in seconds) of `left` iterations from slot
@@ -126,41 +126,47 @@ class _Planner:
     ) -> Plan:
         """The MSS plan from slot k0 (or the fallback when no cap meets the deadline);
         `head` and `used` are the pieces and GPU-time already planned before k0."""
-        slot = self.slot
+        slot, rate = self.slot, self.rate
         k_ddl = _slots(ddl_s, slot)
-        prev = 0
         if k_ddl <= k0:
             return self._after_deadline(left, free, max(k_ddl, k0), list(head), used)
         starts = free.breaks(k0, k_ddl)
-        ends = np.append(starts[1:], k_ddl)
-        dur = ((ends - starts) * slot).astype(float)
+        ends = [*starts[1:], k_ddl]
+        dur = [(e - b) * slot for b, e in zip(starts, ends, strict=True)]
         dur[-1] = ddl_s - starts[-1] * slot
-        can = self.level[np.minimum(free.at(starts), self.gpus)]
+        can = [self.level[min(n, self.gpus)] for n in free.values(starts)]
         target = left * (1 - 1e-12)
-        # every cap at once: its allocation per period and the work of its latest periods
-        allocs = np.minimum(self.cap_column, can)
-        back = np.cumsum((dur * self.rate[allocs])[:, ::-1], axis=1)
-        fits = np.flatnonzero(back[:, -1] >= target)
-        if fits.size:
-            c = int(fits[0])
-            prev = self.caps[c - 1] if c else 0
-            alloc = allocs[c]
-            point = starts.size - 1 - int(np.searchsorted(back[c], target))
-            alloc[:point] = np.minimum(prev, can[:point])
-            work = np.cumsum(dur * self.rate[alloc])
-            f = min(int(np.searchsorted(work, target)), starts.size - 1)
-            end, real = self._finish(
-                left - (work[f - 1] if f else 0.0), int(starts[f]), int(alloc[f])
-            )
+        periods = range(len(starts))
+        prev = 0
+        for cap in self.caps:
+            done, point = 0.0, -1
+            for p in reversed(periods):  # the latest periods first, at min(cap, free)
+                done += dur[p] * rate[cap if can[p] >= cap else can[p]]
+                if done >= target:
+                    point = p
+                    break
+            if point < 0:
+                prev = cap
+                continue
+            alloc = [min(prev if p < point else cap, can[p]) for p in periods]
+            done, f = 0.0, len(starts) - 1
+            for p in periods:  # run forward from now: where does the work complete?
+                work = dur[p] * rate[alloc[p]]
+                if done + work >= target:
+                    f = p
+                    break
+                done += work
+            end, real = self._finish(left - done, starts[f], alloc[f])
             last = (ends[f] if ends[f] < k_ddl else end) - starts[f]
-            used += slot * (float((alloc[:f] * (ends[:f] - starts[:f])).sum()) + alloc[f] * last)
-            pieces = [*head, *zip(starts[: f + 1].tolist(), alloc[: f + 1].tolist(), strict=True)]
+            used += slot * (
+                sum(alloc[p] * (ends[p] - starts[p]) for p in range(f)) + alloc[f] * last
+            )
+            pieces = [*head, *zip(starts[: f + 1], alloc[: f + 1], strict=True)]
             return Plan(_plan(pieces, end), end, real, real <= ddl_s + 1e-9, used)
-        prev = self.caps[-1]
-        alloc = np.minimum(prev, can)
-        left -= float((dur * self.rate[alloc]).sum())
-        used += slot * float((alloc * (ends - starts)).sum())
-        pieces = [*head, *zip(starts.tolist(), alloc.tolist(), strict=True)]
+        alloc = [min(prev, c) for c in can]
+        left -= sum(d * rate[a] for d, a in zip(dur, alloc, strict=True))
+        used += slot * sum(a * (e - b) for a, b, e in zip(alloc, starts, ends, strict=True))
+        pieces = [*head, *zip(starts, alloc, strict=True)]
         return self._after_deadline(left, free, k_ddl, pieces, used)
 
     def _after_deadline(
@@ -168,19 +174,18 @@ class _Planner:
     ) -> Plan:
         """The fallback: past the deadline, as many GPUs as are free (up to its limit) until
         done; the profile's last period (every GPU free) lasts forever."""
-        starts = free.breaks(start, np.inf)
-        ends = np.append(starts[1:], np.iinfo(np.int64).max)
-        for s, e, n in zip(starts.tolist(), ends.tolist(), free.at(starts).tolist(), strict=True):
-            gpus = int(self.level[min(n, self.gpus)])
-            work = (e - s) * self.slot * self.rate[gpus]
-            pieces.append((s, gpus))
+        starts = free.breaks(start, math.inf)
+        ends = [*starts[1:], math.inf]
+        for b, e, n in zip(starts, ends, free.values(starts), strict=True):
+            gpus = self.level[min(n, self.gpus)]
+            work = (e - b) * self.slot * self.rate[gpus]
+            pieces.append((b, gpus))
             if gpus and work >= left:
-                end, real = self._finish(left, s, gpus)
-                return Plan(
-                    _plan(pieces, end), end, real, False, used + gpus * (end - s) * self.slot
-                )
+                end, real = self._finish(left, b, gpus)
+                used += gpus * (end - b) * self.slot
+                return Plan(_plan(pieces, end), end, real, False, used)
             left -= work
-            used += gpus * (e - s) * self.slot
+            used += gpus * (e - b) * self.slot
         raise AssertionError("a profile's last period has every GPU free")
 
     def scale_up(self, left: float, free: Steps, ddl_s: float, gpus: int) -> Plan:
@@ -188,15 +193,14 @@ class _Planner:
         a job would have if given the next level now (the artifact's marginal estimate)."""
         slot = self.slot
         k_ddl = _slots(ddl_s, slot)
-        k1 = int(free.starts[1]) if free.starts.size > 1 else k_ddl
+        k1 = free.starts[1] if len(free.starts) > 1 else k_ddl
         end, real = self._finish(left, 0, gpus)
         if k1 >= end or k1 <= 0:  # done before the profile changes, or already late
             return Plan(_plan([(0, gpus)], end), end, real, real <= ddl_s, gpus * end * slot)
         dur = k1 * slot if k1 != k_ddl else ddl_s
         rest = free.minus(_plan([(0, gpus)], k1))
-        return self.mss(
-            left - dur * self.rate[gpus], rest, ddl_s, k1, ((0, gpus),), gpus * k1 * slot
-        )
+        left -= dur * self.rate[gpus]
+        return self.mss(left, rest, ddl_s, k1, ((0, gpus),), gpus * k1 * slot)
 
 
 class ElasticFlow:
@@ -265,43 +269,32 @@ class ElasticFlow:
 
     def _allocate_idle(self, now: float, order: list[Running], free: Steps) -> list[Running]:
         """Hand idle GPUs out one level at a time (the artifact's `allocate_free_gpus`):
-        to the job whose planned GPU-time grows most per GPU, jobs planned to wait first."""
+        after every step each job's plan with one more level is estimated again, and the
+        job whose planned GPU-time grows most per GPU gets it, jobs holding none first."""
         idle = self.cluster.gpus - sum(a.gpus for a in order)
-        if idle <= 0:
-            return order
-        marginal: dict[int, float] = {}
-        options: dict[int, Plan] = {}
-
-        def estimate(entry: Running) -> None:
-            nxt = self._next_level(entry)
-            options.pop(id(entry), None)
-            if nxt - entry.gpus > idle or nxt == entry.gpus:
-                marginal[id(entry)] = -math.inf
-                return
-            plan = entry.state["plan"]
-            mine = free.plus(plan.steps)
-            new = self._planner(entry).scale_up(
-                entry.iter_left, mine, entry.job.deadline - now, nxt
-            )
-            options[id(entry)] = new
-            gain = (new.gpu_time - plan.gpu_time) / (nxt - entry.gpus)
-            marginal[id(entry)] = math.inf if entry.gpus == 0 else gain
-
-        for entry in order:
-            estimate(entry)
-        order = sorted(order, key=lambda a: -marginal[id(a)])
         while idle > 0:
-            chosen = next((a for a in order if id(a) in options), None)
-            if chosen is None:
+            options: dict[int, Plan] = {}
+            gain: dict[int, float] = {}
+            for entry in order:
+                step = self._next_level(entry) - entry.gpus
+                if not 0 < step <= idle:
+                    continue
+                mine = free.plus(entry.state["plan"].steps)
+                plan = self._planner(entry).scale_up(
+                    entry.iter_left, mine, entry.job.deadline - now, entry.gpus + step
+                )
+                options[id(entry)] = plan
+                grows = (plan.gpu_time - entry.state["plan"].gpu_time) / step
+                gain[id(entry)] = math.inf if entry.gpus == 0 else grows
+            if not options:
                 break
-            plan = options.pop(id(chosen))
+            order = sorted(order, key=lambda a: -gain.get(id(a), -math.inf))
+            chosen = order[0]
+            plan = options[id(chosen)]
             free = free.plus(chosen.state["plan"].steps).minus(plan.steps)
             idle -= plan.now - chosen.gpus
             chosen.gpus = plan.now
             chosen.state["plan"] = plan
-            for entry in order:
-                estimate(entry)
-            order = sorted(order, key=lambda a: -marginal[id(a)])
         return order
 
     def _place(self, order: list[Running]) -> None:
@@ -352,15 +345,15 @@ class EDF:
         """(GPUs per slot until the end rounded up to a slot, end in seconds from now)."""
         base = min(entry.curve.max_gpus, self.cluster.gpus)
         level, rate = entry.curve.by_count
-        starts = free.breaks(0, np.inf)
-        ends = np.append(starts[1:], np.iinfo(np.int64).max)
+        starts = free.breaks(0, math.inf)
+        ends = [*starts[1:], math.inf]
         left, pieces = entry.iter_left, []
-        for s, e, n in zip(starts.tolist(), ends.tolist(), free.at(starts).tolist(), strict=True):
+        for b, e, n in zip(starts, ends, free.values(starts), strict=True):
             gpus = base if n >= base else int(level[n])
-            work = (e - s) * self.slot * rate[gpus]
-            pieces.append((s, gpus))
+            work = (e - b) * self.slot * rate[gpus]
+            pieces.append((b, gpus))
             if gpus and work >= left:
-                real = s * self.slot + math.ceil(left / rate[gpus] - 1e-9)
+                real = b * self.slot + math.ceil(left / rate[gpus] - 1e-9)
                 return _plan(pieces, _slots(real, self.slot)), real
             left -= work
         raise AssertionError("a profile's last period has every GPU free")

@@ -3,61 +3,87 @@
 The deadline planners (ElasticFlow, EDF) look far ahead (deadlines days away are thousands of
 slots), but what they read changes only where some job's plan starts, scales or ends. Keeping
 just those breakpoints makes a profile as long as the number of jobs, not the horizon, and
-makes adding or removing a plan a merge of two short sorted arrays.
+adding or removing a plan a merge of two short sorted lists. They stay plain lists: a profile
+holds a few dozen breakpoints, where numpy's per-call cost outweighs its speed (ElasticFlow
+merges and plans on them about 60,000 times on the 195-job trace).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
+from bisect import bisect_right
+from collections.abc import Iterable
 
 __all__ = ["Steps"]
 
 
-@dataclass(frozen=True)
 class Steps:
     """`vals[i]` from slot `starts[i]` up to the next start; the last value holds forever.
     `starts[0]` is 0 (now). Adjacent equal values are merged, so every start is a change."""
 
-    starts: np.ndarray
-    vals: np.ndarray
+    __slots__ = ("starts", "vals")
+
+    def __init__(self, starts: list[int], vals: list[int]) -> None:
+        self.starts, self.vals = starts, vals
 
     @classmethod
     def constant(cls, value: int) -> Steps:
-        return cls(np.zeros(1, dtype=np.int64), np.full(1, value, dtype=np.int64))
+        return cls([0], [value])
 
     @classmethod
-    def of(cls, starts: np.ndarray | list[int], vals: np.ndarray | list[int]) -> Steps:
+    def of(cls, starts: Iterable[int], vals: Iterable[int]) -> Steps:
         """From breakpoints in order (a later duplicate start wins), merged."""
-        starts, vals = np.asarray(starts, dtype=np.int64), np.asarray(vals, dtype=np.int64)
-        if starts.size > 1:
-            last = np.empty(starts.size, dtype=bool)
-            np.not_equal(starts[1:], starts[:-1], out=last[:-1])
-            last[-1] = True
-            starts, vals = starts[last], vals[last]
-            keep = np.empty(vals.size, dtype=bool)
-            keep[0] = True
-            np.not_equal(vals[1:], vals[:-1], out=keep[1:])
-            starts, vals = starts[keep], vals[keep]
-        return cls(starts, vals)
+        out_s: list[int] = []
+        out_v: list[int] = []
+        for s, v in zip(starts, vals, strict=True):
+            if out_s and out_s[-1] == s:
+                out_s.pop()
+                out_v.pop()
+            if out_v and out_v[-1] == v:
+                continue
+            out_s.append(int(s))
+            out_v.append(int(v))
+        return cls(out_s, out_v)
 
-    def at(self, slots: np.ndarray | int) -> np.ndarray:
-        return self.vals[np.searchsorted(self.starts, slots, side="right") - 1]
+    def at(self, slot: float) -> int:
+        return self.vals[bisect_right(self.starts, slot) - 1]
+
+    def values(self, slots: Iterable[float]) -> list[int]:
+        return [self.at(s) for s in slots]
 
     def plus(self, other: Steps, sign: int = 1) -> Steps:
-        points = np.concatenate((self.starts, other.starts))
-        points.sort()
-        return Steps.of(points, self.at(points) + sign * other.at(points))
+        """The pointwise sum (or difference): one walk over both breakpoint lists."""
+        a_s, a_v, b_s, b_v = self.starts, self.vals, other.starts, other.vals
+        i = j = 0
+        out_s: list[int] = []
+        out_v: list[int] = []
+        while i < len(a_s) or j < len(b_s):
+            if j == len(b_s) or (i < len(a_s) and a_s[i] < b_s[j]):
+                point = a_s[i]
+                i += 1
+            elif i == len(a_s) or b_s[j] < a_s[i]:
+                point = b_s[j]
+                j += 1
+            else:
+                point = a_s[i]
+                i += 1
+                j += 1
+            value = a_v[i - 1] + sign * b_v[j - 1]  # both start at slot 0
+            if out_v and out_v[-1] == value:
+                continue
+            out_s.append(point)
+            out_v.append(value)
+        return Steps(out_s, out_v)
 
     def minus(self, other: Steps) -> Steps:
         return self.plus(other, -1)
 
-    def breaks(self, lo: int, hi: float) -> np.ndarray:
+    def breaks(self, lo: int, hi: float) -> list[int]:
         """`lo` and every change strictly inside (lo, hi): the starts of its periods there."""
-        first = np.searchsorted(self.starts, lo, side="right")
-        last = np.searchsorted(self.starts, hi, side="left")
-        out = np.empty(max(last - first, 0) + 1, dtype=np.int64)
-        out[0] = lo
-        out[1:] = self.starts[first:last]
-        return out
+        first = bisect_right(self.starts, lo)
+        last = first
+        while last < len(self.starts) and self.starts[last] < hi:
+            last += 1
+        return [lo, *self.starts[first:last]]
+
+    def __repr__(self) -> str:
+        return f"Steps({self.starts}, {self.vals})"

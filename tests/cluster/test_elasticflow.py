@@ -21,11 +21,13 @@ def test_steps_merge_breakpoints_and_add_and_remove_plans() -> None:
     free = Steps.constant(4)
     plan = Steps.of([0, 2, 5], [1, 3, 0])
     left = free.minus(plan)
-    assert left.starts.tolist() == [0, 2, 5] and left.vals.tolist() == [3, 1, 4]
-    assert left.at(np.array([0, 1, 2, 4, 5, 99])).tolist() == [3, 3, 1, 1, 4, 4]
+    assert left.starts == [0, 2, 5] and left.vals == [3, 1, 4]
+    assert left.values([0, 1, 2, 4, 5, 99]) == [3, 3, 1, 1, 4, 4]
     back = left.plus(plan)  # giving the plan back merges to one period again
-    assert back.starts.tolist() == [0] and back.vals.tolist() == [4]
-    assert left.breaks(1, 5).tolist() == [1, 2] and left.breaks(0, np.inf).tolist() == [0, 2, 5]
+    assert back.starts == [0] and back.vals == [4]
+    assert left.breaks(1, 5) == [1, 2] and left.breaks(0, np.inf) == [0, 2, 5]
+    # a later duplicate start wins, and equal neighbours merge
+    assert Steps.of([0, 3, 3, 6], [2, 5, 2, 1]).starts == [0, 6]
 
 
 def test_minimum_satisfactory_share_reproduces_figure_4() -> None:
@@ -35,7 +37,7 @@ def test_minimum_satisfactory_share_reproduces_figure_4() -> None:
     free = Steps.of([0, 1], [1, 4])
     for work, gpus in ((2.5, [1, 2]), (3.0, [1, 4])):
         plan = planner.mss(work, free, ddl_s=2.0)
-        assert plan.ok and plan.steps.at(np.array([0, 1])).tolist() == gpus
+        assert plan.ok and plan.steps.values([0, 1]) == gpus
         assert plan.end == 2 and plan.real_end == 2.0
     late = planner.mss(3.1, free, ddl_s=2.0)
     assert not late.ok and late.real_end > 2.0  # the fallback runs on past the deadline
@@ -46,7 +48,7 @@ def test_a_plan_starts_at_the_beginning_of_the_period_its_work_reaches() -> None
     equal free GPUs, not slots: with 4 free throughout, 2 units at a cap of 1 start now and
     end early (slot 2), leaving the deadline's slot free."""
     plan = _Planner(CURVE, 4, 1.0).mss(2.0, Steps.constant(4), ddl_s=3.0)
-    assert plan.ok and plan.end == 2 and plan.steps.at(np.array([0, 1, 2])).tolist() == [1, 1, 0]
+    assert plan.ok and plan.end == 2 and plan.steps.values([0, 1, 2]) == [1, 1, 0]
 
 
 def _figure_3_jobs() -> tuple[list[Job], dict]:
