@@ -1,7 +1,8 @@
 """`moelambda cluster simulate`: a GPU-cluster scheduler replayed on a training trace.
 
-The schedulers the simulator has today: ElasticFlow (with and without admission control), EDF,
-Tiresias and Gandiva. Rubick and Lyra are not built yet (issue 15); naming one says so.
+Two families of schedulers, each replaying its own artifact's traces: ElasticFlow (with and
+without admission control), EDF, Tiresias and Gandiva on the ElasticFlow artifact's traces;
+Rubick and its ablations on the Rubick artifact's workloads. Lyra is not built yet (issue 15).
 """
 
 from __future__ import annotations
@@ -21,8 +22,12 @@ from moelambda.cli._app import JsonOpt, app, bench_app, err, user_errors
 cluster_app = typer.Typer(help="GPU-cluster schedulers on training traces.", no_args_is_help=True)
 app.add_typer(cluster_app, name="cluster")
 
-SCHEDULERS = ("elasticflow", "elasticflow-noadmit", "edf", "tiresias", "gandiva")
-NOT_YET = ("rubick", "lyra")
+DEADLINE = ("elasticflow", "elasticflow-noadmit", "edf", "tiresias", "gandiva")
+RUBICK = ("rubick", "rubick-e", "rubick-n")
+SCHEDULERS = (*DEADLINE, *RUBICK)
+NOT_YET = ("lyra",)
+# Each family replays its own artifact's traces on its own default cluster.
+DEFAULTS = {DEADLINE: ("elasticVpollux_e", "n16g4"), RUBICK: ("workload-base", "n8g8")}
 
 
 def _check(name: str) -> None:
@@ -35,12 +40,23 @@ def _check(name: str) -> None:
         raise UsageError(f"unknown --scheduler '{name}'.", f"use one of: {', '.join(SCHEDULERS)}.")
 
 
+def _family(names: list[str]) -> tuple[str, ...]:
+    for name in names:
+        _check(name)
+    families = {f for f in DEFAULTS if set(names) & set(f)}
+    if len(families) > 1:
+        raise UsageError(
+            f"{', '.join(names)} replay different artifacts' traces.",
+            f"compare within one family: {', '.join(DEADLINE)}; or {', '.join(RUBICK)}.",
+        )
+    return families.pop()
+
+
 def _policy(name: str, cluster: Any, curves: Any, gpu_type: str, slot_s: float) -> Any:
     from cluster.elasticflow import EDF, ElasticFlow
     from cluster.gandiva import Gandiva
     from cluster.tiresias import Tiresias
 
-    _check(name)
     if name == "elasticflow":
         return ElasticFlow(cluster, curves, gpu_type, slot_s)
     if name == "elasticflow-noadmit":
@@ -53,38 +69,57 @@ def _policy(name: str, cluster: Any, curves: Any, gpu_type: str, slot_s: float) 
 
 
 TraceOpt = Annotated[
-    str,
+    str | None,
     typer.Option(
-        help="A shipped trace (elasticVpollux_e, 100jobs_1500lam, philly_103959, "
-        "cluster01..05, 195job) or a CSV in the ElasticFlow artifact's format."
+        help="A shipped trace or a CSV in its artifact's format. ElasticFlow's family: "
+        "elasticVpollux_e (default), 100jobs_1500lam, philly_103959, cluster01..05, 195job; "
+        "Rubick's: workload-base (default), workload-bp, workload-mt, naive."
     ),
 ]
 ClusterOpt = Annotated[
-    str, typer.Option(help="A shape like n16g4 (nodes x GPUs per node) or a spec CSV.")
+    str | None,
+    typer.Option(
+        help="A shape like n16g4 (nodes x GPUs per node) or a spec CSV; default n16g4 for "
+        "ElasticFlow's family, n8g8 for Rubick's."
+    ),
 ]
-GpuTypeOpt = Annotated[str, typer.Option(help="Throughput tables: T4 or A100.")]
+GpuTypeOpt = Annotated[str, typer.Option(help="Throughput tables: T4 or A100 (not Rubick).")]
 SlotOpt = Annotated[float, typer.Option(help="Scheduling slot, seconds.")]
 
 
-def _run(trace: str, cluster: str, gpu_type: str, scheduler: str, slot: float) -> Any:
+def _run(
+    trace: str | None, cluster: str | None, gpu_type: str, scheduler: str, slot: float
+) -> Any:
     """One scheduler on one trace, with a progress bar on stderr."""
     from cluster.simulate import simulate as run
     from cluster.workload import load_cluster, load_curves, load_trace
 
+    family = _family([scheduler])
     if not slot > 0:
         raise UsageError(f"--slot {slot} is not positive.", "pass e.g. --slot 60.")
-    shape = load_cluster(cluster)
-    _check(scheduler)
-    jobs = load_trace(trace)
-    curves = load_curves(gpu_type)
-    missing = sorted({(j.model, j.batch) for j in jobs} - set(curves))
-    if missing:
-        raise UsageError(
-            f"the {gpu_type} throughput tables have no curve for {missing[:3]}.",
-            "pass the --gpu-type the trace was made for (the Pollux trace: T4; ITP: A100).",
-        )
-    policy = _policy(scheduler, shape, curves, gpu_type, slot)
+    trace = trace or DEFAULTS[family][0]
+    shape = load_cluster(cluster or DEFAULTS[family][1])
     with Progress(console=err, transient=True) as bar:
+        if family == RUBICK:
+            from cluster.rubick import simulate_rubick
+
+            task = bar.add_task(f"{scheduler} on {Path(trace).stem}", total=None)
+            return simulate_rubick(
+                trace,
+                scheduler=scheduler,
+                interval_s=slot,
+                cluster=shape,
+                progress=lambda done, total: bar.update(task, completed=done, total=total),
+            )
+        jobs = load_trace(trace)
+        curves = load_curves(gpu_type)
+        missing = sorted({(j.model, j.batch) for j in jobs} - set(curves))
+        if missing:
+            raise UsageError(
+                f"the {gpu_type} throughput tables have no curve for {missing[:3]}.",
+                "pass the --gpu-type the trace was made for (the Pollux trace: T4; ITP: A100).",
+            )
+        policy = _policy(scheduler, shape, curves, gpu_type, slot)
         task = bar.add_task(f"{scheduler} on {Path(trace).stem}", total=len(jobs))
         return run(
             jobs,
@@ -98,8 +133,8 @@ def _run(trace: str, cluster: str, gpu_type: str, scheduler: str, slot: float) -
 @cluster_app.command()
 @user_errors
 def simulate(
-    trace: TraceOpt = "elasticVpollux_e",
-    cluster: ClusterOpt = "n16g4",
+    trace: TraceOpt = None,
+    cluster: ClusterOpt = None,
     gpu_type: GpuTypeOpt = "T4",
     scheduler: Annotated[
         str, typer.Option(help=f"One of: {', '.join(SCHEDULERS)}.")
@@ -119,12 +154,12 @@ def simulate(
 @cluster_app.command()
 @user_errors
 def compare(
-    trace: TraceOpt = "elasticVpollux_e",
-    cluster: ClusterOpt = "n16g4",
+    trace: TraceOpt = None,
+    cluster: ClusterOpt = None,
     gpu_type: GpuTypeOpt = "T4",
-    schedulers: Annotated[str, typer.Option(help="Comma-separated schedulers to run.")] = ",".join(
-        SCHEDULERS
-    ),
+    schedulers: Annotated[
+        str, typer.Option(help="Comma-separated schedulers of one family to run.")
+    ] = ",".join(DEADLINE),
     slot: SlotOpt = 60.0,
     plot: Annotated[
         Path | None, typer.Option(help="Write a bar chart of the deadline ratios (PNG).")
@@ -135,15 +170,16 @@ def compare(
     names = [n.strip() for n in schedulers.split(",") if n.strip()]
     if not names:
         raise UsageError("--schedulers is empty.", f"pass e.g. {','.join(SCHEDULERS)}.")
-    for name in names:
-        _check(name)  # refuse an unknown name before running anything
+    family = _family(names)  # refuse unknown or mixed names before running anything
+    trace, cluster = trace or DEFAULTS[family][0], cluster or DEFAULTS[family][1]
     rows = [_run(trace, cluster, gpu_type, name, slot).summary() for name in names]
     if plot is not None:
-        _plot(rows, plot, f"{Path(trace).stem} on {cluster} ({gpu_type})")
+        _plot(rows, plot, f"{Path(trace).stem} on {cluster}")
     if as_json:
         print(json.dumps({"trace": trace, "cluster": cluster, "results": rows}))
         return
-    table = Table(title=f"{Path(trace).stem} on {cluster} ({gpu_type}, {slot:g} s slots)")
+    tables = f"{gpu_type}, " if family == DEADLINE else ""
+    table = Table(title=f"{Path(trace).stem} on {cluster} ({tables}{slot:g} s slots)")
     for column in (
         "scheduler",
         "deadline ratio",
@@ -177,9 +213,13 @@ def _plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     try:
         names = [str(r["scheduler"]) for r in rows]
-        ax.bar(names, [r["deadline_ratio"] or 0.0 for r in rows], color="tab:blue")
-        ax.set_ylabel("deadline-satisfactory ratio")
-        ax.set_ylim(0, 1)
+        if any(r["deadline_ratio"] is not None for r in rows):
+            ax.bar(names, [r["deadline_ratio"] or 0.0 for r in rows], color="tab:blue")
+            ax.set_ylabel("deadline-satisfactory ratio")
+            ax.set_ylim(0, 1)
+        else:  # Rubick's traces have no deadlines: compare JCT
+            ax.bar(names, [(r["avg_jct_s"] or 0.0) / 3600 for r in rows], color="tab:blue")
+            ax.set_ylabel("average JCT, hours")
         ax.set_title(title)
         fig.tight_layout()
         fig.savefig(path, dpi=120)
@@ -191,25 +231,29 @@ def _plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 @user_errors
 def bench_cluster(
     schedulers: Annotated[
-        str, typer.Option(help="Comma-separated schedulers to time.")
+        str, typer.Option(help="Comma-separated schedulers to time (any family).")
     ] = ",".join(SCHEDULERS),
     as_json: JsonOpt = False,
 ) -> None:
-    """Time each scheduler on the 195-job ElasticFlow trace (16 x 4 T4, 60 s slots).
-
-    Target: ElasticFlow in <= 5 s (the artifact takes 12-26 s). The 15-day Lyra replay the
-    issue also times is not built yet.
-    """
+    """Time each scheduler on its family's default trace: ElasticFlow's family on the 195-job
+    trace (16 x 4 T4, 60 s slots; target for ElasticFlow <= 5 s, the artifact takes 12-26 s),
+    Rubick's on workload-base (8 x 8 GPUs)."""
     names = [n.strip() for n in schedulers.split(",") if n.strip()]
-    rows = [_run("elasticVpollux_e", "n16g4", "T4", name, 60.0).summary() for name in names]
-    summary = {
-        "trace": "elasticVpollux_e",
-        "runs": {
-            r["scheduler"]: {"wall_s": r["wall_s"], "deadline_ratio": r["deadline_ratio"]}
-            for r in rows
-        },
-        "elasticflow_target_s": 5.0,
-    }
+    for name in names:
+        _check(name)
+    runs = {}
+    for name in names:
+        family = _family([name])
+        row = _run(None, None, "T4", name, 60.0).summary()
+        runs[name] = {
+            "trace": DEFAULTS[family][0],
+            "wall_s": row["wall_s"],
+            "deadline_ratio": row["deadline_ratio"],
+            "avg_jct_s": row["avg_jct_s"],
+        }
+    summary = {"runs": runs, "elasticflow_target_s": 5.0}
+    if "elasticflow" in runs:
+        summary["elasticflow_within_target"] = runs["elasticflow"]["wall_s"] <= 5.0
     if as_json:
         print(json.dumps(summary))
         return

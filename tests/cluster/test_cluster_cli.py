@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from moelambda.cli import app
@@ -46,3 +47,15 @@ def test_bench_cluster_times_each_scheduler() -> None:
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert summary["runs"]["edf"]["wall_s"] > 0 and summary["elasticflow_target_s"] == 5.0
+
+
+def test_rubick_runs_on_its_own_workloads_and_families_do_not_mix() -> None:
+    runner = CliRunner()
+    args = ["cluster", "simulate", "--scheduler", "rubick", "--trace", "naive", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["jobs"] == 10 and summary["deadline_ratio"] is None
+    assert summary["avg_jct_s"] == pytest.approx(895.6, rel=0.01)  # the artifact's own run
+    mixed = runner.invoke(app, ["cluster", "compare", "--schedulers", "rubick,edf"])
+    assert mixed.exit_code == 2 and "different artifacts" in " ".join(mixed.output.split())
