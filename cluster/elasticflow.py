@@ -31,7 +31,7 @@ from cluster.profile import Steps
 from cluster.simulate import Running, overhead_s, run_interval
 from cluster.workload import Cluster, Job, ScalingCurve
 
-__all__ = ["EDF", "ElasticFlow", "elastic_max_gpus", "profiled_max_gpus"]
+__all__ = ["EDF", "ElasticFlow", "buddy_offsets", "elastic_max_gpus", "profiled_max_gpus"]
 
 _ELASTIC_MAX_T4 = {"bert": 16, "cifar10": 16, "yolov3": 4, "ncf": 1}
 _RESTART_EVERY = 60  # rounds between restarts of every trainer (the artifact's)
@@ -298,16 +298,14 @@ class ElasticFlow:
         return order
 
     def _place(self, order: list[Running]) -> None:
-        """Buddy placement, largest jobs first: a job whose (first GPU, count) was placed
-        before since the last restart finds its trainers cached."""
-        offset = 0
-        for entry in sorted(order, key=lambda a: -a.gpus):
-            if not entry.gpus:
-                continue
+        """Place every running job afresh (largest first, as the artifact does); a job whose
+        (first GPU, count) was placed before since the last restart finds its trainers
+        cached."""
+        running = [a for a in order if a.gpus]
+        for entry, offset in zip(running, buddy_offsets([a.gpus for a in running]), strict=True):
             key = offset, entry.gpus
             entry.state["cached"] = key in self.cache
             self.cache.add(key)
-            offset += entry.gpus
 
     def charge(self, now: float, jobs: list[Running], round_index: int) -> None:
         restart = round_index > 0 and round_index % _RESTART_EVERY == 0
@@ -369,6 +367,20 @@ class EDF:
 
     def charge(self, now: float, jobs: list[Running], round_index: int) -> None:
         return None
+
+
+def buddy_offsets(sizes: list[int]) -> list[int]:
+    """The first GPU of each power-of-two block, packed largest first (stable among equal
+    sizes): every block starts at a multiple of its size, so blocks never straddle a node
+    (or a switch) they fit in, and any set of blocks whose sizes sum to at most the cluster
+    fits (buddy allocation with migration, ElasticFlow Sec. 4.3)."""
+    order = sorted(range(len(sizes)), key=lambda i: -sizes[i])
+    offsets = [0] * len(sizes)
+    at = 0
+    for i in order:
+        offsets[i] = at
+        at += sizes[i]
+    return offsets
 
 
 def _by_deadline(jobs: list[Running]) -> list[Running]:
