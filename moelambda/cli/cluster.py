@@ -2,15 +2,18 @@
 
 Two families of schedulers, each replaying its own artifact's traces: ElasticFlow (with and
 without admission control), EDF, Tiresias and Gandiva on the ElasticFlow artifact's traces;
-Rubick and its ablations on the Rubick artifact's workloads. Lyra is not built yet (issue 15).
+Rubick and its ablations on the Rubick artifact's workloads; Lyra and its baselines on a seeded
+generated trace (no Lyra trace is public).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 import typer
 from rich.console import Console
 from rich.progress import Progress
@@ -24,10 +27,28 @@ app.add_typer(cluster_app, name="cluster")
 
 DEADLINE = ("elasticflow", "elasticflow-noadmit", "edf", "tiresias", "gandiva")
 RUBICK = ("rubick", "rubick-e", "rubick-n")
-SCHEDULERS = (*DEADLINE, *RUBICK)
-NOT_YET = ("lyra",)
-# Each family replays its own artifact's traces on its own default cluster.
-DEFAULTS = {DEADLINE: ("elasticVpollux_e", "n16g4"), RUBICK: ("workload-base", "n8g8")}
+# Lyra's schemes (thesis Table 3.5); its Gandiva baseline is `lyra-gandiva` here, to keep
+# `gandiva` for the ElasticFlow artifact's.
+LYRA = (
+    "lyra",
+    "lyra-loaning",
+    "lyra-scaling",
+    "baseline",
+    "opportunistic",
+    "random",
+    "scf",
+    "afs",
+    "lyra-gandiva",
+)
+SCHEDULERS = (*DEADLINE, *RUBICK, *LYRA)
+NOT_YET: tuple[str, ...] = ()
+# Each family replays its own artifact's traces on its own default cluster (Lyra: a seeded
+# generated trace on its fixed training and inference clusters).
+DEFAULTS = {
+    DEADLINE: ("elasticVpollux_e", "n16g4"),
+    RUBICK: ("workload-base", "n8g8"),
+    LYRA: ("generated", "lyra"),
+}
 
 
 def _check(name: str) -> None:
@@ -47,7 +68,8 @@ def _family(names: list[str]) -> tuple[str, ...]:
     if len(families) > 1:
         raise UsageError(
             f"{', '.join(names)} replay different artifacts' traces.",
-            f"compare within one family: {', '.join(DEADLINE)}; or {', '.join(RUBICK)}.",
+            f"compare within one family: {', '.join(DEADLINE)}; or {', '.join(RUBICK)}; "
+            f"or {', '.join(LYRA)}.",
         )
     return families.pop()
 
@@ -87,8 +109,39 @@ GpuTypeOpt = Annotated[str, typer.Option(help="Throughput tables: T4 or A100 (no
 SlotOpt = Annotated[float, typer.Option(help="Scheduling slot, seconds.")]
 
 
+@dataclass(frozen=True)
+class LyraOptions:
+    """What a Lyra replay generates: its trace and, optionally, the inference cluster's hourly
+    GPU demand from a GPU plan of our own at a diurnal request rate."""
+
+    days: float = 15.0
+    jobs: int = 50_000
+    seed: int = 0
+    gpu_plan: Path | None = None
+    peak_rps: float = 0.0
+
+    def inference_demand(self) -> Any:
+        if self.gpu_plan is None:
+            return None
+        if not self.peak_rps > 0:
+            raise UsageError("--gpu-plan needs --peak-rps.", "pass e.g. --peak-rps 20.")
+        from cluster.lyra_trace import diurnal_utilisation, inference_demand_from_gpu_plan
+        from gpu.plan import GpuPlan
+
+        daily = diurnal_utilisation(1.0)
+        hourly = daily.reshape(24, -1).mean(axis=1)  # 5-minute samples to hours
+        days = int(-(-self.days // 1))
+        rates = self.peak_rps * np.tile(hourly / hourly.max(), days)
+        return inference_demand_from_gpu_plan(GpuPlan.load(self.gpu_plan), rates)
+
+
 def _run(
-    trace: str | None, cluster: str | None, gpu_type: str, scheduler: str, slot: float
+    trace: str | None,
+    cluster: str | None,
+    gpu_type: str,
+    scheduler: str,
+    slot: float,
+    lyra: LyraOptions | None = None,
 ) -> Any:
     """One scheduler on one trace, with a progress bar on stderr."""
     from cluster.simulate import simulate as run
@@ -97,9 +150,29 @@ def _run(
     family = _family([scheduler])
     if not slot > 0:
         raise UsageError(f"--slot {slot} is not positive.", "pass e.g. --slot 60.")
-    trace = trace or DEFAULTS[family][0]
-    shape = load_cluster(cluster or DEFAULTS[family][1])
     with Progress(console=err, transient=True) as bar:
+        if family == LYRA:
+            from cluster.lyra import simulate_lyra
+
+            if trace not in (None, "generated") or cluster not in (None, "lyra"):
+                raise UsageError(
+                    "Lyra replays its own generated trace on its own clusters.",
+                    "drop --trace and --cluster; use --days, --jobs, --seed (and --gpu-plan).",
+                )
+            options = lyra or LyraOptions()
+            task = bar.add_task(f"{scheduler}, {options.days:g} days", total=options.jobs)
+            result = simulate_lyra(
+                scheduler="gandiva" if scheduler == "lyra-gandiva" else scheduler,
+                days=options.days,
+                jobs=options.jobs,
+                seed=options.seed,
+                inference_demand=options.inference_demand(),
+                progress=lambda done, total: bar.update(task, completed=done, total=total),
+            )
+            result.scheduler = scheduler
+            return result
+        trace = trace or DEFAULTS[family][0]
+        shape = load_cluster(cluster or DEFAULTS[family][1])
         if family == RUBICK:
             from cluster.rubick import simulate_rubick
 
@@ -130,6 +203,19 @@ def _run(
         )
 
 
+DaysOpt = Annotated[float, typer.Option(help="Lyra: days of generated trace.")]
+JobsOpt = Annotated[int, typer.Option(help="Lyra: training jobs in the generated trace.")]
+SeedOpt = Annotated[int, typer.Option(help="Lyra: the trace generator's seed.")]
+GpuPlanOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="Lyra: take the inference cluster's hourly GPU demand from this GPU plan "
+        "(moelambda gpu-plan) at a diurnal request rate peaking at --peak-rps."
+    ),
+]
+PeakOpt = Annotated[float, typer.Option(help="Lyra: peak requests per second (--gpu-plan).")]
+
+
 @cluster_app.command()
 @user_errors
 def simulate(
@@ -140,11 +226,17 @@ def simulate(
         str, typer.Option(help=f"One of: {', '.join(SCHEDULERS)}.")
     ] = "elasticflow",
     slot: SlotOpt = 60.0,
+    days: DaysOpt = 15.0,
+    jobs: JobsOpt = 50_000,
+    seed: SeedOpt = 0,
+    gpu_plan: GpuPlanOpt = None,
+    peak_rps: PeakOpt = 0.0,
     as_json: JsonOpt = False,
 ) -> None:
     """Replay a trace under one scheduler: deadline-satisfactory ratio, JCT, makespan,
     preemptions, GPU utilisation, and the simulator's own wall time."""
-    summary = _run(trace, cluster, gpu_type, scheduler, slot).summary()
+    lyra = LyraOptions(days, jobs, seed, gpu_plan, peak_rps)
+    summary = _run(trace, cluster, gpu_type, scheduler, slot, lyra).summary()
     if as_json:
         print(json.dumps(summary))
         return
@@ -161,6 +253,9 @@ def compare(
         str, typer.Option(help="Comma-separated schedulers of one family to run.")
     ] = ",".join(DEADLINE),
     slot: SlotOpt = 60.0,
+    days: DaysOpt = 15.0,
+    jobs: JobsOpt = 50_000,
+    seed: SeedOpt = 0,
     plot: Annotated[
         Path | None, typer.Option(help="Write a bar chart of the deadline ratios (PNG).")
     ] = None,
@@ -171,8 +266,9 @@ def compare(
     if not names:
         raise UsageError("--schedulers is empty.", f"pass e.g. {','.join(SCHEDULERS)}.")
     family = _family(names)  # refuse unknown or mixed names before running anything
+    lyra = LyraOptions(days, jobs, seed)
+    rows = [_run(trace, cluster, gpu_type, name, slot, lyra).summary() for name in names]
     trace, cluster = trace or DEFAULTS[family][0], cluster or DEFAULTS[family][1]
-    rows = [_run(trace, cluster, gpu_type, name, slot).summary() for name in names]
     if plot is not None:
         _plot(rows, plot, f"{Path(trace).stem} on {cluster}")
     if as_json:
@@ -232,12 +328,13 @@ def _plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 def bench_cluster(
     schedulers: Annotated[
         str, typer.Option(help="Comma-separated schedulers to time (any family).")
-    ] = ",".join(SCHEDULERS),
+    ] = ",".join((*DEADLINE, "rubick", "lyra")),
     as_json: JsonOpt = False,
 ) -> None:
     """Time each scheduler on its family's default trace: ElasticFlow's family on the 195-job
     trace (16 x 4 T4, 60 s slots; target for ElasticFlow <= 5 s, the artifact takes 12-26 s),
-    Rubick's on workload-base (8 x 8 GPUs)."""
+    Rubick's on workload-base (8 x 8 GPUs), Lyra's on its 15-day 50,000-job generated trace
+    (target <= 2 minutes)."""
     names = [n.strip() for n in schedulers.split(",") if n.strip()]
     for name in names:
         _check(name)
@@ -251,9 +348,11 @@ def bench_cluster(
             "deadline_ratio": row["deadline_ratio"],
             "avg_jct_s": row["avg_jct_s"],
         }
-    summary = {"runs": runs, "elasticflow_target_s": 5.0}
+    summary: dict[str, Any] = {"runs": runs, "elasticflow_target_s": 5.0, "lyra_target_s": 120.0}
     if "elasticflow" in runs:
         summary["elasticflow_within_target"] = runs["elasticflow"]["wall_s"] <= 5.0
+    if "lyra" in runs:
+        summary["lyra_within_target"] = runs["lyra"]["wall_s"] <= 120.0
     if as_json:
         print(json.dumps(summary))
         return

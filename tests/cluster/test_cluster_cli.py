@@ -59,3 +59,53 @@ def test_rubick_runs_on_its_own_workloads_and_families_do_not_mix() -> None:
     assert summary["avg_jct_s"] == pytest.approx(895.6, rel=0.01)  # the artifact's own run
     mixed = runner.invoke(app, ["cluster", "compare", "--schedulers", "rubick,edf"])
     assert mixed.exit_code == 2 and "different artifacts" in " ".join(mixed.output.split())
+
+
+def test_lyra_replays_a_generated_trace_and_takes_demand_from_a_gpu_plan(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A short generated trace; with --gpu-plan the inference cluster's hourly demand is the
+    plan's GPUs times the copies a diurnal request rate needs (peaking in the evening)."""
+    from gpu.plan import GpuLayerPlan, GpuPlan, Hosted
+
+    runner = CliRunner()
+    small = ["--days", "1", "--jobs", "600", "--json"]
+    result = runner.invoke(app, ["cluster", "simulate", "--scheduler", "lyra-gandiva", *small])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["scheduler"] == "lyra-gandiva"
+    layer = GpuLayerPlan(
+        layer=0,
+        placement=[[Hosted(expert=e, share=1.0)] for e in range(4)],
+        order="rank",
+        a2a_rounds=0,
+        a2a_s=0.0,
+        lower_bound_s=0.0,
+        layer_s=0.0,
+    )
+    plan = GpuPlan(
+        scheduler="lina",
+        model={"name": "minilm", "experts": 4, "top_k": 2},
+        gpu_types=["T4"] * 4,
+        tokens=512,
+        layers=[layer],
+        total_s=0.5,
+        cost_per_million_tokens_usd=0.0,
+    )
+    plan.save(tmp_path / "plan.json")
+    args = ["cluster", "simulate", "--scheduler", "lyra", *small]
+    run = runner.invoke(
+        app, [*args, "--gpu-plan", str(tmp_path / "plan.json"), "--peak-rps", "50"]
+    )
+    assert run.exit_code == 0, run.output
+    from moelambda.cli.cluster import LyraOptions
+
+    demand = {
+        rps: LyraOptions(1.0, 600, 0, tmp_path / "plan.json", rps).inference_demand()
+        for rps in (5.0, 50.0)
+    }
+    assert demand[5.0].shape == (24,) and (demand[5.0] % 4 == 0).all()  # whole 4-GPU copies
+    assert demand[50.0].max() > demand[5.0].max() and demand[50.0].argmax() >= 19  # evening peak
+    for extra, error in (
+        (["--gpu-plan", str(tmp_path / "plan.json")], "needs --peak-rps"),
+        (["--trace", "elasticVpollux_e"], "its own generated trace"),
+    ):
+        refused = runner.invoke(app, [*args, *extra])
+        assert refused.exit_code == 2 and error in " ".join(refused.output.split()), extra
