@@ -60,7 +60,6 @@ __all__ = [
     "Scheme",
     "replay",
     "run_lyra",
-    "simulate_lyra",
 ]
 
 EPOCH_S = 60.0  # job-scheduler period [A]; the orchestrator runs every TICK_S
@@ -474,23 +473,3 @@ def run_lyra(
         )
     trace = generate_trace(days=days, jobs=jobs, seed=seed, inference_demand=inference_demand)
     return replay(trace, scheduler, seed=seed, progress=progress)
-
-
-def simulate_lyra(
-    *,
-    scheduler: str = "lyra",
-    days: float = 15,
-    jobs: int = 50_000,
-    seed: int = 0,
-    inference_demand: np.ndarray | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> Result:
-    """The `cluster.simulate.Result` of one Lyra replay (`run_lyra` also returns `LyraStats`)."""
-    return run_lyra(
-        scheduler=scheduler,
-        days=days,
-        jobs=jobs,
-        seed=seed,
-        inference_demand=inference_demand,
-        progress=progress,
-    ).result

@@ -152,7 +152,7 @@ def _run(
         raise UsageError(f"--slot {slot} is not positive.", "pass e.g. --slot 60.")
     with Progress(console=err, transient=True) as bar:
         if family == LYRA:
-            from cluster.lyra import simulate_lyra
+            from cluster.lyra import run_lyra
 
             if trace not in (None, "generated") or cluster not in (None, "lyra"):
                 raise UsageError(
@@ -161,14 +161,14 @@ def _run(
                 )
             options = lyra or LyraOptions()
             task = bar.add_task(f"{scheduler}, {options.days:g} days", total=options.jobs)
-            result = simulate_lyra(
+            result = run_lyra(
                 scheduler="gandiva" if scheduler == "lyra-gandiva" else scheduler,
                 days=options.days,
                 jobs=options.jobs,
                 seed=options.seed,
                 inference_demand=options.inference_demand(),
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
-            )
+            ).result
             result.scheduler = scheduler
             return result
         trace = trace or DEFAULTS[family][0]

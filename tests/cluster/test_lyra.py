@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from cluster.lyra import LYRA_SCHEDULERS, replay, run_lyra, simulate_lyra
+from cluster.lyra import LYRA_SCHEDULERS, replay, run_lyra
 from cluster.lyra_cluster import Cluster
 from cluster.lyra_mckp import (
     flex_items,
@@ -198,11 +198,11 @@ def test_inference_demand_from_gpu_plan():
 
 def test_bad_input():
     with pytest.raises(UsageError):
-        simulate_lyra(scheduler="pollux", days=1, jobs=10)
+        run_lyra(scheduler="pollux", days=1, jobs=10)
     with pytest.raises(UsageError):
-        simulate_lyra(days=0, jobs=10)
+        run_lyra(days=0, jobs=10)
     with pytest.raises(UsageError):
-        simulate_lyra(days=1, jobs=0)
+        run_lyra(days=1, jobs=0)
 
 
 @pytest.fixture(scope="module")
