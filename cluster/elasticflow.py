@@ -1,8 +1,9 @@
 """ElasticFlow (ASPLOS'23) and its deadline-ordered baseline EDF, as its artifact runs them.
 
-Both plan on a free-GPU profile: `free[k]` GPUs idle in slot k from now (slots of `slot_s`,
-the profile's breakpoints are always on that grid; beyond the array every GPU is free). A
-*period* is a run of slots with the same free count; the slot holding a deadline is cut at it.
+Both plan on a free-GPU profile (`cluster.profile.Steps`): the GPUs idle in each slot from now
+(slots of `slot_s`: every breakpoint a plan makes is on that grid), every GPU free past its
+last breakpoint. A *period* is a run of slots with the same free count; the slot holding a
+deadline is cut at it.
 
 ElasticFlow gives each job, in deadline order, its minimum satisfactory share (MSS): the
 smallest cap c (a level of its curve) such that, filling its periods backwards from the
