@@ -161,12 +161,14 @@ class Gandiva:
                     self.free_nodes += s.nodes
                     sets.remove(s)
                     self.released = True
-        for entry in jobs:
-            entry.overhead = 0.0
+        for entry in jobs:  # the artifact clears the overhead only of jobs that ever waited
+            if entry.state.get("waited"):
+                entry.overhead = 0.0
 
     def arrive(self, now: float, new: list[Running], jobs: list[Running]) -> list[Running]:
         for entry in new:
             if not self._place(entry):
+                entry.state["waited"] = True
                 self.pending.append(entry)
         return new
 
