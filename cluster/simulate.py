@@ -65,7 +65,6 @@ class Running:
     overhead: float = 0.0  # seconds of the current interval lost to scaling
     end: float = math.inf  # the planned end: the job leaves the system at this event
     judged: float = math.inf  # the end its deadline is judged by
-    started: bool = False
     executed: float = 0.0  # seconds run
     attained: float = 0.0  # GPU-seconds run
     state: dict[str, Any] = field(default_factory=dict)  # the policy's own bookkeeping
@@ -206,7 +205,6 @@ def simulate(
             raise AssertionError(f"{policy.name} allocated {held} of {cluster.gpus} GPUs")
         for entry in active:
             preemptions += bool(before[id(entry)] and not entry.gpus)
-            entry.started |= entry.gpus > 0
         coming = (
             [submits[i] for i in (seen, after[seen]) if i < len(submits)]
             if seen < len(submits)
