@@ -149,7 +149,6 @@ class Gandiva:
                 running = s.jobs[: s.capacity]
                 for entry in running:
                     entry.executed += max(elapsed - entry.overhead, 0.0)
-                    entry.attained += max(elapsed - entry.overhead, 0.0) * entry.job.gpus
                     entry.overhead = 0.0
                     if entry.executed >= entry.job.duration:
                         entry.judged = now - (entry.executed - entry.job.duration)

@@ -66,7 +66,6 @@ class Running:
     end: float = math.inf  # the planned end: the job leaves the system at this event
     judged: float = math.inf  # the end its deadline is judged by
     executed: float = 0.0  # seconds run
-    attained: float = 0.0  # GPU-seconds run
     state: dict[str, Any] = field(default_factory=dict)  # the policy's own bookkeeping
 
     def rate(self, gpus: int) -> float:
@@ -149,7 +148,6 @@ def run_interval(jobs: list[Running], now: float, elapsed: float) -> None:
             entry.end = now
         entry.iter_left -= work
         entry.executed += run
-        entry.attained += run * entry.gpus
         entry.overhead = 0.0
 
 

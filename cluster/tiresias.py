@@ -42,7 +42,7 @@ class Tiresias:
 
     def arrive(self, now: float, new: list[Running], jobs: list[Running]) -> list[Running]:
         for entry in new:
-            entry.state.update(queue=0, executed=0.0, checked=now)
+            entry.state.update(queue=0, checked=now)
             self.queues[0].append(entry)
         return new
 
@@ -55,12 +55,10 @@ class Tiresias:
                 continue
             if entry.gpus:
                 run = max(int(now - state["checked"]) - entry.overhead, 0)
-                state["executed"] += run
                 entry.executed += run
-                entry.attained += run * entry.gpus
                 entry.overhead = 0.0
                 q = state["queue"]
-                if q < len(_LIMITS) and state["executed"] * entry.job.gpus >= _LIMITS[q]:
+                if q < len(_LIMITS) and entry.executed * entry.job.gpus >= _LIMITS[q]:
                     self.queues[q].remove(entry)
                     self.queues[q + 1].append(entry)
                     state["queue"] = q + 1
@@ -95,9 +93,7 @@ class Tiresias:
             entry.end = max(now + self.slot, entry.judged)
             q = entry.state["queue"]
             if q < len(_LIMITS):
-                jump = int(
-                    math.ceil((_LIMITS[q] - entry.state["executed"]) / entry.job.gpus) + now
-                )
+                jump = int(math.ceil((_LIMITS[q] - entry.executed) / entry.job.gpus) + now)
                 wake = min(wake, max(jump, now + self.slot))
         return wake
 
