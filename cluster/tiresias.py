@@ -92,7 +92,7 @@ class Tiresias:
             entry.judged = int(now + remaining)
             entry.end = max(now + self.slot, entry.judged)
             q = entry.state["queue"]
-            if q < len(_LIMITS):
+            if q < len(_LIMITS):  # the artifact divides seconds, not GPU-seconds, by the GPUs
                 jump = int(math.ceil((_LIMITS[q] - entry.executed) / entry.job.gpus) + now)
                 wake = min(wake, max(jump, now + self.slot))
         return wake
