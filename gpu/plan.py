@@ -10,7 +10,7 @@ The model reference is what the run needs to load the same weights and routing t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -69,6 +69,7 @@ class GpuModelRef(_Strict):
     experts: int = Field(ge=1)
     top_k: int = Field(ge=1)
     moefy_seed: int = 0
+    moefy: dict[str, Any] | None = None  # `moe.MoefyOptions.describe()`; None: native MoE
 
 
 class GpuPlan(_Strict):

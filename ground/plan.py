@@ -114,6 +114,10 @@ class ModelRef(_Strict):
     token_bytes_in: int
     token_bytes_out: int
     stages: list[StageEntry]
+    # The MoEfication (`moe.MoefyOptions.describe()`) and the served model's quality against the
+    # dense one (`moe.Quality`); None for native MoE models and plans made before them.
+    moefy: dict[str, Any] | None = None
+    quality: dict[str, Any] | None = None
 
 
 class Totals(_Strict):

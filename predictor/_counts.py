@@ -11,7 +11,7 @@ each count's q-quantile, which a plan at a confidence level sizes for.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -34,6 +34,9 @@ class PredictedCounts(BaseModel):
     experts: int = Field(ge=1)
     top_k: int = Field(ge=1)
     seed: int = Field(default=0, ge=0, description="The seed the model was MoEfied with.")
+    moefy: dict[str, Any] | None = Field(
+        default=None, description="The MoEfication options (`moe.MoefyOptions.describe()`)."
+    )
     tokens: int = Field(ge=1, description="Tokens in the predicted batch.")
     method: str
     counts: list[list[float]] = Field(description="(layers, experts) predicted tokens.")

@@ -109,6 +109,13 @@ def gpu_plan(
             f"experts, --gpus is {gpus}.",
             f"pass --gpus {trace.num_experts}, or --scheduler lina or vanilla to pack experts.",
         )
+    if (trace.experts >= trace.num_experts).any():
+        raise UsageError(
+            f"the trace in {traces} routes tokens to a variable number of experts (adaptive "
+            "top-k); the GPU backend dispatches a fixed top-k.",
+            "profile the model with an integer --top-k for gpu-plan; adaptive routing is "
+            "planned and served on Lambda (`moelambda plan`).",
+        )
     manifest = manifest_of_trace(trace)
     with err.status(f"planning {trace.num_layers} MoE layers on {gpus} GPUs ({scheduler})"):
         try:

@@ -163,6 +163,7 @@ def predict(
             experts=trace.num_experts,
             top_k=trace.top_k,
             seed=int(trace.meta.get("moefy_seed", 0)),
+            moefy=trace.meta.get("moefy"),
             tokens=batch.num_tokens,
             method=chosen,
             counts=first.counts.round(4).tolist(),

@@ -93,7 +93,7 @@ def run_local(
             "run-local runs real weights: plan a model you have (--traces or --counts); "
             "`moelambda synth` works for shapes.",
         )
-    model = load_with_status(ref.model, ref.experts, ref.top_k, ref.seed, True)
+    model = load_with_status(ref.model, ref.experts, ref.top_k, ref.seed, True, ref.moefy)
     ids = _batch(model.tokenizer, text, tokens or document.totals.tokens, corpus, seed, max_tokens)
     with err.status(f"running the monolithic model on {ids.size:,} tokens"):
         reference, counts = _reference(model, ids, ref.experts)
@@ -174,7 +174,7 @@ def _batch(
     if text is not None:
         encoded = tokenizer([text], return_tensors="np", truncation=True, max_length=max_tokens)
         return encoded["input_ids"]
-    from moelambda.corpus import load_corpus, make_windows
+    from moe import load_corpus, make_windows
 
     with err.status("cutting the corpus into windows"):
         source = load_corpus(corpus or "wiki")
@@ -194,7 +194,9 @@ def _reference(model: Any, ids: np.ndarray, experts: int) -> tuple[np.ndarray, n
         routing: list = []
         chunk = torch.from_numpy(ids[start : start + DEFAULT_BATCH])
         outputs.append(model.forward(chunk, reference=True, routing=routing).numpy())
-        counts.append([np.bincount(r.experts.reshape(-1), minlength=experts) for r in routing])
+        counts.append(
+            [np.bincount(r.experts.reshape(-1), minlength=experts + 1)[:experts] for r in routing]
+        )
     return np.concatenate(outputs), np.sum(counts, axis=0)
 
 
