@@ -136,11 +136,12 @@ def run_interval(jobs: list[Running], now: float, elapsed: float) -> None:
         run = elapsed
         if now > entry.judged:
             run -= now - entry.judged  # the artifact counts no work past the promised end
-        run = run - entry.overhead if run >= entry.overhead else 0.0
         if run <= 0:
-            # Kept past that end by the overhead, a job would make no progress again (and
-            # with rounds a slot apart never leave): it runs on the GPUs it still holds.
-            run = max(elapsed - entry.overhead, 0.0)
+            raise AssertionError(
+                f"job {entry.job.id} was promised an end before the last event: the artifact "
+                "asserts this never happens (`run_all_jobs`)"
+            )
+        run = run - entry.overhead if run >= entry.overhead else 0.0
         rate = entry.rate(entry.gpus)
         work = run * rate
         if entry.iter_left <= work and entry.end > now:
@@ -208,6 +209,8 @@ def simulate(
             if seen < len(submits)
             else []
         )
+        if wake >= min((*(a.end for a in active), *coming), default=math.inf):
+            wake = math.inf  # a wake-up counts only before every pending event (the artifact)
         events = [wake, *(a.end for a in active), *coming]
         if any(math.isfinite(t) for t in events):  # the artifact charges only then
             policy.charge(now, active, rounds)

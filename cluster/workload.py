@@ -94,8 +94,12 @@ class ScalingCurve:
 
 @dataclass(frozen=True)
 class Cluster:
+    """Nodes of equal GPUs, behind `switches` switches of equal size. The switches matter
+    only to ElasticFlow's placement: the artifact numbers nodes within each switch."""
+
     nodes: int
     gpus_per_node: int
+    switches: int = 1
 
     @property
     def gpus(self) -> int:
@@ -103,11 +107,13 @@ class Cluster:
 
 
 def load_cluster(spec: str | Path) -> Cluster:
-    """`n16g4` (16 nodes of 4 GPUs) or a cluster-spec CSV of the artifact's format."""
+    """`n16g4` (16 nodes of 4 GPUs; a shape the artifact ships, such as n64g8, with the
+    artifact's switches) or a cluster-spec CSV of the artifact's format."""
     match = _SHAPE.fullmatch(str(spec))
-    if match:
+    shipped = _EF / "cluster_specs" / f"{spec}.csv"
+    if match and not shipped.is_file():
         return Cluster(int(match[1]), int(match[2]))
-    path = Path(spec)
+    path = shipped if match else Path(spec)
     if not path.is_file():
         raise UsageError(
             f"cluster '{spec}' is neither a shape like n16g4 nor a file.",
@@ -115,8 +121,9 @@ def load_cluster(spec: str | Path) -> Cluster:
         )
     with path.open() as f:
         row = next(csv.DictReader(f))
-    nodes = int(row["num_switch"]) * int(row["num_node_p_switch"])
-    return Cluster(nodes, int(row["num_gpu_p_node"]))
+    switches = int(row["num_switch"])
+    nodes = switches * int(row["num_node_p_switch"])
+    return Cluster(nodes, int(row["num_gpu_p_node"]), switches)
 
 
 def load_curves(gpu_type: str) -> dict[tuple[str, int], ScalingCurve]:

@@ -75,7 +75,8 @@ def _family(names: list[str]) -> tuple[str, ...]:
 
 
 def _policy(name: str, cluster: Any, curves: Any, gpu_type: str, slot_s: float) -> Any:
-    from cluster.elasticflow import EDF, ElasticFlow
+    from cluster.edf import EDF
+    from cluster.elasticflow import ElasticFlow
     from cluster.gandiva import Gandiva
     from cluster.tiresias import Tiresias
 
