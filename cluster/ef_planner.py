@@ -4,11 +4,11 @@ The artifact's `ef_sim_allocation` (scheduler.py of pkusys/ElasticFlow, commit 0
 one job GPUs per period of a free-GPU profile. Its numbers depend on details the paper does
 not state, so each is reproduced here and named (the artifact's variable in brackets):
 
-- A profile is a step function of free GPUs over slots from now (`Profile`); it is kept
-  merged (`utils.merge_dict`): a breakpoint whose value equals the previous one is dropped,
-  and the periods a plan walks are the runs between breakpoints. The deadline's slot
-  (`aligned_ddl`, the deadline rounded up to the slot grid) is added as a breakpoint while
-  planning, and the period ending there lasts only to the exact deadline.
+- A profile is a step function of free GPUs over slots from now; it is kept merged
+  (`utils.merge_dict`): a breakpoint whose value equals the previous one is dropped, and the
+  periods a plan walks are the runs between breakpoints. The deadline's slot (`aligned_ddl`,
+  the deadline rounded up to the slot grid) is added as a breakpoint while planning, and the
+  period ending there lasts only to the exact deadline.
 - **MSS.** For each level of the job's curve in turn (a cap), the periods from the deadline
   back to the start are filled at min(cap, the largest level that fits the free GPUs); the
   first cap whose backward fill reaches the job's remaining iterations wins. The job then runs
@@ -36,15 +36,22 @@ not state, so each is reproduced here and named (the artifact's variable in brac
 The states the artifact asserts never happen (a profile below zero, a job planned with no
 iterations left or at zero GPUs) raise `PlanError`: a replay that reaches them has left the
 artifact's semantics.
+
+The planner is compiled with numba (`_plan`, over arrays): ElasticFlow estimates a plan for
+every job after every GPU it hands out, about 10^7 plans on the largest ITP trace. The
+arithmetic is the artifact's, operation for operation (numba does not reorder or fuse
+floating-point operations), so the compiled plans equal the interpreted ones bit for bit.
 """
 
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass
 
-__all__ = ["Demand", "Plan", "PlanError", "Profile", "gpu_seconds", "plan"]
+import numpy as np
+from numba import njit
+
+__all__ = ["Demand", "Plan", "PlanError", "Profile", "Tables", "plan"]
 
 
 class PlanError(AssertionError):
@@ -62,50 +69,17 @@ class Profile:
     def constant(cls, gpus: int) -> Profile:
         return cls((0,), (gpus,))
 
-    @classmethod
-    def merged(cls, keys: list[int], vals: list[int]) -> Profile:
-        """Drop every breakpoint whose value equals the one kept before it (the first stays)."""
-        out_k: list[int] = []
-        out_v: list[int] = []
-        for k, v in zip(keys, vals, strict=True):
-            if out_v and out_v[-1] == v:
-                continue
-            out_k.append(k)
-            out_v.append(v)
-        return cls(tuple(out_k), tuple(out_v))
-
-    def at(self, slot: int) -> int:
-        return self.vals[bisect_right(self.keys, slot) - 1]
-
-    def with_job(self, alloc: tuple[tuple[int, int], ...], end: int) -> Profile:
-        """This profile with a job's allocation added back up to its planned end (what the
-        artifact's `get_marginal` frees before estimating a larger allocation)."""
-        points = sorted({*self.keys, end, *(k for k, _ in alloc)})
-        a_keys = [k for k, _ in alloc]
-        vals = []
-        for t in points:
-            held = alloc[bisect_right(a_keys, t) - 1][1] if t < end and t >= a_keys[0] else 0
-            vals.append(self.at(t) + held)
-        return Profile.merged(points, vals)
-
 
 @dataclass(frozen=True, slots=True)
 class Demand:
     """What the planner reads of a job: iterations left, absolute deadline, its levels (GPU
-    counts up to its limit, ascending) and throughput at each."""
+    counts up to its limit, ascending) and throughput at each, and its limit."""
 
     iter_left: float
     deadline: float
     levels: tuple[int, ...]
     rate: dict[int, float]
     max_gpus: int
-
-    def fits(self, free: int) -> int:
-        """The largest level <= `free` GPUs, 0 when none (the artifact's `get_last_level`)."""
-        if free == -1:
-            raise PlanError("a profile reached -1 free GPUs")
-        i = bisect_right(self.levels, free)
-        return self.levels[i - 1] if i else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,53 +94,26 @@ class Plan:
     ok: bool
     free: Profile
 
-    @property
-    def gpus_now(self) -> int:
-        return self.alloc[0][1]
-
     def next_change(self) -> int | None:
         """The first breakpoint of its allocation after now: where the artifact schedules a
         scale event (`add_job_scale_event_new`)."""
         return self.alloc[1][0] if len(self.alloc) > 1 else None
 
 
-def gpu_seconds(alloc: tuple[tuple[int, int], ...], end: int, slot_s: float) -> float:
-    """GPU-time of an allocation to `end` (the artifact's `get_allocation_time`): each
-    breakpoint's GPUs to the next breakpoint, the last one's to `end`."""
-    total = 0.0
-    for (k, g), (k2, _) in zip(alloc, alloc[1:], strict=False):
-        total += g * ((k2 - k) * slot_s)
-    last_k, last_g = alloc[-1]
-    return total + last_g * ((end - last_k) * slot_s)
+class Tables:
+    """A job type's levels, throughput by GPU count (NaN where not profiled) and the largest
+    level that fits each count of free GPUs (0..cluster): what the compiled planner reads."""
 
-
-def _align(seconds: float, slot_s: float) -> int:
-    """Seconds rounded up to whole slots, negative values too (`utils.align_to_time_slot`)."""
-    q, r = divmod(seconds, slot_s)
-    return int(q) + (r > 0)
-
-
-class _Work:
-    """The profile being planned on (`new_future_free_gpus`): sorted keys and their values."""
-
-    __slots__ = ("keys", "val")
-
-    def __init__(self, free: Profile) -> None:
-        self.keys = list(free.keys)
-        self.val = dict(zip(free.keys, free.vals, strict=True))
-
-    def put(self, key: int, value: int) -> None:
-        if key not in self.val:
-            insort(self.keys, key)
-        self.val[key] = value
-
-    def take(self, key: int, gpus: int) -> None:
-        self.val[key] -= gpus
-        if self.val[key] < 0:
-            raise PlanError(f"a plan takes {gpus} GPUs where fewer are free")
-
-    def profile(self) -> Profile:
-        return Profile.merged(self.keys, [self.val[k] for k in self.keys])
+    def __init__(self, levels: tuple[int, ...], rate: dict[int, float], gpus: int) -> None:
+        self.levels = np.array(levels, dtype=np.int64)
+        top = max(max(rate), gpus)
+        self.rate = np.full(top + 1, np.nan)
+        for g, r in rate.items():
+            self.rate[g] = r
+        self.fit = np.zeros(gpus + 1, dtype=np.int64)
+        for g in levels:
+            if g <= gpus:
+                self.fit[g:] = g
 
 
 def plan(
@@ -179,198 +126,311 @@ def plan(
 ) -> Plan:
     """The job's plan from now on `free` (see the module doc); with `assign`, the estimate
     with that many GPUs from now (the artifact's scale-up estimate)."""
-    left = job.iter_left
-    if not left > 0:
+    tables = Tables(job.levels, job.rate, cluster_gpus)
+    keys = np.array(free.keys, dtype=np.int64)
+    vals = np.array(free.vals, dtype=np.int64)
+    ak, av, end, real, ok, pk, pv = _plan(
+        job.iter_left, job.deadline, tables.levels, tables.rate, tables.fit, job.max_gpus,
+        keys, vals, len(keys), now_s, slot_s, cluster_gpus, -1 if assign is None else assign,
+    )  # fmt: skip
+    return Plan(
+        tuple(zip(ak.tolist(), av.tolist(), strict=True)),
+        int(end),
+        float(real),
+        bool(ok),
+        Profile(tuple(pk.tolist()), tuple(pv.tolist())),
+    )
+
+
+@njit(cache=True)
+def _align(seconds: float, slot_s: float) -> int:
+    """Seconds rounded up to whole slots, negative values too (`utils.align_to_time_slot`,
+    with Python's float floor division and remainder)."""
+    mod = np.fmod(seconds, slot_s)
+    div = (seconds - mod) / slot_s
+    if mod != 0.0 and ((slot_s < 0.0) != (mod < 0.0)):
+        mod += slot_s
+        div -= 1.0
+    q = math.floor(div)
+    if div - q > 0.5:
+        q += 1.0
+    return int(q) + (1 if mod > 0.0 else 0)
+
+
+@njit(cache=True)
+def _seconds(a: int, b: int, d_slot: int, ddl: float, now_s: float, slot_s: float) -> float:
+    """A period's length; the one ending at the deadline's slot ends at the deadline."""
+    if b == d_slot:
+        return ddl - (now_s + a * slot_s)
+    return (b - a) * slot_s
+
+
+@njit(cache=True)
+def _take(wv: np.ndarray, i: int, gpus: int) -> None:
+    wv[i] -= gpus
+    if wv[i] < 0:
+        raise PlanError("a plan takes GPUs where fewer are free")
+
+
+@njit(cache=True)
+def _find(keys: np.ndarray, m: int, key: int) -> int:
+    for i in range(m):
+        if keys[i] == key:
+            return i
+    return -1
+
+
+@njit(cache=True)
+def _put(wk: np.ndarray, wv: np.ndarray, m: int, key: int, value: int) -> int:
+    """Set a breakpoint's value, inserting it in order if new; the new count of keys."""
+    i = 0
+    while i < m and wk[i] < key:
+        i += 1
+    if i < m and wk[i] == key:
+        wv[i] = value
+        return m
+    for j in range(m, i, -1):
+        wk[j] = wk[j - 1]
+        wv[j] = wv[j - 1]
+    wk[i] = key
+    wv[i] = value
+    return m + 1
+
+
+@njit(cache=True)
+def _merged(keys: np.ndarray, vals: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Keys with a set value (>= 0), dropping each whose value equals the previous kept one."""
+    ok = np.empty(m, np.int64)
+    ov = np.empty(m, np.int64)
+    n = 0
+    for i in range(m):
+        if vals[i] < 0 or (n > 0 and ov[n - 1] == vals[i]):
+            continue
+        ok[n] = keys[i]
+        ov[n] = vals[i]
+        n += 1
+    return ok[:n], ov[:n]
+
+
+@njit(cache=True)
+def _plan(left, ddl, levels, rate, fit, max_gpus, fk, fv, n, now_s, slot_s, gpus, assign):  # type: ignore[no-untyped-def]
+    """The compiled planner: `plan` over arrays (profile `fk`, `fv` of `n` breakpoints;
+    `assign` < 0 for none). Returns the merged allocation, the planned end (slots), the real
+    end (seconds), whether it meets the deadline, and the merged profile left free."""
+    if not left > 0.0:
         raise PlanError("a job is planned with no iterations left")
-    ddl = job.deadline
     d_slot = _align(ddl - now_s, slot_s)
-    orig = dict(zip(free.keys, free.vals, strict=True))
-    work = _Work(free)
-    last_free: int | None = None  # the artifact's `last_event_gpu`, carried across paths
-    if d_slot not in orig and d_slot >= 0:
-        last_free = work.val[work.keys[bisect_left(work.keys, d_slot) - 1]]
-        work.put(d_slot, last_free)
-    alloc: dict[int, int] = {0: 0}
+    size = n + 2
+    wk = np.empty(size, np.int64)
+    wv = np.empty(size, np.int64)
+    ov = np.empty(size, np.int64)  # the original profile's value at its own breakpoints
+    orig = np.zeros(size, np.bool_)
+    last_free = 0  # the artifact's `last_event_gpu`, carried across paths
+    has_last = False
+    add_d = d_slot >= 0 and _find(fk, n, d_slot) < 0
+    m = 0
+    for i in range(n):
+        if add_d and fk[i] > d_slot:
+            last_free = wv[m - 1]
+            has_last = True
+            wk[m], wv[m] = d_slot, last_free
+            m += 1
+            add_d = False
+        wk[m], wv[m], ov[m], orig[m] = fk[i], fv[i], fv[i], True
+        m += 1
+    if add_d:
+        last_free = wv[m - 1]
+        has_last = True
+        wk[m], wv[m] = d_slot, last_free
+        m += 1
+    av = np.full(size, -1, np.int64)
+    av[0] = 0
     start = 0
 
-    def seconds(a: int, b: int) -> float:
-        """A period's length; the one ending at the deadline's slot ends at the deadline."""
-        if b == d_slot:
-            return ddl - (now_s + a * slot_s)
-        return (b - a) * slot_s
-
-    def done(alloc_end: int, real: float, ok: bool) -> Plan:
-        merged = Profile.merged(sorted(alloc), [alloc[k] for k in sorted(alloc)])
-        return Plan(
-            tuple(zip(merged.keys, merged.vals, strict=True)), alloc_end, real, ok, work.profile()
-        )
-
-    if assign is not None:
-        nxt = next((k for k in free.keys if k > 0), d_slot)
-        alloc[0] = assign
-        real = math.ceil(now_s + left / job.rate[assign])
+    if assign >= 0:
+        nxt = d_slot
+        for i in range(n):
+            if fk[i] > 0:
+                nxt = fk[i]
+                break
+        av[0] = assign
+        real = float(math.ceil(now_s + left / rate[assign]))
         end = _align(real - now_s, slot_s)
         if nxt >= end and ddl >= real:  # done within the first period, in time
-            avail = work.val[0]
-            work.take(0, assign)
-            if end not in orig:
-                work.put(end, avail)
-            return done(end, real, real <= ddl)
-        left -= seconds(0, nxt) * job.rate[assign]
-        work.take(0, assign)
+            avail = wv[0]
+            _take(wv, 0, assign)
+            ak, aval = _merged(wk, av, m)
+            if _find(fk, n, end) < 0:
+                m = _put(wk, wv, m, end, avail)
+            pk, pv = _merged(wk, wv, m)
+            return ak, aval, end, real, real <= ddl, pk, pv
+        left -= _seconds(0, nxt, d_slot, ddl, now_s, slot_s) * rate[assign]
+        _take(wv, 0, assign)
         start = nxt
-        alloc[start] = 0
+        at = _find(wk, m, nxt)
+        if at < 0:
+            raise PlanError("a scale-up estimate continues from a deadline already passed")
+        av[at] = 0
 
     last_cap = 0
-    for cap in job.levels:
-        if cap > cluster_gpus:
+    point = 0
+    found = False
+    for li in range(levels.shape[0]):
+        cap = levels[li]
+        if cap > gpus:
             break
-        for k in work.keys:
-            if k < d_slot and k not in alloc:
-                alloc[k] = 0
-        period_end, reached = d_slot, 0.0
-        for k in reversed(work.keys):
+        for i in range(m):
+            if wk[i] < d_slot and av[i] < 0:
+                av[i] = 0
+        period_end = d_slot
+        reached = 0.0
+        for i in range(m - 1, -1, -1):
+            k = wk[i]
             if k >= d_slot:
                 continue
             if k < start:
                 break
-            gpus = cap if work.val[k] >= cap else min(cap, job.fits(work.val[k]))
-            if gpus == 0:
+            g = cap if wv[i] >= cap else min(cap, fit[wv[i]])
+            if g == 0:
                 period_end = k
                 continue
-            reached += seconds(k, period_end) * job.rate[gpus]
+            reached += _seconds(k, period_end, d_slot, ddl, now_s, slot_s) * rate[g]
             if reached >= left:
-                return _forward(
-                    job,
-                    work,
-                    alloc,
-                    orig,
-                    (start, d_slot, k),
-                    (cap, last_cap),
-                    (left, now_s, slot_s, cluster_gpus),
-                    seconds,
-                    done,
-                )
+                point = k
+                found = True
+                break
             period_end = k
+        if found:
+            break
         last_cap = cap
 
+    if found:  # MSS: forward from the start, the previous cap before `point`, the cap after
+        lat = -1
+        g = 0
+        end = 0
+        real = 0.0
+        ended = False
+        for i in range(m):
+            t = wk[i]
+            if t > d_slot:
+                break
+            if t < start:
+                continue
+            if lat >= 0:
+                av[lat] = g
+                _take(wv, lat, g)
+                if g != 0:
+                    its = _seconds(wk[lat], t, d_slot, ddl, now_s, slot_s) * rate[g]
+                    if wk[lat] < point or its < left:
+                        if its >= left:
+                            raise PlanError("a plan completes before the period MSS chose")
+                        left -= its
+                    else:
+                        run = math.ceil(left / rate[g])
+                        end = wk[lat] + _align(float(run), slot_s)
+                        real = now_s + wk[lat] * slot_s + run
+                        if end > t:
+                            raise PlanError("a plan ends past the period it completes in")
+                        ended = True
+                        break
+            lat = i
+            g = min(cap if t >= point else last_cap, fit[wv[i]])
+        if not ended:
+            if lat < 0 or g == 0:
+                raise PlanError("a plan completes at zero GPUs")
+            av[lat] = g
+            _take(wv, lat, g)
+            run = math.ceil(left / rate[g])
+            end = wk[lat] + _align(float(run), slot_s)
+            real = now_s + wk[lat] * slot_s + run
+        back = gpus
+        for i in range(m):
+            if orig[i] and start <= wk[i] < end:
+                back = ov[i]
+        ak, aval = _merged(wk, av, m)
+        if _find(fk, n, end) < 0:
+            m = _put(wk, wv, m, end, back)
+        pk, pv = _merged(wk, wv, m)
+        return ak, aval, end, real, real <= ddl, pk, pv
+
     # The fallback: the largest cap to the deadline's slot, then what is free, to completion.
-    lat: int | None = None
-    gpus = 0
-    for t in list(work.keys):
+    lat = -1
+    g = 0
+    for i in range(m):
+        t = wk[i]
         if t > d_slot:
             break
         if t < start:
             continue
-        if lat is not None:
-            alloc[lat] = gpus
-            work.take(lat, gpus)
-            if gpus:
-                its = seconds(lat, t) * job.rate[gpus]
+        if lat >= 0:
+            av[lat] = g
+            _take(wv, lat, g)
+            if g != 0:
+                its = _seconds(wk[lat], t, d_slot, ddl, now_s, slot_s) * rate[g]
                 if its >= left:
                     raise PlanError("a fallback plan completes before its deadline")
                 left -= its
-        lat = t
-        gpus = min(last_cap, job.fits(work.val[t]))
-    lat = max(d_slot, start)
-    for t in list(work.keys):
+        lat = i
+        g = min(last_cap, fit[wv[i]])
+    lat = _find(wk, m, max(d_slot, start))
+    if lat < 0:
+        raise PlanError("a fallback plan starts at a deadline already passed")
+    for i in range(m):
+        t = wk[i]
         if t <= d_slot:
             continue
-        cap = min(job.fits(work.val[lat]), job.max_gpus)
-        alloc[lat] = cap
+        cap = min(fit[wv[lat]], max_gpus)
+        av[lat] = cap
         if cap == 0:
-            lat = t
+            lat = i
             continue
-        its = ((t - lat) * slot_s) * job.rate[cap]
+        its = ((t - wk[lat]) * slot_s) * rate[cap]
         if its >= left:
-            real = math.ceil(now_s + lat * slot_s + left / job.rate[cap])
+            real = float(math.ceil(now_s + wk[lat] * slot_s + left / rate[cap]))
             end = _align(real - now_s, slot_s)
             if end > t:
                 raise PlanError("a fallback plan ends past its period")
-            for k in list(work.keys):
+            for j in range(m):
+                k = wk[j]
                 if k < d_slot:
                     continue
-                if k < end and k in orig:
-                    last_free = orig[k]
-                if lat <= k < end:
-                    work.take(k, cap)
-            if last_free is None:
+                if k < end and orig[j]:
+                    last_free = ov[j]
+                    has_last = True
+                if wk[lat] <= k < end:
+                    _take(wv, j, cap)
+            if not has_last:
                 raise PlanError("the artifact reads an unset last_event_gpu here")
-            if lat != end:
-                work.put(lat, last_free - cap)
-                if last_free - cap < 0:
+            if wk[lat] != end:
+                wv[lat] = last_free - cap
+                if wv[lat] < 0:
                     raise PlanError("a fallback plan takes more GPUs than are free")
-            if end not in orig:
-                work.put(end, last_free)
-            return done(end, real, real <= ddl)
+            ak, aval = _merged(wk, av, m)
+            if _find(fk, n, end) < 0:
+                m = _put(wk, wv, m, end, last_free)
+            pk, pv = _merged(wk, wv, m)
+            return ak, aval, end, real, real <= ddl, pk, pv
         left -= its
-        for k in free.keys:
-            if k < lat:
-                last_free = work.val[k]
-        for k in list(work.keys):
-            if lat <= k < t:
-                work.take(k, cap)
-        lat = t
-    if not left > 0:
+        for j in range(m):
+            if orig[j] and wk[j] < wk[lat]:
+                last_free = wv[j]
+                has_last = True
+        for j in range(m):
+            if wk[lat] <= wk[j] < t:
+                _take(wv, j, cap)
+        lat = i
+    if not left > 0.0:
         raise PlanError("a fallback plan has no iterations left past the profile")
-    cap = min(cluster_gpus, job.max_gpus) if assign is None else assign
-    if cap not in job.rate:
-        raise PlanError(f"no throughput at {cap} GPUs")
-    alloc[lat] = cap
-    real = math.ceil(now_s + lat * slot_s + left / job.rate[cap])
+    cap = min(gpus, max_gpus) if assign < 0 else assign
+    if cap >= rate.shape[0] or math.isnan(rate[cap]):
+        raise PlanError("no throughput at the GPUs a plan past the profile runs at")
+    av[lat] = cap
+    real = float(math.ceil(now_s + wk[lat] * slot_s + left / rate[cap]))
     end = _align(real - now_s, slot_s)
     if not now_s + end * slot_s > ddl:
         raise PlanError("a plan past the profile ends by its deadline")
-    work.put(lat, cluster_gpus - cap)
-    work.put(end, cluster_gpus)
-    return done(end, real, real <= ddl)
-
-
-def _forward(job, work, alloc, orig, span, caps, clock, seconds, done) -> Plan:  # type: ignore[no-untyped-def]
-    """MSS found a cap: run forward from the start at the previous cap before the period the
-    backward fill completed in (`point`), at the cap from there, to the slot the work ends."""
-    start, d_slot, point = span
-    cap, last_cap = caps
-    left, now_s, slot_s, cluster_gpus = clock
-    lat: int | None = None
-    gpus = 0
-    end: int | None = None
-    real = 0.0
-    for t in work.keys:
-        if t > d_slot:
-            break
-        if t < start:
-            continue
-        if lat is not None:
-            alloc[lat] = gpus
-            work.take(lat, gpus)
-            if gpus:
-                its = seconds(lat, t) * job.rate[gpus]
-                if lat < point or its < left:
-                    if its >= left:
-                        raise PlanError("a plan completes before the period MSS chose")
-                    left -= its
-                else:
-                    run = math.ceil(left / job.rate[gpus])
-                    end = lat + _align(run, slot_s)
-                    real = now_s + lat * slot_s + run
-                    if end > t:
-                        raise PlanError("a plan ends past the period it completes in")
-                    break
-        lat = t
-        gpus = min(cap if t >= point else last_cap, job.fits(work.val[t]))
-    if end is None:
-        if lat is None or gpus == 0:
-            raise PlanError("a plan completes at zero GPUs")
-        alloc[lat] = gpus
-        work.take(lat, gpus)
-        run = math.ceil(left / job.rate[gpus])
-        end = lat + _align(run, slot_s)
-        real = now_s + lat * slot_s + run
-    last_free = cluster_gpus
-    for k, v in orig.items():
-        if start <= k < end:
-            last_free = v
-    if end not in orig:
-        work.put(end, last_free)
-    return done(end, real, real <= job.deadline)
+    wv[lat] = gpus - cap
+    ak, aval = _merged(wk, av, m)
+    m = _put(wk, wv, m, end, gpus)
+    pk, pv = _merged(wk, wv, m)
+    return ak, aval, end, real, real <= ddl, pk, pv

@@ -40,10 +40,11 @@ A round (the simulator's event: an arrival, a planned end, or a scale event):
 from __future__ import annotations
 
 import math
-import sys
+
+import numpy as np
 
 from cluster.ef_placement import Nodes
-from cluster.ef_planner import Demand, Plan, PlanError, Profile, gpu_seconds, plan
+from cluster.ef_round import JobTypes, admits, plan_round
 from cluster.simulate import Running, overhead_s, run_interval
 from cluster.workload import Cluster, Job, ScalingCurve
 
@@ -94,10 +95,10 @@ class ElasticFlow:
         self.slot, self.admission = slot_s, admission
         self.name = "elasticflow" if admission else "elasticflow-noadmit"
         self.order: list[Running] = []  # the artifact's `runnable_jobs`, in its order
-        self.nodes = Nodes(
-            cluster.switches, cluster.nodes // cluster.switches, cluster.gpus_per_node
-        )
+        per_switch = cluster.nodes // cluster.switches
+        self.nodes = Nodes(cluster.switches, per_switch, cluster.gpus_per_node)
         self.cache: set[tuple[int, int]] = set()
+        self.types = JobTypes(cluster.gpus)
 
     def curve(self, job: Job) -> ScalingCurve:
         return self.curves[job.model, job.batch].capped(self._limit(job))
@@ -105,35 +106,26 @@ class ElasticFlow:
     def _limit(self, job: Job) -> int:
         return elastic_max_gpus(job.model, job.batch, self.gpu_type)
 
-    def _demand(self, entry: Running) -> Demand:
-        curve = entry.curve
-        levels = tuple(int(g) for g in curve.levels)
-        return Demand(
-            entry.iter_left,
-            entry.job.deadline,
-            levels,
-            dict(zip(levels, (float(r) for r in curve.rate), strict=True)),
-            self._limit(entry.job),
-        )
-
-    def _plan_all(self, now: float, jobs: list[Running]) -> tuple[list[Plan], Profile]:
-        """Every job's plan in this order on a fresh profile, and what is left free."""
-        free = Profile.constant(self.cluster.gpus)
-        plans = []
-        for entry in jobs:
-            p = plan(self._demand(entry), free, now, self.slot, self.cluster.gpus)
-            free = p.free
-            plans.append(p)
-        return plans, free
+    def _arrays(self, jobs: list[Running]) -> tuple[np.ndarray, ...]:
+        """The kernels' view of the jobs, in this order: type, iterations left, deadline."""
+        types = np.array([a.state["type"] for a in jobs], dtype=np.int64)
+        left = np.array([a.iter_left for a in jobs], dtype=np.float64)
+        ddl = np.array([a.job.deadline for a in jobs], dtype=np.float64)
+        t = self.types
+        return types, left, ddl, (t.levels, t.nlevels, t.rate, t.fit, t.max_gpus)
 
     advance = staticmethod(run_interval)
 
     def arrive(self, now: float, new: list[Running], jobs: list[Running]) -> list[Running]:
+        for entry in new:
+            levels = tuple(int(g) for g in entry.curve.levels)
+            rate = dict(zip(levels, (float(r) for r in entry.curve.rate), strict=True))
+            key = entry.job.model, entry.job.batch
+            entry.state["type"] = self.types.of(key, levels, rate, self._limit(entry.job))
         if self.admission:
             present = {id(a) for a in jobs}
             order = _by_deadline([*(a for a in self.order if id(a) in present), *new])
-            plans, _ = self._plan_all(now, order)
-            if not all(p.ok for p in plans):
+            if not admits(*self._arrays(order), now, self.slot, self.cluster.gpus):
                 return []
         self.order += new
         return new
@@ -146,95 +138,23 @@ class ElasticFlow:
         # (early finishes last), then every other job in deadline order.
         gone.sort(key=lambda a: ("early" in a.state, a.end))
         self.nodes.release([a.job.id for a in (*gone, *order)])
-        plans, free = self._plan_all(now, order)
-        for entry, p in zip(order, plans, strict=True):
-            entry.state["plan"] = p
-            entry.gpus = p.gpus_now
-        order = self._allocate_idle(now, order, free)
+        perm, held, end, real, change = plan_round(
+            *self._arrays(order), now, self.slot, self.cluster.gpus
+        )
+        wake = math.inf
+        for entry, gpus, e, r, c in zip(
+            order, held.tolist(), end.tolist(), real.tolist(), change.tolist(), strict=True
+        ):
+            entry.gpus = gpus
+            entry.end = now + e * self.slot
+            entry.judged = r
+            if c >= 0:
+                wake = min(wake, now + c * self.slot)
+        order = [order[k] for k in perm.tolist()]
         order.sort(key=lambda a: a.gpus, reverse=True)
         self.order = order
         self._place(order)
-        wake = math.inf
-        for entry in order:
-            p = entry.state["plan"]
-            entry.end = now + p.end * self.slot
-            entry.judged = p.real_end
-            change = p.next_change()
-            if change is not None:
-                wake = min(wake, now + change * self.slot)
         return wake
-
-    def _allocate_idle(self, now: float, order: list[Running], free: Profile) -> list[Running]:
-        """The artifact's `allocate_free_gpus` (see the module doc, rule 5)."""
-        levels = {id(a): self._demand(a).levels for a in order}
-
-        def next_level(entry: Running) -> int:
-            lv = levels[id(entry)]
-            if entry.gpus == 0:
-                return lv[0]
-            i = lv.index(entry.gpus)
-            return lv[i + 1] if i + 1 < len(lv) else entry.gpus
-
-        idle = self.cluster.gpus - sum(a.gpus for a in order)
-        if free.vals[0] != idle:
-            raise PlanError("the profile's free GPUs now differ from the idle GPUs")
-        if idle == 0:
-            return order
-        nxt = {id(a): next_level(a) for a in order}
-        gain: dict[int, float] = {}
-        option: dict[int, Plan] = {}
-
-        def estimate(entry: Running) -> None:
-            step = nxt[id(entry)] - entry.gpus
-            if step > idle or step == 0:
-                gain[id(entry)] = -sys.maxsize
-                return
-            mine = entry.state["plan"]
-            given_back = free.with_job(mine.alloc, mine.end)
-            if max(given_back.vals) > self.cluster.gpus:
-                raise PlanError("a job's plan given back exceeds the cluster")
-            grown = plan(
-                self._demand(entry),
-                given_back,
-                now,
-                self.slot,
-                self.cluster.gpus,
-                assign=nxt[id(entry)],
-            )
-            option[id(entry)] = grown
-            if entry.gpus == 0:
-                gain[id(entry)] = sys.maxsize
-                return
-            gain[id(entry)] = (
-                gpu_seconds(grown.alloc, grown.end, self.slot)
-                - gpu_seconds(mine.alloc, mine.end, self.slot)
-            ) / step
-
-        for entry in order:
-            estimate(entry)
-        order.sort(key=lambda a: gain[id(a)], reverse=True)
-        granted = True
-        while idle > 0 and granted:
-            granted = False
-            for entry in order:
-                step = nxt[id(entry)] - entry.gpus
-                if step > idle or step == 0:
-                    continue
-                grown = option[id(entry)]
-                free = grown.free
-                entry.state["plan"] = grown
-                entry.gpus = nxt[id(entry)]
-                idle -= step
-                if free.vals[0] != idle:
-                    raise PlanError("a granted plan leaves other than the idle GPUs free")
-                nxt[id(entry)] = next_level(entry)
-                granted = True
-                break
-            for entry in order:
-                if nxt[id(entry)] > entry.gpus:
-                    estimate(entry)
-            order.sort(key=lambda a: gain[id(a)], reverse=True)
-        return order
 
     def _place(self, order: list[Running]) -> None:
         """Place the round's jobs and read which GPU sets the trainer cache already holds
