@@ -25,9 +25,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["CLASSES", "Nodes"]
+from cluster.workload import NODE_CLASSES as CLASSES
 
-CLASSES = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 88, 128, 256)  # `CLUSTER.node_g`
+__all__ = ["Nodes"]
 
 
 @dataclass(eq=False)

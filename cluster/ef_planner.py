@@ -129,16 +129,38 @@ def plan(
     tables = Tables(job.levels, job.rate, cluster_gpus)
     keys = np.array(free.keys, dtype=np.int64)
     vals = np.array(free.vals, dtype=np.int64)
-    ak, av, end, real, ok, pk, pv = _plan(
+    ws = workspace(len(keys) + 2)
+    assign_ = -1 if assign is None else assign
+    m, nxt = _load(ws, keys, vals, len(keys), keys[:0], vals[:0], -1, _align(job.deadline -
+                   now_s, slot_s), tables.levels[0] <= cluster_gpus, cluster_gpus)  # fmt: skip
+    na, end, real, ok, nf, _ = _plan_w(
         job.iter_left, job.deadline, tables.levels, tables.rate, tables.fit, job.max_gpus,
-        keys, vals, len(keys), now_s, slot_s, cluster_gpus, -1 if assign is None else assign,
+        m, nxt, now_s, slot_s, cluster_gpus, assign_, ws, True,
     )  # fmt: skip
     return Plan(
-        tuple(zip(ak.tolist(), av.tolist(), strict=True)),
+        tuple(zip(ws[5][:na].tolist(), ws[6][:na].tolist(), strict=True)),
         int(end),
         float(real),
         bool(ok),
-        Profile(tuple(pk.tolist()), tuple(pv.tolist())),
+        Profile(tuple(ws[7][:nf].tolist()), tuple(ws[8][:nf].tolist())),
+    )
+
+
+@njit(cache=True)
+def workspace(size: int):  # type: ignore[no-untyped-def]
+    """Scratch arrays for plans on profiles of up to `size` - 2 breakpoints: the working
+    profile (keys, values, original values, which keys are original), the allocation being
+    built, and the merged allocation and profile a plan returns."""
+    return (
+        np.empty(size, np.int64),
+        np.empty(size, np.int64),
+        np.empty(size, np.int64),
+        np.empty(size, np.bool_),
+        np.empty(size, np.int64),
+        np.empty(size, np.int64),
+        np.empty(size, np.int64),
+        np.empty(size, np.int64),
+        np.empty(size, np.int64),
     )
 
 
@@ -174,18 +196,15 @@ def _take(wv: np.ndarray, i: int, gpus: int) -> None:
 
 @njit(cache=True)
 def _find(keys: np.ndarray, m: int, key: int) -> int:
-    for i in range(m):
-        if keys[i] == key:
-            return i
-    return -1
+    """The index of `key` among `m` sorted keys, -1 when absent."""
+    i = _first_at_least(keys, m, key)
+    return i if i < m and keys[i] == key else -1
 
 
 @njit(cache=True)
 def _put(wk: np.ndarray, wv: np.ndarray, m: int, key: int, value: int) -> int:
     """Set a breakpoint's value, inserting it in order if new; the new count of keys."""
-    i = 0
-    while i < m and wk[i] < key:
-        i += 1
+    i = _first_at_least(wk, m, key)
     if i < m and wk[i] == key:
         wv[i] = value
         return m
@@ -198,72 +217,140 @@ def _put(wk: np.ndarray, wv: np.ndarray, m: int, key: int, value: int) -> int:
 
 
 @njit(cache=True)
-def _merged(keys: np.ndarray, vals: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """Keys with a set value (>= 0), dropping each whose value equals the previous kept one."""
-    ok = np.empty(m, np.int64)
-    ov = np.empty(m, np.int64)
+def _merge_into(keys, vals, m, out_k, out_v):  # type: ignore[no-untyped-def]
+    """Keys with a set value (>= 0), each dropped whose value equals the previous kept one
+    (`utils.merge_dict`), written to `out_k`, `out_v`; their count."""
     n = 0
     for i in range(m):
-        if vals[i] < 0 or (n > 0 and ov[n - 1] == vals[i]):
+        if vals[i] < 0 or (n > 0 and out_v[n - 1] == vals[i]):
             continue
-        ok[n] = keys[i]
-        ov[n] = vals[i]
+        out_k[n] = keys[i]
+        out_v[n] = vals[i]
         n += 1
-    return ok[:n], ov[:n]
+    return n
 
 
 @njit(cache=True)
-def _plan(left, ddl, levels, rate, fit, max_gpus, fk, fv, n, now_s, slot_s, gpus, assign):  # type: ignore[no-untyped-def]
-    """The compiled planner: `plan` over arrays (profile `fk`, `fv` of `n` breakpoints;
-    `assign` < 0 for none). Returns the merged allocation, the planned end (slots), the real
-    end (seconds), whether it meets the deadline, and the merged profile left free."""
+def _first_at_least(keys, m, key):  # type: ignore[no-untyped-def]
+    """The index of the first of `m` sorted keys >= `key` (m when none)."""
+    lo, hi = 0, m
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if keys[mid] < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True)
+def _load(ws, fk, fv, n, ak, av, job_end, d_slot, zero, gpus):  # type: ignore[no-untyped-def]
+    """Fill the working profile: the free profile (with a job's allocation `ak`, `av` given
+    back up to `job_end` when it has one: the artifact's `get_marginal`), merged, with the
+    deadline's slot inserted; which keys are the profile's own; and, when `zero`, the zero
+    allocation at every key before the deadline's slot that MSS starts from. Returns the
+    count of keys and the profile's first key after now (the deadline's slot when none)."""
+    wk, wv, ov, orig, alloc = ws[0], ws[1], ws[2], ws[3], ws[4]
+    na = ak.shape[0]
+    i = j = m = 0
+    f_val = a_val = 0
+    last = -1
+    d_done = d_slot < 0
+    end_done = na == 0
+    nxt = d_slot
+    nxt_set = False
+    while i < n or j < na or not end_done:
+        t = 1 << 62
+        if i < n:
+            t = fk[i]
+        if j < na and ak[j] < t:
+            t = ak[j]
+        if not end_done and job_end < t:
+            t = job_end
+        while i < n and fk[i] == t:
+            f_val = fv[i]
+            i += 1
+        while j < na and ak[j] == t:
+            a_val = av[j]
+            j += 1
+        if t == job_end:
+            end_done = True
+        value = f_val + (a_val if t < job_end else 0)
+        if value > gpus:
+            raise PlanError("a job's plan given back exceeds the cluster")
+        if m > 0 and value == last:
+            continue
+        if not d_done and t > d_slot:  # the deadline's slot between two breakpoints
+            wk[m], wv[m], orig[m], alloc[m] = d_slot, last, False, -1
+            m += 1
+        if t >= d_slot:
+            d_done = True
+        if t > 0 and not nxt_set:
+            nxt, nxt_set = t, True
+        wk[m], wv[m], ov[m], orig[m] = t, value, value, True
+        alloc[m] = 0 if zero and t < d_slot else -1
+        m += 1
+        last = value
+    if not d_done:
+        wk[m], wv[m], orig[m], alloc[m] = d_slot, last, False, -1
+        m += 1
+    alloc[0] = 0
+    return m, nxt
+
+
+@njit(cache=True)
+def _finish(ws, m, end, back, want_free):  # type: ignore[no-untyped-def]
+    """The merged profile left free, with the job's end restored to `back` free GPUs unless
+    the end was a breakpoint of the original profile; its count (0 when not wanted)."""
+    if not want_free:
+        return 0
+    wk, wv, orig = ws[0], ws[1], ws[3]
+    at = _find(wk, m, end)
+    if at < 0 or not orig[at]:
+        m = _put(wk, wv, m, end, back)
+    return _merge_into(wk, wv, m, ws[7], ws[8])
+
+
+@njit(cache=True)
+def _gpu_seconds(ak, av, na, end, slot_s):  # type: ignore[no-untyped-def]
+    """GPU-time of an allocation to `end` (`get_allocation_time`): each breakpoint's GPUs to
+    the next breakpoint, the last one's to `end`."""
+    total = 0.0
+    for i in range(na - 1):
+        total += av[i] * ((ak[i + 1] - ak[i]) * slot_s)
+    return total + av[na - 1] * ((end - ak[na - 1]) * slot_s)
+
+
+@njit(cache=True)
+def _plan_w(left, ddl, levels, rate, fit, max_gpus, m, nxt, now_s, slot_s, gpus, assign, ws,
+            want_free):  # type: ignore[no-untyped-def]  # fmt: skip
+    """The compiled planner on a working profile from `_load` (`assign` < 0 for none).
+    Leaves the merged allocation in ws[5], ws[6] and, when `want_free`, the merged profile
+    left free in ws[7], ws[8]; returns their counts, the planned end (slots), the real end
+    (seconds), whether it meets the deadline, and the allocation's GPU-seconds."""
     if not left > 0.0:
         raise PlanError("a job is planned with no iterations left")
     d_slot = _align(ddl - now_s, slot_s)
-    size = n + 2
-    wk = np.empty(size, np.int64)
-    wv = np.empty(size, np.int64)
-    ov = np.empty(size, np.int64)  # the original profile's value at its own breakpoints
-    orig = np.zeros(size, np.bool_)
+    wk, wv, ov, orig, av = ws[0], ws[1], ws[2], ws[3], ws[4]
+    out_k, out_v = ws[5], ws[6]
     last_free = 0  # the artifact's `last_event_gpu`, carried across paths
     has_last = False
-    add_d = d_slot >= 0 and _find(fk, n, d_slot) < 0
-    m = 0
-    for i in range(n):
-        if add_d and fk[i] > d_slot:
-            last_free = wv[m - 1]
-            has_last = True
-            wk[m], wv[m] = d_slot, last_free
-            m += 1
-            add_d = False
-        wk[m], wv[m], ov[m], orig[m] = fk[i], fv[i], fv[i], True
-        m += 1
-    if add_d:
-        last_free = wv[m - 1]
+    at_d = _find(wk, m, d_slot)
+    if at_d >= 0 and not orig[at_d]:
+        last_free = wv[at_d]
         has_last = True
-        wk[m], wv[m] = d_slot, last_free
-        m += 1
-    av = np.full(size, -1, np.int64)
-    av[0] = 0
     start = 0
 
     if assign >= 0:
-        nxt = d_slot
-        for i in range(n):
-            if fk[i] > 0:
-                nxt = fk[i]
-                break
         av[0] = assign
         real = float(math.ceil(now_s + left / rate[assign]))
         end = _align(real - now_s, slot_s)
         if nxt >= end and ddl >= real:  # done within the first period, in time
             avail = wv[0]
             _take(wv, 0, assign)
-            ak, aval = _merged(wk, av, m)
-            if _find(fk, n, end) < 0:
-                m = _put(wk, wv, m, end, avail)
-            pk, pv = _merged(wk, wv, m)
-            return ak, aval, end, real, real <= ddl, pk, pv
+            out_k[0], out_v[0] = 0, assign
+            nf = _finish(ws, m, end, avail, want_free)
+            return 1, end, real, real <= ddl, nf, assign * ((end - 0) * slot_s)
         left -= _seconds(0, nxt, d_slot, ddl, now_s, slot_s) * rate[assign]
         _take(wv, 0, assign)
         start = nxt
@@ -272,24 +359,29 @@ def _plan(left, ddl, levels, rate, fit, max_gpus, fk, fv, n, now_s, slot_s, gpus
             raise PlanError("a scale-up estimate continues from a deadline already passed")
         av[at] = 0
 
+    # MSS: the first cap whose backward fill from the deadline reaches the work. A cap is
+    # skipped unwalked only when even its best level over the whole span falls short with a
+    # margin far above the sum's rounding, so no outcome changes.
+    first = _first_at_least(wk, m, start)
+    below_d = _first_at_least(wk, m, d_slot)  # keys before the deadline's slot
+    span = ddl - (now_s + start * slot_s)
     last_cap = 0
     point = 0
     found = False
+    best = 0.0
+    cap = 0
     for li in range(levels.shape[0]):
         cap = levels[li]
         if cap > gpus:
             break
-        for i in range(m):
-            if wk[i] < d_slot and av[i] < 0:
-                av[i] = 0
+        best = max(best, rate[cap])
+        if span * best * (1.0 + 1e-9) < left:
+            last_cap = cap
+            continue
         period_end = d_slot
         reached = 0.0
-        for i in range(m - 1, -1, -1):
+        for i in range(below_d - 1, first - 1, -1):
             k = wk[i]
-            if k >= d_slot:
-                continue
-            if k < start:
-                break
             g = cap if wv[i] >= cap else min(cap, fit[wv[i]])
             if g == 0:
                 period_end = k
@@ -304,21 +396,31 @@ def _plan(left, ddl, levels, rate, fit, max_gpus, fk, fv, n, now_s, slot_s, gpus
             break
         last_cap = cap
 
-    if found:  # MSS: forward from the start, the previous cap before `point`, the cap after
+    if found:  # forward from the start, the previous cap before `point`, the cap after
+        # The merged allocation is emitted as it is built, with its GPU-seconds (each run's
+        # GPUs to where the next run starts, the last run's to the end: `_gpu_seconds`).
+        na = 0
+        used = 0.0
+        if assign >= 0:
+            out_k[0], out_v[0] = 0, assign
+            na = 1
         lat = -1
         g = 0
         end = 0
         real = 0.0
         ended = False
-        for i in range(m):
+        for i in range(first, m):
             t = wk[i]
             if t > d_slot:
                 break
-            if t < start:
-                continue
             if lat >= 0:
                 av[lat] = g
                 _take(wv, lat, g)
+                if na == 0 or out_v[na - 1] != g:
+                    if na > 0:
+                        used += out_v[na - 1] * ((wk[lat] - out_k[na - 1]) * slot_s)
+                    out_k[na], out_v[na] = wk[lat], g
+                    na += 1
                 if g != 0:
                     its = _seconds(wk[lat], t, d_slot, ddl, now_s, slot_s) * rate[g]
                     if wk[lat] < point or its < left:
@@ -332,6 +434,10 @@ def _plan(left, ddl, levels, rate, fit, max_gpus, fk, fv, n, now_s, slot_s, gpus
                         if end > t:
                             raise PlanError("a plan ends past the period it completes in")
                         ended = True
+                        if t < d_slot:  # the zero breakpoint after it (`allocations`)
+                            used += out_v[na - 1] * ((t - out_k[na - 1]) * slot_s)
+                            out_k[na], out_v[na] = t, 0
+                            na += 1
                         break
             lat = i
             g = min(cap if t >= point else last_cap, fit[wv[i]])
@@ -340,28 +446,30 @@ def _plan(left, ddl, levels, rate, fit, max_gpus, fk, fv, n, now_s, slot_s, gpus
                 raise PlanError("a plan completes at zero GPUs")
             av[lat] = g
             _take(wv, lat, g)
+            if na == 0 or out_v[na - 1] != g:
+                if na > 0:
+                    used += out_v[na - 1] * ((wk[lat] - out_k[na - 1]) * slot_s)
+                out_k[na], out_v[na] = wk[lat], g
+                na += 1
             run = math.ceil(left / rate[g])
             end = wk[lat] + _align(float(run), slot_s)
             real = now_s + wk[lat] * slot_s + run
+        used += out_v[na - 1] * ((end - out_k[na - 1]) * slot_s)
         back = gpus
-        for i in range(m):
-            if orig[i] and start <= wk[i] < end:
-                back = ov[i]
-        ak, aval = _merged(wk, av, m)
-        if _find(fk, n, end) < 0:
-            m = _put(wk, wv, m, end, back)
-        pk, pv = _merged(wk, wv, m)
-        return ak, aval, end, real, real <= ddl, pk, pv
+        if want_free:
+            for i in range(m):
+                if orig[i] and start <= wk[i] < end:
+                    back = ov[i]
+        nf = _finish(ws, m, end, back, want_free)
+        return na, end, real, real <= ddl, nf, used
 
     # The fallback: the largest cap to the deadline's slot, then what is free, to completion.
     lat = -1
     g = 0
-    for i in range(m):
+    for i in range(first, m):
         t = wk[i]
         if t > d_slot:
             break
-        if t < start:
-            continue
         if lat >= 0:
             av[lat] = g
             _take(wv, lat, g)
@@ -405,11 +513,9 @@ def _plan(left, ddl, levels, rate, fit, max_gpus, fk, fv, n, now_s, slot_s, gpus
                 wv[lat] = last_free - cap
                 if wv[lat] < 0:
                     raise PlanError("a fallback plan takes more GPUs than are free")
-            ak, aval = _merged(wk, av, m)
-            if _find(fk, n, end) < 0:
-                m = _put(wk, wv, m, end, last_free)
-            pk, pv = _merged(wk, wv, m)
-            return ak, aval, end, real, real <= ddl, pk, pv
+            na = _merge_into(wk, av, m, out_k, out_v)
+            nf = _finish(ws, m, end, last_free, want_free)
+            return na, end, real, real <= ddl, nf, _gpu_seconds(out_k, out_v, na, end, slot_s)
         left -= its
         for j in range(m):
             if orig[j] and wk[j] < wk[lat]:
@@ -430,7 +536,6 @@ def _plan(left, ddl, levels, rate, fit, max_gpus, fk, fv, n, now_s, slot_s, gpus
     if not now_s + end * slot_s > ddl:
         raise PlanError("a plan past the profile ends by its deadline")
     wv[lat] = gpus - cap
-    ak, aval = _merged(wk, av, m)
-    m = _put(wk, wv, m, end, gpus)
-    pk, pv = _merged(wk, wv, m)
-    return ak, aval, end, real, real <= ddl, pk, pv
+    na = _merge_into(wk, av, m, out_k, out_v)
+    nf = _finish(ws, m, end, gpus, want_free)
+    return na, end, real, real <= ddl, nf, _gpu_seconds(out_k, out_v, na, end, slot_s)

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 from numba import njit
 
-from cluster.ef_planner import PlanError, Tables, _plan
+from cluster.ef_planner import PlanError, Tables, _align, _load, _plan_w, workspace
 
 __all__ = ["JobTypes", "admits", "plan_round"]
 
@@ -59,72 +59,58 @@ class JobTypes:
 
 
 @njit(cache=True)
-def _one(i, types, left, ddl, tab, fk, fv, now_s, slot_s, gpus, assign):  # type: ignore[no-untyped-def]
+def _one(i, types, left, ddl, tab, fk, fv, n, now_s, slot_s, gpus, assign, ws, want_free,
+         ak, av, job_end):  # type: ignore[no-untyped-def]  # fmt: skip
+    """Job i's plan on the profile (with its allocation `ak`, `av` given back up to `job_end`
+    when it has one): `_plan_w`'s results."""
     levels, nlevels, rate, fit, max_gpus = tab
     t = types[i]
-    return _plan(
+    d_slot = _align(ddl[i] - now_s, slot_s)
+    zero = levels[t, 0] <= gpus
+    m, nxt = _load(ws, fk, fv, n, ak, av, job_end, d_slot, zero, gpus)
+    return _plan_w(
         left[i], ddl[i], levels[t, : nlevels[t]], rate[t], fit[t], max_gpus[t],
-        fk, fv, fk.shape[0], now_s, slot_s, gpus, assign,
+        m, nxt, now_s, slot_s, gpus, assign, ws, want_free,
     )  # fmt: skip
+
+
+@njit(cache=True)
+def _profiles(count):  # type: ignore[no-untyped-def]
+    """The free profile (keys, values) and a workspace for a round of `count` jobs. A
+    profile has a few breakpoints a job (its end, its deadline's slot) and is checked to stay
+    within 4 a job; a profile with a job given back has at most the profile's and the job's
+    breakpoints, and the workspace holds that."""
+    size = 4 * count + 16
+    fk = np.zeros(size, np.int64)
+    fv = np.zeros(size, np.int64)
+    return fk, fv, workspace(2 * size + 4)
+
+
+@njit(cache=True)
+def _adopt(ws, nf, fk, fv):  # type: ignore[no-untyped-def]
+    """Make the profile a plan left (ws[7], ws[8]) the round's free profile."""
+    if nf > fk.shape[0] - 4:
+        raise PlanError("a profile has more breakpoints than the round allows for")
+    fk[:nf] = ws[7][:nf]
+    fv[:nf] = ws[8][:nf]
+    return nf
 
 
 @njit(cache=True)
 def admits(types, left, ddl, tab, now_s, slot_s, gpus):  # type: ignore[no-untyped-def]
     """Whether every job, planned in this order on an empty cluster, meets its deadline
     (the artifact's admission test, `estimate_all_jobs`)."""
-    fk = np.zeros(1, np.int64)
-    fv = np.full(1, gpus, np.int64)
+    fk, fv, ws = _profiles(types.shape[0])
+    fv[0] = gpus
+    nf = 1
+    none = fk[:0]
     for i in range(types.shape[0]):
-        _, _, _, _, ok, fk, fv = _one(i, types, left, ddl, tab, fk, fv, now_s, slot_s, gpus, -1)
+        _, _, _, ok, nf2, _ = _one(i, types, left, ddl, tab, fk, fv, nf, now_s, slot_s, gpus,
+                                   -1, ws, True, none, none, -1)  # fmt: skip
         if not ok:
             return False
+        nf = _adopt(ws, nf2, fk, fv)
     return True
-
-
-@njit(cache=True)
-def _with_job(fk, fv, ak, av, end):  # type: ignore[no-untyped-def]
-    """The profile with a job's allocation given back up to its planned end, merged (the
-    artifact's `get_marginal`)."""
-    n, na = fk.shape[0], ak.shape[0]
-    keys = np.empty(n + na + 1, np.int64)
-    vals = np.empty(n + na + 1, np.int64)
-    i = j = m = 0
-    f_val = a_val = 0
-    done_end = False
-    while i < n or j < na or not done_end:
-        t = 1 << 62
-        if i < n:
-            t = fk[i]
-        if j < na and ak[j] < t:
-            t = ak[j]
-        if not done_end and end < t:
-            t = end
-        while i < n and fk[i] == t:
-            f_val = fv[i]
-            i += 1
-        while j < na and ak[j] == t:
-            a_val = av[j]
-            j += 1
-        if t == end:
-            done_end = True
-        value = f_val + (a_val if t < end else 0)
-        if m > 0 and vals[m - 1] == value:
-            continue
-        keys[m] = t
-        vals[m] = value
-        m += 1
-    return keys[:m], vals[:m]
-
-
-@njit(cache=True)
-def _gpu_seconds(ak, av, end, slot_s):  # type: ignore[no-untyped-def]
-    """GPU-time of an allocation to `end` (`get_allocation_time`): each breakpoint's GPUs to
-    the next breakpoint, the last one's to `end`."""
-    total = 0.0
-    for i in range(ak.shape[0] - 1):
-        total += av[i] * ((ak[i + 1] - ak[i]) * slot_s)
-    last = ak.shape[0] - 1
-    return total + av[last] * ((end - ak[last]) * slot_s)
 
 
 @njit(cache=True)
@@ -146,27 +132,32 @@ def plan_round(types, left, ddl, tab, now_s, slot_s, gpus):  # type: ignore[no-u
     end (slots), real end (seconds) and next allocation change (slots; -1 for none)."""
     levels, nlevels = tab[0], tab[1]
     count = types.shape[0]
-    width = 2 * count + 8  # a plan's breakpoints: the profile's (<= 2 a job) and its own
+    fk, fv, ws = _profiles(count)
+    width = fk.shape[0]
     a_keys = np.zeros((count, width), np.int64)
     a_vals = np.zeros((count, width), np.int64)
     a_len = np.zeros(count, np.int64)
     end = np.zeros(count, np.int64)
     real = np.zeros(count)
     held = np.zeros(count, np.int64)
+    used = np.zeros(count)  # GPU-seconds of each job's plan
+    none = fk[:0]
 
-    def keep(i, ak, av, e, r):  # type: ignore[no-untyped-def]
-        if ak.shape[0] > width:
+    def keep(i, na, e, r, u):  # type: ignore[no-untyped-def]
+        if na > width:
             raise PlanError("a plan has more breakpoints than the round allows for")
-        a_len[i] = ak.shape[0]
-        a_keys[i, : ak.shape[0]] = ak
-        a_vals[i, : ak.shape[0]] = av
-        end[i], real[i], held[i] = e, r, av[0]
+        a_len[i] = na
+        a_keys[i, :na] = ws[5][:na]
+        a_vals[i, :na] = ws[6][:na]
+        end[i], real[i], held[i], used[i] = e, r, ws[6][0], u
 
-    fk = np.zeros(1, np.int64)
-    fv = np.full(1, gpus, np.int64)
+    fv[0] = gpus
+    nf = 1
     for i in range(count):
-        ak, av, e, r, _, fk, fv = _one(i, types, left, ddl, tab, fk, fv, now_s, slot_s, gpus, -1)
-        keep(i, ak, av, e, r)
+        na, e, r, _, nf2, u = _one(i, types, left, ddl, tab, fk, fv, nf, now_s, slot_s, gpus,
+                                   -1, ws, True, none, none, -1)  # fmt: skip
+        keep(i, na, e, r, u)
+        nf = _adopt(ws, nf2, fk, fv)
     order = np.arange(count)
     idle = gpus - held.sum()
     if fv[0] != idle:
@@ -177,26 +168,23 @@ def plan_round(types, left, ddl, tab, now_s, slot_s, gpus):  # type: ignore[no-u
             nxt[i] = _next_level(levels[types[i]], nlevels[types[i]], held[i])
         gain = np.zeros(count)
 
-        def estimate(i, fk, fv, idle):  # type: ignore[no-untyped-def]
-            """The job's plan one level up (the artifact's `get_marginal`)."""
+        def estimate(i, nf, idle, want_free):  # type: ignore[no-untyped-def]
+            """The job's plan one level up (the artifact's `get_marginal`) and its gain in
+            GPU-seconds per GPU; -inf when it cannot grow or does not fit, +inf when it
+            holds no GPUs (the artifact's `sys.maxsize`)."""
             step = nxt[i] - held[i]
             if step > idle or step == 0:
-                gain[i] = -_MAX
-                return
+                return -_MAX, 0, 0, 0.0, 0, 0.0
             n = a_len[i]
-            tk, tv = _with_job(fk, fv, a_keys[i, :n], a_vals[i, :n], end[i])
-            if tv.max() > gpus:
-                raise PlanError("a job's plan given back exceeds the cluster")
-            gk, gv, ge, _, _, _, _ = _one(i, types, left, ddl, tab, tk, tv, now_s, slot_s,
-                                          gpus, nxt[i])  # fmt: skip
+            na, e, r, _, ng, u = _one(i, types, left, ddl, tab, fk, fv, nf, now_s, slot_s,
+                                      gpus, nxt[i], ws, want_free, a_keys[i, :n],
+                                      a_vals[i, :n], end[i])  # fmt: skip
             if held[i] == 0:
-                gain[i] = _MAX
-                return
-            grown = _gpu_seconds(gk, gv, ge, slot_s)
-            gain[i] = (grown - _gpu_seconds(a_keys[i, :n], a_vals[i, :n], end[i], slot_s)) / step
+                return _MAX, na, e, r, ng, u
+            return (u - used[i]) / step, na, e, r, ng, u
 
         for i in order:
-            estimate(i, fk, fv, idle)
+            gain[i] = estimate(i, nf, idle, False)[0]
         order = order[np.argsort(-gain[order], kind="mergesort")]
         granted = True
         while idle > 0 and granted:
@@ -205,11 +193,9 @@ def plan_round(types, left, ddl, tab, now_s, slot_s, gpus):  # type: ignore[no-u
                 step = nxt[i] - held[i]
                 if step > idle or step == 0:
                     continue
-                n = a_len[i]
-                tk, tv = _with_job(fk, fv, a_keys[i, :n], a_vals[i, :n], end[i])
-                ak, av, e, r, _, fk, fv = _one(i, types, left, ddl, tab, tk, tv, now_s,
-                                               slot_s, gpus, nxt[i])  # fmt: skip
-                keep(i, ak, av, e, r)
+                _, na, e, r, ng, u = estimate(i, nf, idle, True)
+                keep(i, na, e, r, u)
+                nf = _adopt(ws, ng, fk, fv)
                 idle -= step
                 if fv[0] != idle:
                     raise PlanError("a granted plan leaves other than the idle GPUs free")
@@ -218,7 +204,7 @@ def plan_round(types, left, ddl, tab, now_s, slot_s, gpus):  # type: ignore[no-u
                 break
             for i in order:
                 if nxt[i] > held[i]:
-                    estimate(i, fk, fv, idle)
+                    gain[i] = estimate(i, nf, idle, False)[0]
             order = order[np.argsort(-gain[order], kind="mergesort")]
     change = np.full(count, -1, np.int64)
     for i in range(count):

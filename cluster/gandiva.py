@@ -19,11 +19,11 @@ import math
 from dataclasses import dataclass, field
 
 from cluster.simulate import Running, overhead_s
-from cluster.workload import Cluster, Job, ScalingCurve
+from cluster.workload import NODE_CLASSES, Cluster, Job, ScalingCurve, check_fits
+from ground.errors import UsageError
 
 __all__ = ["Gandiva"]
 
-_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 88, 128, 256)  # the artifact's classes
 _RESTART_EVERY = 60
 
 
@@ -40,20 +40,28 @@ class Gandiva:
     judges_plan = True  # judged by when its execution ends, not the round it leaves at
     ticks = True  # after the last arrival, a round every slot
 
-    def __init__(
-        self, cluster: Cluster, curves: dict[tuple[str, int], ScalingCurve], slot_s: float = 60.0
-    ) -> None:
-        self.cluster, self.curves, self.slot = cluster, curves, slot_s
+    def __init__(self, cluster: Cluster, slot_s: float = 60.0) -> None:
+        self.cluster, self.slot = cluster, slot_s
         self.free_nodes = list(range(cluster.nodes))
-        self.sets: dict[int, list[_Set]] = {size: [] for size in _SIZES}
+        self.sets: dict[int, list[_Set]] = {size: [] for size in NODE_CLASSES}
         self.pending: list[Running] = []
         self.released = False
         self.round = 0
 
     def curve(self, job: Job) -> ScalingCurve:
-        if job.gpus not in self.sets:
-            raise ValueError(f"Gandiva has no node-set class for {job.gpus}-GPU job {job.id}")
-        return self.curves[job.model, job.batch]
+        return job.own_curve()
+
+    def check(self, jobs: list[Job]) -> None:
+        """Refuse, before the replay, a job Gandiva cannot place: larger than the cluster, or
+        of a size the artifact keeps no node sets for."""
+        check_fits(jobs, self.cluster)
+        odd = next((j for j in jobs if j.gpus not in self.sets), None)
+        if odd is not None:
+            raise UsageError(
+                f"job {odd.id} asks for {odd.gpus} GPUs; Gandiva places jobs of "
+                f"{', '.join(map(str, NODE_CLASSES))} GPUs only (the artifact's node classes).",
+                "give the job one of those sizes, or use another --scheduler.",
+            )
 
     def _nodes_for(self, gpus: int) -> int:
         return math.ceil(gpus / self.cluster.gpus_per_node)

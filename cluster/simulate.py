@@ -69,7 +69,9 @@ class Running:
     state: dict[str, Any] = field(default_factory=dict)  # the policy's own bookkeeping
 
     def rate(self, gpus: int) -> float:
-        return float(self.curve.at(gpus))
+        """Throughput at `gpus` (a count between levels runs at the level below)."""
+        level = self.curve.by_level.get(gpus)
+        return float(self.curve.at(gpus)) if level is None else level
 
 
 class Policy(Protocol):
@@ -160,7 +162,11 @@ def simulate(
     slot_s: float = 60.0,
     progress: Callable[[int, int], None] | None = None,
 ) -> Result:
-    """Run `policy` on `jobs` until every admitted job has left the system."""
+    """Run `policy` on `jobs` until every admitted job has left the system. A policy that
+    cannot run some job refuses the trace first (its `check`), before any replay."""
+    check = getattr(policy, "check", None)
+    if check is not None:
+        check(jobs)
     started_at = time.perf_counter()
     arrivals = sorted(jobs, key=lambda j: (j.submit, j.id))
     submits = [j.submit for j in arrivals]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from cluster.simulate import Running, overhead_s
-from cluster.workload import Cluster, Job, ScalingCurve
+from cluster.workload import Cluster, Job, ScalingCurve, check_fits
 
 __all__ = ["Tiresias"]
 
@@ -30,15 +30,17 @@ class Tiresias:
     name = "tiresias"
     judges_plan = True  # judged by when its execution ends, not when it leaves
 
-    def __init__(
-        self, cluster: Cluster, curves: dict[tuple[str, int], ScalingCurve], slot_s: float = 60.0
-    ) -> None:
-        self.cluster, self.curves, self.slot = cluster, curves, slot_s
+    def __init__(self, cluster: Cluster, slot_s: float = 60.0) -> None:
+        self.cluster, self.slot = cluster, slot_s
         self.queues: list[list[Running]] = [[] for _ in range(len(_LIMITS) + 1)]
         self.round = 0
 
     def curve(self, job: Job) -> ScalingCurve:
-        return self.curves[job.model, job.batch]
+        return job.own_curve()
+
+    def check(self, jobs: list[Job]) -> None:
+        """Refuse, before the replay, a job larger than the cluster: it would wait forever."""
+        check_fits(jobs, self.cluster)
 
     def arrive(self, now: float, new: list[Running], jobs: list[Running]) -> list[Running]:
         for entry in new:

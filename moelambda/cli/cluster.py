@@ -74,6 +74,40 @@ def _family(names: list[str]) -> tuple[str, ...]:
     return families.pop()
 
 
+# The options each scheduler reads; one that none of the chosen schedulers reads is refused.
+TABLES = ("elasticflow", "elasticflow-noadmit", "edf")  # the throughput tables (--gpu-type)
+USES = {
+    "trace": (*DEADLINE, *RUBICK),
+    "cluster": (*DEADLINE, *RUBICK),
+    "gpu-type": TABLES,
+    "slot": (*DEADLINE, *RUBICK),
+    "days": LYRA,
+    "jobs": LYRA,
+    "seed": LYRA,
+    "gpu-plan": LYRA,
+    "peak-rps": LYRA,
+}
+WHY = {
+    "trace": "Lyra replays its own generated trace on its own clusters",
+    "cluster": "Lyra replays its own generated trace on its own clusters",
+    "gpu-type": "Tiresias and Gandiva run each job at its trace's GPUs for its duration, "
+    "Rubick and Lyra have their own performance models",
+    "slot": "Lyra schedules on its own fixed interval",
+}
+
+
+def _refuse_unused(names: list[str], given: dict[str, object]) -> None:
+    """Refuse an option that no chosen scheduler reads, instead of ignoring it."""
+    for option, value in given.items():
+        if value is None or set(names) & set(USES[option]):
+            continue
+        why = WHY.get(option, "only Lyra's generated trace reads it")
+        raise UsageError(
+            f"--{option} is not used by {', '.join(names)} ({why}).",
+            f"drop --{option}; it applies to: {', '.join(USES[option])}.",
+        )
+
+
 def _policy(name: str, cluster: Any, curves: Any, gpu_type: str, slot_s: float) -> Any:
     from cluster.edf import EDF
     from cluster.elasticflow import ElasticFlow
@@ -87,8 +121,8 @@ def _policy(name: str, cluster: Any, curves: Any, gpu_type: str, slot_s: float) 
     if name == "edf":
         return EDF(cluster, curves, slot_s)
     if name == "gandiva":
-        return Gandiva(cluster, curves, slot_s)
-    return Tiresias(cluster, curves, slot_s)
+        return Gandiva(cluster, slot_s)
+    return Tiresias(cluster, slot_s)
 
 
 TraceOpt = Annotated[
@@ -106,8 +140,16 @@ ClusterOpt = Annotated[
         "ElasticFlow's family, n8g8 for Rubick's."
     ),
 ]
-GpuTypeOpt = Annotated[str, typer.Option(help="Throughput tables: T4 or A100 (not Rubick).")]
-SlotOpt = Annotated[float, typer.Option(help="Scheduling slot, seconds.")]
+GpuTypeOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Throughput tables: T4 (default; the 195-job trace) or A100 (the ITP traces). "
+        "ElasticFlow and EDF only: Tiresias and Gandiva run jobs at their traces' GPUs."
+    ),
+]
+SlotOpt = Annotated[
+    float | None, typer.Option(help="Scheduling slot, seconds (default 60; not Lyra).")
+]
 
 
 @dataclass(frozen=True)
@@ -120,6 +162,24 @@ class LyraOptions:
     seed: int = 0
     gpu_plan: Path | None = None
     peak_rps: float = 0.0
+
+    @classmethod
+    def given(
+        cls,
+        days: float | None,
+        jobs: int | None,
+        seed: int | None,
+        gpu_plan: Path | None = None,
+        peak_rps: float | None = None,
+    ) -> LyraOptions:
+        """The options as given, defaults for those that were not."""
+        return cls(
+            cls.days if days is None else days,
+            cls.jobs if jobs is None else jobs,
+            cls.seed if seed is None else seed,
+            gpu_plan,
+            cls.peak_rps if peak_rps is None else peak_rps,
+        )
 
     def inference_demand(self) -> Any:
         if self.gpu_plan is None:
@@ -139,27 +199,24 @@ class LyraOptions:
 def _run(
     trace: str | None,
     cluster: str | None,
-    gpu_type: str,
+    gpu_type: str | None,
     scheduler: str,
-    slot: float,
+    slot: float | None,
     lyra: LyraOptions | None = None,
 ) -> Any:
-    """One scheduler on one trace, with a progress bar on stderr."""
+    """One scheduler on one trace, with a progress bar on stderr. Every input is checked
+    (trace, cluster, options) before the replay starts."""
     from cluster.simulate import simulate as run
     from cluster.workload import load_cluster, load_curves, load_trace
 
     family = _family([scheduler])
+    slot = 60.0 if slot is None else slot
     if not slot > 0:
         raise UsageError(f"--slot {slot} is not positive.", "pass e.g. --slot 60.")
     with Progress(console=err, transient=True) as bar:
         if family == LYRA:
             from cluster.lyra import run_lyra
 
-            if trace not in (None, "generated") or cluster not in (None, "lyra"):
-                raise UsageError(
-                    "Lyra replays its own generated trace on its own clusters.",
-                    "drop --trace and --cluster; use --days, --jobs, --seed (and --gpu-plan).",
-                )
             options = lyra or LyraOptions()
             task = bar.add_task(f"{scheduler}, {options.days:g} days", total=options.jobs)
             result = run_lyra(
@@ -186,14 +243,20 @@ def _run(
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
             )
         jobs = load_trace(trace)
-        curves = load_curves(gpu_type)
-        missing = sorted({(j.model, j.batch) for j in jobs} - set(curves))
-        if missing:
-            raise UsageError(
-                f"the {gpu_type} throughput tables have no curve for {missing[:3]}.",
-                "pass the --gpu-type the trace was made for (the Pollux trace: T4; ITP: A100).",
-            )
+        gpu_type = gpu_type or "T4"
+        curves = None
+        if scheduler in TABLES:
+            curves = load_curves(gpu_type)
+            missing = sorted({(j.model, j.batch) for j in jobs} - set(curves))
+            if missing:
+                raise UsageError(
+                    f"the {gpu_type} throughput tables have no curve for {missing[:3]}.",
+                    "pass the --gpu-type the trace was made for (the Pollux trace: T4; "
+                    "ITP: A100).",
+                )
         policy = _policy(scheduler, shape, curves, gpu_type, slot)
+        if hasattr(policy, "check"):
+            policy.check(jobs)  # refused before the progress bar starts
         task = bar.add_task(f"{scheduler} on {Path(trace).stem}", total=len(jobs))
         return run(
             jobs,
@@ -204,9 +267,11 @@ def _run(
         )
 
 
-DaysOpt = Annotated[float, typer.Option(help="Lyra: days of generated trace.")]
-JobsOpt = Annotated[int, typer.Option(help="Lyra: training jobs in the generated trace.")]
-SeedOpt = Annotated[int, typer.Option(help="Lyra: the trace generator's seed.")]
+DaysOpt = Annotated[float | None, typer.Option(help="Lyra: days of generated trace (default 15).")]
+JobsOpt = Annotated[
+    int | None, typer.Option(help="Lyra: training jobs in the generated trace (default 50,000).")
+]
+SeedOpt = Annotated[int | None, typer.Option(help="Lyra: the trace generator's seed (default 0).")]
 GpuPlanOpt = Annotated[
     Path | None,
     typer.Option(
@@ -214,7 +279,9 @@ GpuPlanOpt = Annotated[
         "(moelambda gpu-plan) at a diurnal request rate peaking at --peak-rps."
     ),
 ]
-PeakOpt = Annotated[float, typer.Option(help="Lyra: peak requests per second (--gpu-plan).")]
+PeakOpt = Annotated[
+    float | None, typer.Option(help="Lyra: peak requests per second (--gpu-plan).")
+]
 
 
 @cluster_app.command()
@@ -222,21 +289,25 @@ PeakOpt = Annotated[float, typer.Option(help="Lyra: peak requests per second (--
 def simulate(
     trace: TraceOpt = None,
     cluster: ClusterOpt = None,
-    gpu_type: GpuTypeOpt = "T4",
+    gpu_type: GpuTypeOpt = None,
     scheduler: Annotated[
         str, typer.Option(help=f"One of: {', '.join(SCHEDULERS)}.")
     ] = "elasticflow",
-    slot: SlotOpt = 60.0,
-    days: DaysOpt = 15.0,
-    jobs: JobsOpt = 50_000,
-    seed: SeedOpt = 0,
+    slot: SlotOpt = None,
+    days: DaysOpt = None,
+    jobs: JobsOpt = None,
+    seed: SeedOpt = None,
     gpu_plan: GpuPlanOpt = None,
-    peak_rps: PeakOpt = 0.0,
+    peak_rps: PeakOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Replay a trace under one scheduler: deadline-satisfactory ratio, JCT, makespan,
     preemptions, GPU utilisation, and the simulator's own wall time."""
-    lyra = LyraOptions(days, jobs, seed, gpu_plan, peak_rps)
+    _check(scheduler)
+    given = {"trace": trace, "cluster": cluster, "gpu-type": gpu_type, "slot": slot}
+    given |= {"days": days, "jobs": jobs, "seed": seed, "gpu-plan": gpu_plan}
+    _refuse_unused([scheduler], given | {"peak-rps": peak_rps})
+    lyra = LyraOptions.given(days, jobs, seed, gpu_plan, peak_rps)
     summary = _run(trace, cluster, gpu_type, scheduler, slot, lyra).summary()
     if as_json:
         print(json.dumps(summary))
@@ -249,14 +320,14 @@ def simulate(
 def compare(
     trace: TraceOpt = None,
     cluster: ClusterOpt = None,
-    gpu_type: GpuTypeOpt = "T4",
+    gpu_type: GpuTypeOpt = None,
     schedulers: Annotated[
         str, typer.Option(help="Comma-separated schedulers of one family to run.")
     ] = ",".join(DEADLINE),
-    slot: SlotOpt = 60.0,
-    days: DaysOpt = 15.0,
-    jobs: JobsOpt = 50_000,
-    seed: SeedOpt = 0,
+    slot: SlotOpt = None,
+    days: DaysOpt = None,
+    jobs: JobsOpt = None,
+    seed: SeedOpt = None,
     plot: Annotated[
         Path | None, typer.Option(help="Write a bar chart of the deadline ratios (PNG).")
     ] = None,
@@ -267,7 +338,9 @@ def compare(
     if not names:
         raise UsageError("--schedulers is empty.", f"pass e.g. {','.join(SCHEDULERS)}.")
     family = _family(names)  # refuse unknown or mixed names before running anything
-    lyra = LyraOptions(days, jobs, seed)
+    given = {"trace": trace, "cluster": cluster, "gpu-type": gpu_type, "slot": slot}
+    _refuse_unused(names, given | {"days": days, "jobs": jobs, "seed": seed})
+    lyra = LyraOptions.given(days, jobs, seed)
     rows = [_run(trace, cluster, gpu_type, name, slot, lyra).summary() for name in names]
     trace, cluster = trace or DEFAULTS[family][0], cluster or DEFAULTS[family][1]
     if plot is not None:
@@ -275,8 +348,8 @@ def compare(
     if as_json:
         print(json.dumps({"trace": trace, "cluster": cluster, "results": rows}))
         return
-    tables = f"{gpu_type}, " if family == DEADLINE else ""
-    table = Table(title=f"{Path(trace).stem} on {cluster} ({tables}{slot:g} s slots)")
+    tables = f"{gpu_type or 'T4'} tables, " if set(names) & set(TABLES) else ""
+    table = Table(title=f"{Path(trace).stem} on {cluster} ({tables}{slot or 60:g} s slots)")
     for column in (
         "scheduler",
         "deadline ratio",
@@ -342,7 +415,7 @@ def bench_cluster(
     runs = {}
     for name in names:
         family = _family([name])
-        row = _run(None, None, "T4", name, 60.0).summary()
+        row = _run(None, None, None, name, None).summary()
         runs[name] = {
             "trace": DEFAULTS[family][0],
             "wall_s": row["wall_s"],

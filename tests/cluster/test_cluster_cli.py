@@ -105,7 +105,7 @@ def test_lyra_replays_a_generated_trace_and_takes_demand_from_a_gpu_plan(tmp_pat
     assert demand[50.0].max() > demand[5.0].max() and demand[50.0].argmax() >= 19  # evening peak
     for extra, error in (
         (["--gpu-plan", str(tmp_path / "plan.json")], "needs --peak-rps"),
-        (["--trace", "elasticVpollux_e"], "its own generated trace"),
+        (["--trace", "elasticVpollux_e"], "its own generated trace on its own clusters"),
     ):
         refused = runner.invoke(app, [*args, *extra])
         assert refused.exit_code == 2 and error in " ".join(refused.output.split()), extra

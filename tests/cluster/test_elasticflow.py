@@ -123,15 +123,14 @@ def test_tiresias_demotes_past_its_limit_and_the_newcomer_preempts() -> None:
     """One GPU: a long job alone passes the first queue's 3,250 GPU-seconds and is demoted;
     a short job arriving later (queue 0) preempts it and finishes first. Behind a job that
     ends before its demotion, a newcomer waits (first come, first served within a queue)."""
-    curve = ScalingCurve(np.array([1]), np.array([1.0]))
-    curves, cluster = {("m", 1): curve}, Cluster(1, 1)
+    cluster = Cluster(1, 1)
     long_job = Job(0, 0.0, 7200.0, "m", 1, 1, float("inf"), 7200.0)
     late_short = Job(1, 4000.0, 600.0, "m", 1, 1, float("inf"), 600.0)
-    result = simulate([long_job, late_short], cluster, Tiresias(cluster, curves))
+    result = simulate([long_job, late_short], cluster, Tiresias(cluster))
     assert result.finish[1] < result.finish[0] and result.preemptions >= 1
     shorter = Job(0, 0.0, 3000.0, "m", 1, 1, float("inf"), 3000.0)
     early_short = Job(1, 1200.0, 600.0, "m", 1, 1, float("inf"), 600.0)
-    fifo = simulate([shorter, early_short], cluster, Tiresias(cluster, curves))
+    fifo = simulate([shorter, early_short], cluster, Tiresias(cluster))
     assert fifo.finish[0] < fifo.finish[1] and fifo.preemptions == 0
 
 
@@ -145,7 +144,7 @@ def test_edf_and_tiresias_reproduce_the_artifact_on_the_195_job_trace(pollux) ->
     jobs, curves, cluster = pollux
     edf = simulate(jobs, cluster, EDF(cluster, curves))
     assert len(edf.met) == 23
-    tiresias = simulate(jobs, cluster, Tiresias(cluster, curves))
+    tiresias = simulate(jobs, cluster, Tiresias(cluster))
     assert tiresias.deadline_ratio == pytest.approx(0.28718, abs=0.01)
 
 
@@ -162,21 +161,20 @@ def test_gandiva_shares_a_node_between_small_jobs_and_time_slices_past_capacity(
     """One 4-GPU node, five one-GPU jobs of 600 s: they share one node set (the artifact joins
     while its load + 1 < 4, then time-slices into it), four run at a time and rotate on whole
     minutes, so the five finish together no sooner than 3,000 GPU-s / 4 GPUs."""
-    curve = ScalingCurve(np.array([1]), np.array([1.0]))
     cluster = Cluster(1, 4)
     jobs = [Job(i, 0.0, 600.0, "m", 1, 1, float("inf"), 600.0) for i in range(5)]
-    policy = Gandiva(cluster, {("m", 1): curve})
+    policy = Gandiva(cluster)
     result = simulate(jobs, cluster, policy)
     assert set(result.finish) == set(range(5)) and not policy.pending
     assert result.makespan_s >= 750 and result.preemptions > 0
-    one_job = simulate(jobs[:1], cluster, Gandiva(cluster, {("m", 1): curve}))
+    one_job = simulate(jobs[:1], cluster, Gandiva(cluster))
     assert one_job.preemptions == 0 and one_job.makespan_s < result.makespan_s
 
 
 def test_gandiva_reproduces_the_artifact_on_the_195_job_trace(pollux) -> None:  # type: ignore[no-untyped-def]
     """The artifact's run: 0.09231 (18 of 195)."""
     jobs, curves, cluster = pollux
-    assert len(simulate(jobs, cluster, Gandiva(cluster, curves)).met) == 18
+    assert len(simulate(jobs, cluster, Gandiva(cluster)).met) == 18
 
 
 def _feasible_by_brute_force(jobs: list[tuple[int, int, int]], gpus: int, slots: int) -> bool:
