@@ -11,26 +11,12 @@ from cluster.ef_placement import Nodes
 from cluster.ef_planner import Demand, Profile, plan
 from cluster.elasticflow import ElasticFlow
 from cluster.gandiva import Gandiva
-from cluster.profile import Steps
 from cluster.simulate import simulate
 from cluster.tiresias import Tiresias
 from cluster.workload import Cluster, Job, ScalingCurve, load_cluster, load_curves, load_trace
 
 # Fig. 3/4's curve: 1 unit of throughput on one GPU, 1.5 on two, 2 on four.
 CURVE = ScalingCurve(np.array([1, 2, 4]), np.array([1.0, 1.5, 2.0]))
-
-
-def test_steps_merge_breakpoints_and_add_and_remove_plans() -> None:
-    free = Steps.constant(4)
-    plan = Steps.of([0, 2, 5], [1, 3, 0])
-    left = free.minus(plan)
-    assert left.starts == [0, 2, 5] and left.vals == [3, 1, 4]
-    assert left.values([0, 1, 2, 4, 5, 99]) == [3, 3, 1, 1, 4, 4]
-    back = left.plus(plan)  # giving the plan back merges to one period again
-    assert back.starts == [0] and back.vals == [4]
-    assert left.breaks(1, 5) == [1, 2] and left.breaks(0, np.inf) == [0, 2, 5]
-    # a later duplicate start wins, and equal neighbours merge
-    assert Steps.of([0, 3, 3, 6], [2, 5, 2, 1]).starts == [0, 6]
 
 
 def _demand(work: float, deadline: float, curve: ScalingCurve = CURVE) -> Demand:
