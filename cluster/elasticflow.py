@@ -43,8 +43,9 @@ import math
 
 import numpy as np
 
+from cluster.ef_kernels import admits, plan_round
 from cluster.ef_placement import Nodes
-from cluster.ef_round import JobTypes, admits, plan_round
+from cluster.ef_planner import Tables
 from cluster.simulate import Running, overhead_s, run_interval
 from cluster.workload import Cluster, Job, ScalingCurve
 
@@ -178,6 +179,41 @@ class ElasticFlow:
                 entry.overhead = 0.0
         if restart:
             self.cache.clear()
+
+
+class JobTypes:
+    """The tables of every (model, batch) seen so far, stacked for the compiled kernels."""
+
+    def __init__(self, gpus: int) -> None:
+        self.gpus = gpus
+        self.index: dict[tuple[str, int], int] = {}
+        self._tables: list[tuple[Tables, int]] = []
+        self.levels = self.nlevels = self.rate = self.fit = self.max_gpus = np.empty(0)
+
+    def of(self, key: tuple[str, int], levels: tuple[int, ...], rate: dict[int, float],
+           max_gpus: int) -> int:  # fmt: skip
+        """The type's index, stacking its tables the first time it is seen."""
+        if key not in self.index:
+            self.index[key] = len(self._tables)
+            self._tables.append((Tables(levels, rate, self.gpus), max_gpus))
+            self._stack()
+        return self.index[key]
+
+    def _stack(self) -> None:
+        width = max(len(t.levels) for t, _ in self._tables)
+        top = max(len(t.rate) for t, _ in self._tables)
+        count = len(self._tables)
+        self.levels = np.zeros((count, width), np.int64)
+        self.nlevels = np.zeros(count, np.int64)
+        self.rate = np.full((count, top), np.nan)
+        self.fit = np.zeros((count, self.gpus + 1), np.int64)
+        self.max_gpus = np.zeros(count, np.int64)
+        for i, (t, max_gpus) in enumerate(self._tables):
+            self.levels[i, : len(t.levels)] = t.levels
+            self.nlevels[i] = len(t.levels)
+            self.rate[i, : len(t.rate)] = t.rate
+            self.fit[i] = t.fit
+            self.max_gpus[i] = max_gpus
 
 
 def _by_deadline(jobs: list[Running]) -> list[Running]:
