@@ -161,9 +161,12 @@ def simulate(
     *,
     slot_s: float = 60.0,
     progress: Callable[[int, int], None] | None = None,
+    on_round: Callable[[float, dict[int, int]], None] | None = None,
 ) -> Result:
     """Run `policy` on `jobs` until every admitted job has left the system. A policy that
-    cannot run some job refuses the trace first (its `check`), before any replay."""
+    cannot run some job refuses the trace first (its `check`), before any replay.
+    `on_round` sees each round's time and the GPUs each job holds (job id: GPUs, jobs holding
+    none left out): what the artifact logs per event (`cluster.artifact`)."""
     check = getattr(policy, "check", None)
     if check is not None:
         check(jobs)
@@ -210,6 +213,8 @@ def simulate(
             raise AssertionError(f"{policy.name} allocated {held} of {cluster.gpus} GPUs")
         for entry in active:
             preemptions += bool(before[id(entry)] and not entry.gpus)
+        if on_round is not None:
+            on_round(now, {a.job.id: a.gpus for a in active if a.gpus})
         coming = (
             [submits[i] for i in (seen, after[seen]) if i < len(submits)]
             if seen < len(submits)

@@ -397,37 +397,113 @@ def _plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         plt.close(fig)
 
 
+# Where bench cluster replays ElasticFlow's family: the artifact's settings for each trace
+# (`run_fig8a.sh`, `run_fig8b.sh`), and the wall-time target of each run.
+BENCH_TRACES = {
+    "elasticVpollux_e": ("n16g4", "T4"),
+    "cluster01": ("n64g8", "A100"),
+    "cluster02": ("n64g8", "A100"),
+    "cluster03": ("n64g8", "A100"),
+    "cluster04": ("n128g8", "A100"),
+    "cluster05": ("n64g8", "A100"),
+}
+TARGET_S = {"elasticVpollux_e": 2.0}  # ElasticFlow on the 195-job trace; 60 s elsewhere
+
+
+def _target(scheduler: str, trace: str) -> float | None:
+    if trace in TARGET_S:
+        return TARGET_S[trace] if scheduler == "elasticflow" else None
+    return 60.0
+
+
+def _bench_row(name: str, trace: str, artifact: dict[tuple[str, str], Any]) -> dict[str, Any]:
+    """One scheduler on one trace, measured, beside the artifact's own run of it."""
+    shape, gpu_type = BENCH_TRACES[trace]
+    result = _run(trace, shape, gpu_type if name in TABLES else None, name, None)
+    theirs = artifact.get((trace, name))
+    target = _target(name, trace)
+    return {
+        "scheduler": name,
+        "trace": trace,
+        "cluster": shape,
+        "gpu_type": gpu_type,
+        "jobs": result.jobs,
+        "met": len(result.met),
+        "deadline_ratio": result.deadline_ratio,
+        "artifact_met": None if theirs is None else theirs.accepted,
+        "artifact_ratio": None if theirs is None else theirs.deadline_ratio,
+        "matches_artifact": None if theirs is None else theirs.accepted == len(result.met),
+        "wall_s": result.wall_s,
+        "target_s": target,
+        "within_target": None if target is None else result.wall_s <= target,
+    }
+
+
 @bench_app.command("cluster")
 @user_errors
 def bench_cluster(
     schedulers: Annotated[
         str, typer.Option(help="Comma-separated schedulers to time (any family).")
     ] = ",".join((*DEADLINE, "rubick", "lyra")),
+    traces: Annotated[
+        str, typer.Option(help="ElasticFlow's family: comma-separated traces to replay.")
+    ] = ",".join(BENCH_TRACES),
     as_json: JsonOpt = False,
 ) -> None:
-    """Time each scheduler on its family's default trace: ElasticFlow's family on the 195-job
-    trace (16 x 4 T4, 60 s slots; target for ElasticFlow <= 5 s, the artifact takes 12-26 s),
-    Rubick's on workload-base (8 x 8 GPUs), Lyra's on its 15-day 50,000-job generated trace
-    (target <= 2 minutes)."""
+    """Each scheduler of ElasticFlow's family on the 195-job trace (16 x 4 T4) and the ITP
+    traces cluster01..05 (A100; 64 x 8 GPUs, 128 x 8 for cluster04; 60 s slots, as the
+    artifact's run_fig8b.sh), beside the artifact's own runs (cluster/data/SOURCES.md) with a
+    match flag and each run's wall time against its target (ElasticFlow on the 195-job trace
+    2 s, every scheduler on every ITP trace 60 s). Rubick on workload-base (8 x 8 GPUs), Lyra
+    on its 15-day 50,000-job generated trace (target 2 minutes)."""
+    from cluster.artifact import artifact_runs
+
     names = [n.strip() for n in schedulers.split(",") if n.strip()]
+    chosen = [t.strip() for t in traces.split(",") if t.strip()]
     for name in names:
         _check(name)
-    runs = {}
+    for trace in chosen:
+        if trace not in BENCH_TRACES:
+            raise UsageError(
+                f"bench cluster has no settings for trace '{trace}'.",
+                f"use some of: {', '.join(BENCH_TRACES)}.",
+            )
+    artifact = artifact_runs()
+    runs: list[dict[str, Any]] = []
+    others: dict[str, Any] = {}
     for name in names:
-        family = _family([name])
+        if _family([name]) == DEADLINE:
+            runs += [_bench_row(name, trace, artifact) for trace in chosen]
+            continue
         row = _run(None, None, None, name, None).summary()
-        runs[name] = {
-            "trace": DEFAULTS[family][0],
+        target = 120.0 if _family([name]) == LYRA else None
+        others[name] = {
+            "trace": DEFAULTS[_family([name])][0],
             "wall_s": row["wall_s"],
-            "deadline_ratio": row["deadline_ratio"],
             "avg_jct_s": row["avg_jct_s"],
+            "target_s": target,
+            "within_target": None if target is None else row["wall_s"] <= target,
         }
-    summary: dict[str, Any] = {"runs": runs, "elasticflow_target_s": 5.0, "lyra_target_s": 120.0}
-    if "elasticflow" in runs:
-        summary["elasticflow_within_target"] = runs["elasticflow"]["wall_s"] <= 5.0
-    if "lyra" in runs:
-        summary["lyra_within_target"] = runs["lyra"]["wall_s"] <= 120.0
+    summary = {"runs": runs, "others": others}
     if as_json:
         print(json.dumps(summary))
         return
-    Console().print_json(json.dumps(summary))
+    table = Table(title="bench cluster: ours beside the artifact's own runs")
+    for column in ("scheduler", "trace", "met / jobs", "artifact", "match", "wall s", "target s"):
+        table.add_column(column, justify="left" if column in ("scheduler", "trace") else "right")
+    for row in runs:
+        theirs = "-" if row["artifact_met"] is None else f"{row['artifact_met']}"
+        match = {None: "-", True: "yes", False: "NO"}[row["matches_artifact"]]
+        target = "-" if row["target_s"] is None else f"{row['target_s']:g}"
+        table.add_row(
+            row["scheduler"],
+            row["trace"],
+            f"{row['met']} / {row['jobs']} ({row['deadline_ratio']:.5f})",
+            theirs,
+            match,
+            f"{row['wall_s']:.1f}",
+            target,
+        )
+    Console().print(table)
+    if others:
+        Console().print_json(json.dumps(others))

