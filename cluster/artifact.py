@@ -16,7 +16,7 @@ from pathlib import Path
 
 __all__ = ["ArtifactRun", "Rounds", "artifact_runs", "rounds"]
 
-_RUNS = Path(__file__).resolve().parent / "data" / "elasticflow" / "artifact_runs.csv"
+_RUNS = Path(__file__).resolve().parent / "data" / "elasticflow" / "artifact" / "runs.csv"
 
 
 def rounds(log_dir: str | Path) -> list[tuple[float, dict[int, int]]]:
@@ -65,7 +65,7 @@ class ArtifactRun:
 
 
 def artifact_runs() -> dict[tuple[str, str], ArtifactRun]:
-    """The artifact's runs recorded in `cluster/data/elasticflow/artifact_runs.csv` (each
+    """The artifact's runs recorded in `cluster/data/elasticflow/artifact/runs.csv` (each
     command in cluster/data/SOURCES.md), by (trace, scheduler); whole traces only."""
     runs = {}
     with _RUNS.open() as f:
