@@ -507,3 +507,81 @@ def bench_cluster(
     Console().print(table)
     if others:
         Console().print_json(json.dumps(others))
+
+
+# The assumptions Lyra's JCT lead over the baseline depends on, one change at a time
+# (cluster.lyra.Assumptions; load: offered GPU-seconds over the training cluster's).
+LYRA_ROWS = (
+    ("as built", 0.85, {}),
+    ("load 0.90 (baseline queues as the thesis's)", 0.90, {}),
+    ("load 0.90, loaned T4 as fast as a V100", 0.90, {"t4_speed": 1.0}),
+    ("load 0.90, preempted jobs resume", 0.90, {"checkpoint": True}),
+    (
+        "load 0.90, no-scaling schemes run elastic jobs at w_min",
+        0.90,
+        {"unscaled_elastic": "w_min"},
+    ),
+    (
+        "load 0.90, all three",
+        0.90,
+        {"t4_speed": 1.0, "checkpoint": True, "unscaled_elastic": "w_min"},
+    ),
+    ("load 0.95", 0.95, {}),
+)
+
+
+@bench_app.command("lyra")
+@user_errors
+def bench_lyra(
+    days: DaysOpt = None,
+    jobs: JobsOpt = None,
+    seed: SeedOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Lyra against the baseline on mean JCT under each assumption it depends on (the
+    thesis: 11,236 vs 16,610 s, 1.48x): the generated trace's congestion, the loaned T4's
+    speed, checkpointing on preemption, and the workers an unscaled elastic job gets."""
+    from cluster.lyra import Assumptions, run_lyra
+
+    options = LyraOptions.given(days, jobs, seed)
+    rows = []
+    for name, load, changes in LYRA_ROWS:
+        runs = {
+            s: run_lyra(
+                scheduler=s,
+                days=options.days,
+                jobs=options.jobs,
+                seed=options.seed,
+                load=load,
+                assumptions=Assumptions(**changes),  # type: ignore[arg-type]
+            )
+            for s in ("baseline", "lyra")
+        }
+        base, lyra = runs["baseline"], runs["lyra"]
+        rows.append(
+            {
+                "assumptions": name,
+                "load": load,
+                "baseline_jct_s": base.result.avg_jct_s,
+                "lyra_jct_s": lyra.result.avg_jct_s,
+                "lead": (base.result.avg_jct_s or 0.0) / (lyra.result.avg_jct_s or 1.0),
+                "baseline_queue_s": base.stats.queue_mean_s,
+                "lyra_queue_s": lyra.stats.queue_mean_s,
+                "lyra_preemption_ratio": lyra.stats.preemption_ratio,
+            }
+        )
+    if as_json:
+        print(json.dumps({"rows": rows, "thesis": {"baseline_jct_s": 16610, "lyra_jct_s": 11236}}))
+        return
+    table = Table(title="Lyra vs baseline, mean JCT (thesis: 16,610 vs 11,236 s, 1.48x)")
+    for column in ("assumptions", "baseline JCT s", "Lyra JCT s", "lead", "queue s base/Lyra"):
+        table.add_column(column, justify="left" if column == "assumptions" else "right")
+    for row in rows:
+        table.add_row(
+            row["assumptions"],
+            f"{row['baseline_jct_s']:,.0f}",
+            f"{row['lyra_jct_s']:,.0f}",
+            f"{row['lead']:.2f}x",
+            f"{row['baseline_queue_s']:,.0f} / {row['lyra_queue_s']:,.0f}",
+        )
+    Console().print(table)
