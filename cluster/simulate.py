@@ -2,17 +2,21 @@
 
 It advances from event to event as the ElasticFlow artifact's simulator does, because its
 published numbers depend on that cadence: the events are arrivals, the ends a scheduler plans
-and the times it asks to be woken (a planned change of GPU count). Events that fall within one
-slot (`slot_s`, 60 s in the artifacts) of the current time are handled together one slot later,
-so two scheduling rounds are at least a slot apart (a lone last event keeps its own time).
+and the time it asks to be woken (ElasticFlow: its next planned change of GPU count), which
+counts only if it comes before every other pending event, as the artifact adds its scale event.
+Events that fall within one slot (`slot_s`, 60 s in the artifacts) of the current time are
+handled together one slot later, so two scheduling rounds are at least a slot apart (a lone
+last event keeps its own time).
 
 At each event the simulator first runs every job over the interval just passed (its
 throughput at its GPU count, minus the scaling overhead it paid at the interval's start),
 removes the jobs whose planned end has come (or that finished early: they end at this event),
 hands arrivals to the policy, lets it decide every job's GPUs, planned end and wake-up, and
-charges the overheads of the new round. A job meets its deadline if the end it is judged by
-comes by then: ElasticFlow (`judges_plan`) judges the end its last plan promised, as its
-artifact does; the others the end they scheduled (or the early finish).
+charges the overheads of the new round. No work counts past the end a job is judged by, and a
+job whose judged end lies before the previous event is a state the artifact asserts never
+happens: it raises. A job meets its deadline if the end it is judged by comes by then:
+ElasticFlow (`judges_plan`) judges the end its last plan promised, as its artifact does; the
+others the end they scheduled (or the early finish).
 
 A scheduler is a `Policy`: `advance` (progress over the interval just passed: `run_interval`
 for throughput-driven schedulers), `arrive` (which of the new jobs it admits), `schedule` (GPU

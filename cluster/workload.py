@@ -3,8 +3,8 @@
 The traces, throughput tables and cluster shapes are the ElasticFlow artifact's, copied into
 `cluster/data/` with their licences (`cluster/data/SOURCES.md`); a trace may also be any CSV
 in the artifact's formats. Throughputs are iterations per second at 1, 2, 4, ... GPUs per
-(model, global batch): the scaling curve the schedulers read, with the compact placement the
-buddy allocator gives (as the artifact assumes).
+(model, global batch): the scaling curve the schedulers read (the artifact profiles each
+count on one compact placement and reads the table whatever the placement).
 """
 
 from __future__ import annotations
