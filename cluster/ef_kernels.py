@@ -204,6 +204,18 @@ def _gpu_seconds(ak, av, na, end, slot_s):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
+def _emit(out_k, out_v, na, used, key, gpus, slot_s):  # type: ignore[no-untyped-def]
+    """Append a breakpoint to a merged allocation unless it repeats the last value, adding the
+    run it closes to the GPU-seconds (the last run's GPUs to this key); (count, GPU-seconds)."""
+    if na > 0 and out_v[na - 1] == gpus:
+        return na, used
+    if na > 0:
+        used += out_v[na - 1] * ((key - out_k[na - 1]) * slot_s)
+    out_k[na], out_v[na] = key, gpus
+    return na + 1, used
+
+
+@njit(cache=True)
 def _plan_w(left, ddl, levels, rate, fit, max_gpus, m, nxt, now_s, slot_s, gpus, assign, ws,
             want_free, short):  # type: ignore[no-untyped-def]  # fmt: skip
     """The compiled planner on a working profile from `_load` (`assign` < 0 for none).
@@ -297,11 +309,7 @@ def _plan_w(left, ddl, levels, rate, fit, max_gpus, m, nxt, now_s, slot_s, gpus,
             # Every period before `point` runs at min(0, ...): a zero run, no work. An
             # estimate (no profile wanted) starts its walk at `point`.
             if wk[first] < point:
-                if na == 0 or out_v[na - 1] != 0:
-                    if na > 0:
-                        used += out_v[na - 1] * ((wk[first] - out_k[na - 1]) * slot_s)
-                    out_k[na], out_v[na] = wk[first], 0
-                    na += 1
+                na, used = _emit(out_k, out_v, na, used, wk[first], 0, slot_s)
                 first = _first_at_least(wk, m, point)
         for i in range(first, m):
             t = wk[i]
@@ -310,11 +318,7 @@ def _plan_w(left, ddl, levels, rate, fit, max_gpus, m, nxt, now_s, slot_s, gpus,
             if lat >= 0:
                 av[lat] = g
                 _take(wv, lat, g)
-                if na == 0 or out_v[na - 1] != g:
-                    if na > 0:
-                        used += out_v[na - 1] * ((wk[lat] - out_k[na - 1]) * slot_s)
-                    out_k[na], out_v[na] = wk[lat], g
-                    na += 1
+                na, used = _emit(out_k, out_v, na, used, wk[lat], g, slot_s)
                 if g != 0:
                     its = _seconds(wk[lat], t, d_slot, ddl, now_s, slot_s) * rate[g]
                     if wk[lat] < point or its < left:
@@ -329,9 +333,7 @@ def _plan_w(left, ddl, levels, rate, fit, max_gpus, m, nxt, now_s, slot_s, gpus,
                             raise PlanError("a plan ends past the period it completes in")
                         ended = True
                         if t < d_slot:  # the zero breakpoint after it (`allocations`)
-                            used += out_v[na - 1] * ((t - out_k[na - 1]) * slot_s)
-                            out_k[na], out_v[na] = t, 0
-                            na += 1
+                            na, used = _emit(out_k, out_v, na, used, t, 0, slot_s)
                         break
             lat = i
             g = min(cap if t >= point else last_cap, fit[wv[i]])
@@ -340,11 +342,7 @@ def _plan_w(left, ddl, levels, rate, fit, max_gpus, m, nxt, now_s, slot_s, gpus,
                 raise PlanError("a plan completes at zero GPUs")
             av[lat] = g
             _take(wv, lat, g)
-            if na == 0 or out_v[na - 1] != g:
-                if na > 0:
-                    used += out_v[na - 1] * ((wk[lat] - out_k[na - 1]) * slot_s)
-                out_k[na], out_v[na] = wk[lat], g
-                na += 1
+            na, used = _emit(out_k, out_v, na, used, wk[lat], g, slot_s)
             run = math.ceil(left / rate[g])
             end = wk[lat] + _align(float(run), slot_s)
             real = now_s + wk[lat] * slot_s + run
