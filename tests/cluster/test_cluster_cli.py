@@ -118,3 +118,18 @@ def test_lyra_replays_a_generated_trace_and_takes_demand_from_a_gpu_plan(tmp_pat
     ):
         refused = runner.invoke(app, [*args, *extra])
         assert refused.exit_code == 2 and error in " ".join(refused.output.split()), extra
+
+
+def test_bench_lyra_measures_the_lead_under_each_assumption() -> None:
+    """One row per assumption, each with both schemes' mean JCT and the lead between them."""
+    args = ["bench", "lyra", "--days", "1", "--jobs", "1000", "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    rows = summary["rows"]
+    assert rows[0]["assumptions"] == "as built" and len(rows) == 7
+    for row in rows:
+        assert row["lead"] == pytest.approx(row["baseline_jct_s"] / row["lyra_jct_s"])
+    assert summary["thesis"] == {"baseline_jct_s": 16610, "lyra_jct_s": 11236}
+    refused = CliRunner().invoke(app, ["bench", "lyra", "--days", "0"])
+    assert refused.exit_code == 2
