@@ -169,11 +169,10 @@ class ElasticFlow:
 
     def charge(self, now: float, jobs: list[Running], round_index: int) -> None:
         restart = round_index > 0 and round_index % _RESTART_EVERY == 0
-        large = self.cluster.gpus >= 256
         for entry in jobs:
             if entry.gpus:
                 cached = entry.state.get("cached", False)
-                entry.overhead = overhead_s(entry.gpus, restart, cached, large)
+                entry.overhead = overhead_s(entry.gpus, restart, self.cluster.gpus, cached)
                 entry.end += entry.overhead
             else:
                 entry.overhead = 0.0

@@ -10,7 +10,13 @@ Within a set the first `capacity` jobs run; on rounds at a whole minute they rot
 back. Every round, sets are grown or shrunk towards each size's share of the GPU demand. Jobs
 run for their trace duration at their trace GPUs; a job is judged by when its execution ends.
 Rounds happen at arrivals only (then every slot once none are left): a job that ends between
-them frees its nodes at the next round.
+them frees its nodes at the next round. Every placed job pays the artifact's scaling overhead
+each round (`utils.estimate_overhead`: a base of 7 s on clusters of 256 GPUs or more, every
+ITP cluster, 2 s below).
+
+The rules come from the artifact's `gandiva_sim_jobs` (scheduler.py) and `cluster.py`
+(`gandiva_placement`, `gandiva_node_set_adjust`, `time_slicing_execute`); the replay equals
+its per-event log on the 195-job trace and cluster01..05 (`moelambda bench cluster`).
 """
 
 from __future__ import annotations
@@ -197,4 +203,4 @@ class Gandiva:
         placed = {id(j) for sets in self.sets.values() for s in sets for j in s.jobs}
         for entry in jobs:
             if id(entry) in placed:
-                entry.overhead = overhead_s(entry.job.gpus, restart)
+                entry.overhead = overhead_s(entry.job.gpus, restart, self.cluster.gpus)

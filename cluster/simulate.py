@@ -6,7 +6,11 @@ and the time it asks to be woken (ElasticFlow: its next planned change of GPU co
 counts only if it comes before every other pending event, as the artifact adds its scale event.
 Events that fall within one slot (`slot_s`, 60 s in the artifacts) of the current time are
 handled together one slot later, so two scheduling rounds are at least a slot apart (a lone
-last event keeps its own time).
+last event keeps its own time). A policy with `merges_arrivals_only` (Tiresias) follows the
+artifact's other loop instead, `dlas_sim_jobs`, which merges arrivals alone: the next arrival
+moves to one slot from now when within a slot and another arrival follows, the last arrival
+keeps its own time whatever else is pending, and the policy keeps its ends and wake-ups a
+slot away itself.
 
 At each event the simulator first runs every job over the interval just passed (its
 throughput at its GPU count, minus the scaling overhead it paid at the interval's start),
@@ -92,16 +96,21 @@ class Policy(Protocol):
     def charge(self, now: float, jobs: list[Running], round_index: int) -> None: ...
 
 
-def overhead_s(gpus: int, restart: bool, cached: bool = False, large: bool = False) -> float:
-    """The artifact's scaling overhead (`estimate_overhead`): 2 s (7 s on clusters of 256 GPUs
-    or more); a job whose GPU set is still cached pays only that; otherwise 2 s per doubling of
-    its GPUs, and 27 s (47 s on large clusters) more on the rounds that restart every trainer."""
+def overhead_s(gpus: int, restart: bool, cluster_gpus: int, cached: bool = False) -> float:
+    """The artifact's scaling overhead (`utils.estimate_overhead`): 2 s, or 7 s on clusters of
+    256 GPUs or more (every ITP cluster: 512 or 1,024 GPUs); a job whose GPU set is still
+    cached pays only that; otherwise 2 s per doubling of its GPUs, and 27 s (47 s on those
+    large clusters) more on the rounds that restart every trainer. The cluster's size is a
+    required argument because every scheduler's overhead depends on it."""
+    large = cluster_gpus >= 256
     overhead = 7.0 if large else 2.0
     if cached:
         return overhead
     if restart:
         overhead += 47.0 if large else 27.0
-    return overhead + 2.0 * (math.log2(gpus) + 1.0)
+    # math.log(x, 2), not log2: they differ in the last bit for 280 of the counts up to 1,024
+    # and Tiresias truncates executed seconds to whole ones after subtracting the overhead
+    return overhead + (math.log(gpus, 2) + 1) * 2
 
 
 @dataclass
@@ -126,11 +135,25 @@ class Result:
 
 def _next_event(now: float, times: list[float], slot_s: float) -> float:
     """The time of the next round: the earliest event, moved to one slot from now when it is
-    within a slot and another event is pending (the artifact's merge rule)."""
+    within a slot and another event is pending (the merge rule of ElasticFlow's loop,
+    `ef_sim_jobs_access_control`, whose one event list holds arrivals and ends alike)."""
     first = min(times)
     if int(first - now) <= slot_s and any(t != first for t in times):
         return now + slot_s
     return first
+
+
+def _next_event_arrivals(now: float, later: list[float], coming: list[float],
+                         slot_s: float) -> float:  # fmt: skip
+    """The time of the next round when only arrivals are merged (Tiresias' loop,
+    `dlas_sim_jobs`): its event list holds arrivals alone, so the next arrival is moved to one
+    slot from now when within a slot and another arrival follows, and the last one keeps its
+    own time; the policy's ends and wake-ups (`later`) are a slot away or more already."""
+    times = list(later)
+    if coming:
+        first = coming[0]
+        times.append(now + slot_s if int(first - now) <= slot_s and len(coming) > 1 else first)
+    return min(times)
 
 
 def run_interval(jobs: list[Running], now: float, elapsed: float) -> None:
@@ -189,6 +212,7 @@ def simulate(
     seen = 0
     judges_plan = getattr(policy, "judges_plan", False)
     ticks = getattr(policy, "ticks", False)  # rounds every slot once arrivals are over
+    merges_arrivals = getattr(policy, "merges_arrivals_only", False)
     while seen < len(arrivals) or active:
         policy.advance(active, now, elapsed)
         busy_gpu_s += sum(a.gpus * elapsed for a in active)
@@ -239,7 +263,11 @@ def simulate(
             pending.append(now + slot_s)
         if not pending:  # nothing will change: jobs left waiting never run (too big)
             break
-        nxt = _next_event(now, pending, slot_s)
+        if merges_arrivals:
+            later = [t for t in (wake, *(a.end for a in active)) if math.isfinite(t)]
+            nxt = _next_event_arrivals(now, later, coming, slot_s)
+        else:
+            nxt = _next_event(now, pending, slot_s)
         elapsed, now = nxt - now, nxt
     jct = np.array([finish[j.id] - j.submit for j in jobs if j.id in finish])
     with_deadline = [j for j in jobs if math.isfinite(j.deadline)]
