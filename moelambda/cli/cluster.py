@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 import typer
@@ -22,6 +23,9 @@ from rich.table import Table
 
 from ground.errors import UsageError
 from moelambda.cli._app import JsonOpt, app, bench_app, err, user_errors
+
+if TYPE_CHECKING:
+    from cluster.artifact import EventLog
 
 cluster_app = typer.Typer(help="GPU-cluster schedulers on training traces.", no_args_is_help=True)
 app.add_typer(cluster_app, name="cluster")
@@ -204,9 +208,11 @@ def _run(
     scheduler: str,
     slot: float | None,
     lyra: LyraOptions | None = None,
+    on_round: Callable[[float, dict[int, int]], None] | None = None,
 ) -> Any:
     """One scheduler on one trace, with a progress bar on stderr. Every input is checked
-    (trace, cluster, options) before the replay starts."""
+    (trace, cluster, options) before the replay starts. `on_round` sees every round of
+    ElasticFlow's family (`cluster.simulate.simulate`)."""
     from cluster.simulate import simulate as run
     from cluster.workload import load_cluster, load_curves, load_trace
 
@@ -265,6 +271,7 @@ def _run(
             policy,
             slot_s=slot,
             progress=lambda arrived, _: bar.update(task, completed=arrived),
+            on_round=on_round,
         )
 
 
@@ -417,10 +424,21 @@ def _target(scheduler: str, trace: str) -> float | None:
     return 60.0
 
 
-def _bench_row(name: str, trace: str, artifact: dict[tuple[str, str], Any]) -> dict[str, Any]:
-    """One scheduler on one trace, measured, beside the artifact's own run of it."""
+def _bench_row(
+    name: str,
+    trace: str,
+    artifact: dict[tuple[str, str], Any],
+    logs: dict[tuple[str, str], EventLog],
+) -> dict[str, Any]:
+    """One scheduler on one trace, measured, beside the artifact's own run of it: the jobs
+    that met their deadlines, and every event against the artifact's per-event log (for a run
+    that had not finished, the events it had logged)."""
+    from cluster.artifact import EventDigest
+
     shape, gpu_type = BENCH_TRACES[trace]
-    result = _run(trace, shape, gpu_type if name in TABLES else None, name, None)
+    log = logs.get((trace, name))
+    digest = EventDigest(None if log is None or log.complete else log.events)
+    result = _run(trace, shape, gpu_type if name in TABLES else None, name, None, None, digest)
     theirs = artifact.get((trace, name))
     target = _target(name, trace)
     return {
@@ -434,6 +452,10 @@ def _bench_row(name: str, trace: str, artifact: dict[tuple[str, str], Any]) -> d
         "artifact_met": None if theirs is None else theirs.accepted,
         "artifact_ratio": None if theirs is None else theirs.deadline_ratio,
         "matches_artifact": None if theirs is None else theirs.accepted == len(result.met),
+        "events": digest.count,
+        "artifact_events": None if log is None else log.events,
+        "artifact_events_complete": None if log is None else log.complete,
+        "events_match": None if log is None else digest.matches(log),
         "wall_s": result.wall_s,
         "target_s": target,
         "within_target": None if target is None else result.wall_s <= target,
@@ -458,7 +480,7 @@ def bench_cluster(
     2 s, every scheduler on every ITP trace 60 s), after a warm-up that compiles the kernels
     (or loads them from numba's cache; reported apart). Rubick on workload-base (8 x 8 GPUs),
     Lyra on its 15-day 50,000-job generated trace (target 2 minutes)."""
-    from cluster.artifact import artifact_runs
+    from cluster.artifact import artifact_events, artifact_runs
 
     names = [n.strip() for n in schedulers.split(",") if n.strip()]
     chosen = [t.strip() for t in traces.split(",") if t.strip()]
@@ -470,7 +492,7 @@ def bench_cluster(
                 f"bench cluster has no settings for trace '{trace}'.",
                 f"use some of: {', '.join(BENCH_TRACES)}.",
             )
-    artifact = artifact_runs()
+    artifact, logs = artifact_runs(), artifact_events()
     started = time.perf_counter()  # compile (or load from numba's cache) outside the timings
     if set(names) & set(TABLES):
         _run("elasticVpollux_e", "n16g4", "T4", "elasticflow", None)
@@ -480,7 +502,7 @@ def bench_cluster(
     others: dict[str, Any] = {}
     for name in names:
         if _family([name]) == DEADLINE:
-            runs += [_bench_row(name, trace, artifact) for trace in chosen]
+            runs += [_bench_row(name, trace, artifact, logs) for trace in chosen]
             continue
         row = _run(None, None, None, name, None).summary()
         target = 120.0 if _family([name]) == LYRA else None
@@ -496,18 +518,34 @@ def bench_cluster(
         print(json.dumps(summary))
         return
     table = Table(title="bench cluster: ours beside the artifact's own runs")
-    for column in ("scheduler", "trace", "met / jobs", "artifact", "match", "wall s", "target s"):
+    columns = (
+        "scheduler",
+        "trace",
+        "met / jobs",
+        "artifact",
+        "match",
+        "events",
+        "wall s",
+        "target s",
+    )
+    for column in columns:
         table.add_column(column, justify="left" if column in ("scheduler", "trace") else "right")
     for row in runs:
         theirs = "-" if row["artifact_met"] is None else f"{row['artifact_met']}"
         match = {None: "-", True: "yes", False: "NO"}[row["matches_artifact"]]
         target = "-" if row["target_s"] is None else f"{row['target_s']:g}"
+        events = f"{row['events']}"
+        if row["events_match"] is not None:
+            prefix = "" if row["artifact_events_complete"] else "first "
+            same = "equal" if row["events_match"] else "DIFFER"
+            events += f" ({prefix}{row['artifact_events']} {same})"
         table.add_row(
             row["scheduler"],
             row["trace"],
             f"{row['met']} / {row['jobs']} ({row['deadline_ratio']:.5f})",
             theirs,
             match,
+            events,
             f"{row['wall_s']:.1f}",
             target,
         )
