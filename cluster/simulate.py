@@ -44,9 +44,12 @@ __all__ = [
     "Policy",
     "Result",
     "Running",
+    "arrival_order",
+    "next_event",
     "overhead_s",
     "run_interval",
     "simulate",
+    "summarise",
 ]
 
 SUMMARY_KEYS = (
@@ -133,7 +136,7 @@ class Result:
         return {k: getattr(self, k) for k in SUMMARY_KEYS}
 
 
-def _next_event(now: float, times: list[float], slot_s: float) -> float:
+def next_event(now: float, times: list[float], slot_s: float) -> float:
     """The time of the next round: the earliest event, moved to one slot from now when it is
     within a slot and another event is pending (the merge rule of ElasticFlow's loop,
     `ef_sim_jobs_access_control`, whose one event list holds arrivals and ends alike)."""
@@ -189,19 +192,25 @@ def simulate(
     slot_s: float = 60.0,
     progress: Callable[[int, int], None] | None = None,
     on_round: Callable[[float, dict[int, int]], None] | None = None,
+    reference: bool = False,
 ) -> Result:
     """Run `policy` on `jobs` until every admitted job has left the system. A policy that
     cannot run some job refuses the trace first (its `check`), before any replay.
     `on_round` sees each round's time and the GPUs each job holds (job id: GPUs, jobs holding
-    none left out): what the artifact logs per event (`cluster.artifact`)."""
+    none left out): what the artifact logs per event (`cluster.artifact`).
+
+    A policy with its own `replay` (EDF: thousands of waiting jobs, re-planned every round)
+    runs that instead: the same rounds over arrays, touching in Python only the jobs that
+    hold GPUs, arrive or leave. `reference=True` runs this generic loop regardless: the
+    specification those replays are tested against, result for result."""
     check = getattr(policy, "check", None)
     if check is not None:
         check(jobs)
+    replay = getattr(policy, "replay", None)
+    if replay is not None and not reference:
+        return replay(jobs, cluster, slot_s=slot_s, progress=progress, on_round=on_round)
     started_at = time.perf_counter()
-    arrivals = sorted(jobs, key=lambda j: (j.submit, j.id))
-    submits = [j.submit for j in arrivals]
-    # the first arrival time after each job's (the merge rule counts distinct event times)
-    after = np.searchsorted(submits, submits, side="right").tolist()
+    arrivals, submits, after = arrival_order(jobs)
     active: list[Running] = []
     finish: dict[int, float] = {}
     met: set[int] = set()
@@ -267,13 +276,41 @@ def simulate(
             later = [t for t in (wake, *(a.end for a in active)) if math.isfinite(t)]
             nxt = _next_event_arrivals(now, later, coming, slot_s)
         else:
-            nxt = _next_event(now, pending, slot_s)
+            nxt = next_event(now, pending, slot_s)
         elapsed, now = nxt - now, nxt
+    return summarise(
+        policy.name, jobs, cluster, finish, met, dropped, busy_gpu_s, preemptions, started_at
+    )
+
+
+def arrival_order(jobs: list[Job]) -> tuple[list[Job], list[float], list[int]]:
+    """The jobs by submission (ties by id), their submission times, and for each the index
+    of the first job submitted later (the merge rule counts distinct event times)."""
+    arrivals = sorted(jobs, key=lambda j: (j.submit, j.id))
+    submits = [j.submit for j in arrivals]
+    after = np.searchsorted(submits, submits, side="right").tolist()
+    return arrivals, submits, after
+
+
+def summarise(
+    name: str,
+    jobs: list[Job],
+    cluster: Cluster,
+    finish: dict[int, float],
+    met: set[int],
+    dropped: list[int],
+    busy_gpu_s: float,
+    preemptions: int,
+    started_at: float,
+) -> Result:
+    """A replay's result from what it recorded (shared by `simulate` and the policies' own
+    replays, so both report alike)."""
+    first_submit = min((j.submit for j in jobs), default=0.0)
     jct = np.array([finish[j.id] - j.submit for j in jobs if j.id in finish])
     with_deadline = [j for j in jobs if math.isfinite(j.deadline)]
-    makespan = max(finish.values(), default=0.0) - (submits[0] if submits else 0.0)
+    makespan = max(finish.values(), default=0.0) - first_submit
     return Result(
-        scheduler=policy.name,
+        scheduler=name,
         jobs=len(jobs),
         deadline_ratio=len(met & {j.id for j in with_deadline}) / len(with_deadline)
         if with_deadline
