@@ -10,7 +10,13 @@ Within a set the first `capacity` jobs run; on rounds at a whole minute they rot
 back. Every round, sets are grown or shrunk towards each size's share of the GPU demand. Jobs
 run for their trace duration at their trace GPUs; a job is judged by when its execution ends.
 Rounds happen at arrivals only (then every slot once none are left): a job that ends between
-them frees its nodes at the next round.
+them frees its nodes at the next round. Every placed job pays the artifact's scaling overhead
+each round (`utils.estimate_overhead`: a base of 7 s on clusters of 256 GPUs or more, every
+ITP cluster, 2 s below).
+
+The rules come from the artifact's `gandiva_sim_jobs` (scheduler.py) and `cluster.py`
+(`gandiva_placement`, `gandiva_node_set_adjust`, `time_slicing_execute`); the replay equals
+its per-event log on the 195-job trace and cluster01..05 (`moelambda bench cluster`).
 """
 
 from __future__ import annotations
@@ -19,11 +25,11 @@ import math
 from dataclasses import dataclass, field
 
 from cluster.simulate import Running, overhead_s
-from cluster.workload import Cluster, Job, ScalingCurve
+from cluster.workload import NODE_CLASSES, Cluster, Job, ScalingCurve, check_fits
+from ground.errors import UsageError
 
 __all__ = ["Gandiva"]
 
-_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 88, 128, 256)  # the artifact's classes
 _RESTART_EVERY = 60
 
 
@@ -40,20 +46,28 @@ class Gandiva:
     judges_plan = True  # judged by when its execution ends, not the round it leaves at
     ticks = True  # after the last arrival, a round every slot
 
-    def __init__(
-        self, cluster: Cluster, curves: dict[tuple[str, int], ScalingCurve], slot_s: float = 60.0
-    ) -> None:
-        self.cluster, self.curves, self.slot = cluster, curves, slot_s
+    def __init__(self, cluster: Cluster, slot_s: float = 60.0) -> None:
+        self.cluster, self.slot = cluster, slot_s
         self.free_nodes = list(range(cluster.nodes))
-        self.sets: dict[int, list[_Set]] = {size: [] for size in _SIZES}
+        self.sets: dict[int, list[_Set]] = {size: [] for size in NODE_CLASSES}
         self.pending: list[Running] = []
         self.released = False
         self.round = 0
 
     def curve(self, job: Job) -> ScalingCurve:
-        if job.gpus not in self.sets:
-            raise ValueError(f"Gandiva has no node-set class for {job.gpus}-GPU job {job.id}")
-        return self.curves[job.model, job.batch]
+        return job.own_curve()
+
+    def check(self, jobs: list[Job]) -> None:
+        """Refuse, before the replay, a job Gandiva cannot place: larger than the cluster, or
+        of a size the artifact keeps no node sets for."""
+        check_fits(jobs, self.cluster)
+        odd = next((j for j in jobs if j.gpus not in self.sets), None)
+        if odd is not None:
+            raise UsageError(
+                f"job {odd.id} asks for {odd.gpus} GPUs; Gandiva places jobs of "
+                f"{', '.join(map(str, NODE_CLASSES))} GPUs only (the artifact's node classes).",
+                "give the job one of those sizes, or use another --scheduler.",
+            )
 
     def _nodes_for(self, gpus: int) -> int:
         return math.ceil(gpus / self.cluster.gpus_per_node)
@@ -189,4 +203,4 @@ class Gandiva:
         placed = {id(j) for sets in self.sets.values() for s in sets for j in s.jobs}
         for entry in jobs:
             if id(entry) in placed:
-                entry.overhead = overhead_s(entry.job.gpus, restart)
+                entry.overhead = overhead_s(entry.job.gpus, restart, self.cluster.gpus)

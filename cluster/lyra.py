@@ -44,6 +44,7 @@ from cluster.lyra_mckp import (
 )
 from cluster.lyra_trace import (
     INFER_SERVERS,
+    LOAD,
     SERVER_GPUS,
     TICK_S,
     TRAIN_SERVERS,
@@ -55,6 +56,7 @@ from ground.errors import UsageError
 
 __all__ = [
     "LYRA_SCHEDULERS",
+    "Assumptions",
     "LyraRun",
     "LyraStats",
     "Scheme",
@@ -66,6 +68,24 @@ EPOCH_S = 60.0  # job-scheduler period [A]; the orchestrator runs every TICK_S
 PREEMPT_S = 63.0
 HEADROOM = 0.02
 T4_SPEED = 2.0 / 3.0  # a T4 worker: 2x the GPUs at 1/3 of a V100 each
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """The model's assumptions that decide whether Lyra beats the baseline on mean JCT (each
+    measured in docs/cluster.md, `moelambda bench lyra`). Defaults: as built.
+
+    - `t4_speed`: a loaned T4 worker's speed relative to a V100 worker (§A2.3: a T4 is 1/3 of
+      a V100 and a worker takes 2 of them, so 2/3).
+    - `checkpoint`: a preempted job resumes where it was (True) or restarts from scratch
+      (§A2.2: no job checkpoints by default).
+    - `unscaled_elastic`: the workers a scheme without elastic scaling gives an elastic job:
+      the w_max it asks for ("w_max", [A]) or its base demand ("w_min").
+    """
+
+    t4_speed: float = T4_SPEED
+    checkpoint: bool = False
+    unscaled_elastic: str = "w_max"
 
 
 @dataclass(frozen=True)
@@ -117,8 +137,8 @@ class LyraRun:
 class _Sim:
     """One replay: the trace's jobs as arrays, the cluster, the clock and the counters."""
 
-    def __init__(self, trace: LyraTrace, scheme: Scheme, seed: int) -> None:
-        self.t, self.s = trace, scheme
+    def __init__(self, trace: LyraTrace, scheme: Scheme, seed: int, a: Assumptions) -> None:
+        self.t, self.s, self.a = trace, scheme, a
         self.c = Cluster()
         self.rng = np.random.default_rng(seed + 1)
         n = trace.jobs
@@ -133,7 +153,8 @@ class _Sim:
         self.finish = np.full(n, np.nan)
         self.first_start = np.full(n, np.nan)
         self.elastic = trace.elastic if scheme.scaling != "none" else np.zeros(n, dtype=bool)
-        self.start_workers = np.where(self.elastic, trace.w_min, trace.workers)
+        at_base = self.elastic | (trace.elastic & (a.unscaled_elastic == "w_min"))
+        self.start_workers = np.where(at_base, trace.w_min, trace.workers)
         self.running: set[int] = set()
         self.queue: list[int] = []
         self.preemptions = self.scaling_ops = 0
@@ -166,7 +187,7 @@ class _Sim:
                 size, count = self._t4_shape(job, workers)
             if self.c.place(job, size, count, pool, flex=False):
                 self.pool[job] = pool
-                self.speed[job] = 1.0 if pool == TRAIN else T4_SPEED
+                self.speed[job] = 1.0 if pool == TRAIN else self.a.t4_speed
                 self.nbase[job] = workers
                 self.running.add(job)
                 if math.isnan(self.first_start[job]):
@@ -179,7 +200,8 @@ class _Sim:
         self.c.drop(job, flex=True)
         self.running.discard(job)
         self.nbase[job] = self.nflex[job] = 0
-        self.rem[job] = self.work[job]
+        if not self.a.checkpoint:
+            self.rem[job] = self.work[job]
         self.delay[job] = PREEMPT_S
         self.npre[job] += 1
         self.preemptions += 1
@@ -262,7 +284,7 @@ class _Sim:
 
     def _decide(self, jobs: list[int], sizes: list[int], pool: int, capacity: int) -> list[int]:
         """Extra workers per job: the MCKP (Lyra), AFS's greedy, or Gandiva's fill-when-idle."""
-        speed = 1.0 if pool == TRAIN else T4_SPEED
+        speed = 1.0 if pool == TRAIN else self.a.t4_speed
         groups = [
             flex_items(
                 float(self.rem[j]),
@@ -384,6 +406,7 @@ def replay(
     *,
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
+    assumptions: Assumptions | None = None,
 ) -> LyraRun:
     """Replay `trace` under `scheduler` until every job has finished."""
     if scheduler not in _SCHEMES:
@@ -391,7 +414,7 @@ def replay(
             f"unknown Lyra scheduler '{scheduler}'.", f"use one of: {', '.join(LYRA_SCHEDULERS)}."
         )
     started = time.perf_counter()
-    sim = _Sim(trace, _SCHEMES[scheduler], seed)
+    sim = _Sim(trace, _SCHEMES[scheduler], seed, assumptions or Assumptions())
     loaning = sim.s.loaning != "none"
     window = trace.days * 86400
     submit = trace.submit
@@ -421,7 +444,7 @@ def _result(sim: _Sim, scheduler: str, wall: float) -> Result:
     t = sim.t
     jct = sim.finish - t.submit
     window = t.days * 86400
-    busy = sim.v100_s + sim.t4_s * T4_SPEED / 2  # T4 GPUs normalised to V100s
+    busy = sim.v100_s + sim.t4_s * sim.a.t4_speed / 2  # T4 GPUs normalised to V100s
     return Result(
         scheduler=scheduler,
         jobs=t.jobs,
@@ -465,11 +488,16 @@ def run_lyra(
     seed: int = 0,
     inference_demand: np.ndarray | None = None,
     progress: Callable[[int, int], None] | None = None,
+    load: float = LOAD,
+    assumptions: Assumptions | None = None,
 ) -> LyraRun:
-    """Generate the seeded trace (`cluster.lyra_trace`) and replay it: `Result` and `LyraStats`."""
+    """Generate the seeded trace (`cluster.lyra_trace`; `load` = offered GPU-seconds over the
+    training cluster's) and replay it: `Result` and `LyraStats`."""
     if scheduler not in _SCHEMES:
         raise UsageError(
             f"unknown Lyra scheduler '{scheduler}'.", f"use one of: {', '.join(LYRA_SCHEDULERS)}."
         )
-    trace = generate_trace(days=days, jobs=jobs, seed=seed, inference_demand=inference_demand)
-    return replay(trace, scheduler, seed=seed, progress=progress)
+    trace = generate_trace(
+        days=days, jobs=jobs, seed=seed, inference_demand=inference_demand, load=load
+    )
+    return replay(trace, scheduler, seed=seed, progress=progress, assumptions=assumptions)

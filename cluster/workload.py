@@ -3,8 +3,8 @@
 The traces, throughput tables and cluster shapes are the ElasticFlow artifact's, copied into
 `cluster/data/` with their licences (`cluster/data/SOURCES.md`); a trace may also be any CSV
 in the artifact's formats. Throughputs are iterations per second at 1, 2, 4, ... GPUs per
-(model, global batch): the scaling curve the schedulers read, with the compact placement the
-buddy allocator gives (as the artifact assumes).
+(model, global batch): the scaling curve the schedulers read (the artifact profiles each
+count on one compact placement and reads the table whatever the placement).
 """
 
 from __future__ import annotations
@@ -22,9 +22,11 @@ from ground.errors import UsageError
 
 __all__ = [
     "DATA",
+    "NODE_CLASSES",
     "Cluster",
     "Job",
     "ScalingCurve",
+    "check_fits",
     "load_cluster",
     "load_curves",
     "load_trace",
@@ -32,6 +34,9 @@ __all__ = [
 ]
 
 DATA = Path(__file__).resolve().parent / "data"
+# The job sizes the ElasticFlow artifact keeps node sets for (`CLUSTER.node_g`): its elastic
+# placement and Gandiva file node sets under these classes.
+NODE_CLASSES = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 88, 128, 256)
 _EF = DATA / "elasticflow"
 _SHAPE = re.compile(r"n(\d+)g(\d+)")
 
@@ -48,6 +53,11 @@ class Job:
     gpus: int  # what the user asked for: the non-elastic schedulers give exactly this
     deadline: float  # absolute; inf for a best-effort job
     duration: float  # the trace's run time at `gpus`
+
+    def own_curve(self) -> ScalingCurve:
+        """The job at the GPUs it asked for, at the rate its trace records (its iterations
+        in its duration): what the non-elastic schedulers run it at."""
+        return ScalingCurve(np.array([self.gpus]), np.array([self.iterations / self.duration]))
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,11 @@ class ScalingCurve:
         return ScalingCurve(self.levels[keep], self.rate[keep])
 
     @cached_property
+    def by_level(self) -> dict[int, float]:
+        """Throughput at each level, for lookups one job at a time."""
+        return dict(zip(self.levels.tolist(), self.rate.tolist(), strict=True))
+
+    @cached_property
     def by_count(self) -> tuple[np.ndarray, np.ndarray]:
         """(level, rate) for every GPU count 0..1024 at once: what the planners index with
         whole arrays of counts instead of searching the levels each time."""
@@ -94,8 +109,12 @@ class ScalingCurve:
 
 @dataclass(frozen=True)
 class Cluster:
+    """Nodes of equal GPUs, behind `switches` switches of equal size. The switches matter
+    only to ElasticFlow's placement: the artifact numbers nodes within each switch."""
+
     nodes: int
     gpus_per_node: int
+    switches: int = 1
 
     @property
     def gpus(self) -> int:
@@ -103,20 +122,52 @@ class Cluster:
 
 
 def load_cluster(spec: str | Path) -> Cluster:
-    """`n16g4` (16 nodes of 4 GPUs) or a cluster-spec CSV of the artifact's format."""
+    """`n16g4` (16 nodes of 4 GPUs; a shape the artifact ships, such as n64g8, with the
+    artifact's switches) or a cluster-spec CSV of the artifact's format. A cluster without
+    nodes or GPUs is refused here, before any replay."""
     match = _SHAPE.fullmatch(str(spec))
-    if match:
-        return Cluster(int(match[1]), int(match[2]))
-    path = Path(spec)
-    if not path.is_file():
+    shipped = _EF / "cluster_specs" / f"{spec}.csv"
+    if match and not shipped.is_file():
+        cluster = Cluster(int(match[1]), int(match[2]))
+    else:
+        path = shipped if match else Path(spec)
+        if not path.is_file():
+            raise UsageError(
+                f"cluster '{spec}' is neither a shape like n16g4 nor a file.",
+                "pass --cluster n16g4 (nodes x GPUs per node) or an artifact cluster-spec CSV.",
+            )
+        cluster = _cluster_file(path)
+    if cluster.nodes < 1 or cluster.gpus_per_node < 1:
         raise UsageError(
-            f"cluster '{spec}' is neither a shape like n16g4 nor a file.",
-            "pass --cluster n16g4 (nodes x GPUs per node) or an artifact cluster-spec CSV.",
+            f"cluster '{spec}' has {cluster.nodes} nodes of {cluster.gpus_per_node} GPUs.",
+            "pass at least one node of at least one GPU, e.g. --cluster n16g4.",
         )
+    return cluster
+
+
+def check_fits(jobs: list[Job], cluster: Cluster) -> None:
+    """Refuse a job asking for more GPUs than the cluster has: a scheduler that gives each job
+    exactly its trace's GPUs (Tiresias, Gandiva) would leave it waiting forever."""
+    big = next((j for j in jobs if j.gpus > cluster.gpus), None)
+    if big is not None:
+        raise UsageError(
+            f"job {big.id} asks for {big.gpus} GPUs; the cluster has {cluster.gpus}.",
+            "pass a larger --cluster, or drop the job from the trace.",
+        )
+
+
+def _cluster_file(path: Path) -> Cluster:
+    columns = ("num_switch", "num_node_p_switch", "num_gpu_p_node")
     with path.open() as f:
-        row = next(csv.DictReader(f))
-    nodes = int(row["num_switch"]) * int(row["num_node_p_switch"])
-    return Cluster(nodes, int(row["num_gpu_p_node"]))
+        row = next(csv.DictReader(f), None)
+    try:
+        switches, per_switch, per_node = (int(row[c]) for c in columns)  # type: ignore[index]
+    except (TypeError, KeyError, ValueError) as err:
+        raise UsageError(
+            f"cluster spec {path} has no whole-number {', '.join(columns)} row.",
+            "use the artifact's format: a header line and one row of whole numbers.",
+        ) from err
+    return Cluster(switches * per_switch, per_node, max(switches, 1))
 
 
 def load_curves(gpu_type: str) -> dict[tuple[str, int], ScalingCurve]:
@@ -146,10 +197,20 @@ def shipped_traces() -> dict[str, Path]:
     return found
 
 
+_COLUMNS = {  # the two column sets of the artifact's traces: Pollux-style and ITP
+    "submit": ("submit_time", "submission_time"),
+    "iterations": ("iteration", "num_iteration"),
+    "deadline": ("ddl", "deadline"),
+}
+
+
 def load_trace(trace: str | Path) -> list[Job]:
     """A trace by its shipped name (`elasticVpollux_e`, `cluster01`, ...) or a CSV path, in
     either of the artifact's column sets. Times stay as the trace has them: Gandiva rotates
-    its time slices on whole minutes of that clock."""
+    its time slices on whole minutes of that clock. Every row is checked before any replay
+    (`UsageError` naming the line, the column and the fix): every column present, numbers
+    where numbers belong, at least one GPU, iteration and second, a batch of at least one, a
+    deadline no earlier than the submission, and no job id twice."""
     path = shipped_traces().get(str(trace), Path(trace))
     if not path.is_file():
         raise UsageError(
@@ -157,31 +218,74 @@ def load_trace(trace: str | Path) -> list[Job]:
             f"pass a CSV path or one of: {', '.join(shipped_traces())}.",
         )
     with path.open() as f:
-        rows = list(csv.DictReader(f))
+        reader = csv.DictReader(f)
+        header = reader.fieldnames or []
+        rows = list(reader)
+    names = {k: next((c for c in cols if c in header), cols[0]) for k, cols in _COLUMNS.items()}
+    numeric = [*names.values(), "batch_size", "num_gpu", "duration"]
+    expected = ["job_id", "model_name", *numeric]
+    missing = [c for c in expected if c not in header]
+    if missing:
+        raise UsageError(
+            f"trace {path} has no {', '.join(repr(c) for c in missing)} column.",
+            "give every job: job_id, submit_time, iteration, model_name, ddl, batch_size, "
+            "num_gpu, duration (or the ITP traces' submission_time, num_iteration, deadline).",
+        )
     if not rows:
         raise UsageError(f"trace {path} has no jobs.", "pass a trace with at least one job.")
-    submit_key = "submit_time" if "submit_time" in rows[0] else "submission_time"
-    iterations_key = "iteration" if "iteration" in rows[0] else "num_iteration"
-    deadline_key = "ddl" if "ddl" in rows[0] else "deadline"
-    try:
-        return [
+    jobs, seen = [], {}
+    for index, row in enumerate(rows):
+        line = index + 2  # the header is line 1
+        where = f"trace {path}, line {line}"
+        if row["job_id"] in seen:
+            raise UsageError(
+                f"{where}: job id '{row['job_id']}' is also on line {seen[row['job_id']]}.",
+                "give every job its own job_id.",
+            )
+        seen[row["job_id"]] = line
+        number = {c: _number(where, c, row[c]) for c in numeric}
+        for column in ("batch_size", "num_gpu"):
+            if number[column] < 1 or number[column] != int(number[column]):
+                raise UsageError(
+                    f"{where}: {column} {row[column]} is not a whole number of at least 1.",
+                    f"give {column} as a positive whole number.",
+                )
+        for column in (names["iterations"], "duration"):
+            if number[column] <= 0:
+                raise UsageError(
+                    f"{where}: {column} {row[column]} is not positive.",
+                    f"give every job a {column} above 0.",
+                )
+        submit, deadline = number[names["submit"]], number[names["deadline"]]
+        if deadline < submit:
+            raise UsageError(
+                f"{where}: the deadline {row[names['deadline']]} is before the submission "
+                f"{row[names['submit']]}.",
+                "give each job a deadline at or after its submission time (same clock).",
+            )
+        jobs.append(
             Job(
                 id=index,  # the artifact's job_idx: ITP traces name jobs by UUID
-                submit=float(r[submit_key]),
-                iterations=float(r[iterations_key]),
-                model=r["model_name"],
-                batch=int(r["batch_size"]),
-                gpus=int(r["num_gpu"]),
-                deadline=float(r[deadline_key])
-                if r.get(deadline_key) not in (None, "", "inf")
-                else float("inf"),
-                duration=float(r["duration"]),
+                submit=submit,
+                iterations=number[names["iterations"]],
+                model=row["model_name"],
+                batch=int(number["batch_size"]),
+                gpus=int(number["num_gpu"]),
+                deadline=deadline,
+                duration=number["duration"],
             )
-            for index, r in enumerate(rows)
-        ]
-    except (KeyError, ValueError) as err:
+        )
+    return jobs
+
+
+def _number(where: str, column: str, value: str | None) -> float:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number):
         raise UsageError(
-            f"trace {path} is not in the artifact's format ({err!r}).",
-            "columns: job_id, submit_time, iteration, model_name, ddl, batch_size, num_gpu, "
-            "duration (or the ITP traces' names).",
-        ) from err
+            f"{where}: {column} '{value}' is not a finite number.",
+            f"give {column} as a number (seconds, iterations or a count).",
+        )
+    return number

@@ -42,11 +42,20 @@ def test_cluster_compare_runs_several_schedulers_and_plots(tmp_path) -> None:  #
     assert refused.exit_code == 2 and "unknown --scheduler" in refused.output
 
 
-def test_bench_cluster_times_each_scheduler() -> None:
-    result = CliRunner().invoke(app, ["bench", "cluster", "--schedulers", "edf", "--json"])
+def test_bench_cluster_sets_each_run_beside_the_artifacts() -> None:
+    args = ["bench", "cluster", "--schedulers", "edf,tiresias", "--traces", "cluster01", "--json"]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.stdout)
-    assert summary["runs"]["edf"]["wall_s"] > 0 and summary["elasticflow_target_s"] == 5.0
+    runs = json.loads(result.stdout)["runs"]
+    assert [(r["scheduler"], r["trace"], r["cluster"]) for r in runs] == [
+        ("edf", "cluster01", "n64g8"),
+        ("tiresias", "cluster01", "n64g8"),
+    ]
+    for row in runs:  # the artifact's runs: EDF 298, Tiresias 787 of 1,595
+        assert row["matches_artifact"] and row["met"] == row["artifact_met"]
+        assert row["target_s"] == 60.0 and row["wall_s"] > 0
+    refused = CliRunner().invoke(app, ["bench", "cluster", "--traces", "nosuch"])
+    assert refused.exit_code == 2 and "no settings for trace" in refused.output
 
 
 def test_rubick_runs_on_its_own_workloads_and_families_do_not_mix() -> None:
@@ -105,7 +114,22 @@ def test_lyra_replays_a_generated_trace_and_takes_demand_from_a_gpu_plan(tmp_pat
     assert demand[50.0].max() > demand[5.0].max() and demand[50.0].argmax() >= 19  # evening peak
     for extra, error in (
         (["--gpu-plan", str(tmp_path / "plan.json")], "needs --peak-rps"),
-        (["--trace", "elasticVpollux_e"], "its own generated trace"),
+        (["--trace", "elasticVpollux_e"], "its own generated trace on its own clusters"),
     ):
         refused = runner.invoke(app, [*args, *extra])
         assert refused.exit_code == 2 and error in " ".join(refused.output.split()), extra
+
+
+def test_bench_lyra_measures_the_lead_under_each_assumption() -> None:
+    """One row per assumption, each with both schemes' mean JCT and the lead between them."""
+    args = ["bench", "lyra", "--days", "1", "--jobs", "1000", "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    rows = summary["rows"]
+    assert rows[0]["assumptions"] == "as built" and len(rows) == 7
+    for row in rows:
+        assert row["lead"] == pytest.approx(row["baseline_jct_s"] / row["lyra_jct_s"])
+    assert summary["thesis"] == {"baseline_jct_s": 16610, "lyra_jct_s": 11236}
+    refused = CliRunner().invoke(app, ["bench", "lyra", "--days", "0"])
+    assert refused.exit_code == 2

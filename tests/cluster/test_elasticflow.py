@@ -6,9 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cluster.elasticflow import EDF, ElasticFlow, _Planner, buddy_offsets
+from cluster.edf import EDF
+from cluster.ef_placement import Nodes
+from cluster.ef_planner import Demand, Profile, plan
+from cluster.elasticflow import ElasticFlow
 from cluster.gandiva import Gandiva
-from cluster.profile import Steps
 from cluster.simulate import simulate
 from cluster.tiresias import Tiresias
 from cluster.workload import Cluster, Job, ScalingCurve, load_cluster, load_curves, load_trace
@@ -17,38 +19,39 @@ from cluster.workload import Cluster, Job, ScalingCurve, load_cluster, load_curv
 CURVE = ScalingCurve(np.array([1, 2, 4]), np.array([1.0, 1.5, 2.0]))
 
 
-def test_steps_merge_breakpoints_and_add_and_remove_plans() -> None:
-    free = Steps.constant(4)
-    plan = Steps.of([0, 2, 5], [1, 3, 0])
-    left = free.minus(plan)
-    assert left.starts == [0, 2, 5] and left.vals == [3, 1, 4]
-    assert left.values([0, 1, 2, 4, 5, 99]) == [3, 3, 1, 1, 4, 4]
-    back = left.plus(plan)  # giving the plan back merges to one period again
-    assert back.starts == [0] and back.vals == [4]
-    assert left.breaks(1, 5) == [1, 2] and left.breaks(0, np.inf) == [0, 2, 5]
-    # a later duplicate start wins, and equal neighbours merge
-    assert Steps.of([0, 3, 3, 6], [2, 5, 2, 1]).starts == [0, 6]
+def _demand(work: float, deadline: float, curve: ScalingCurve = CURVE) -> Demand:
+    levels = tuple(int(g) for g in curve.levels)
+    rates = dict(zip(levels, (float(r) for r in curve.rate), strict=True))
+    return Demand(work, deadline, levels, rates, levels[-1])
 
 
 def test_minimum_satisfactory_share_reproduces_figure_4() -> None:
     """G = 4, A and B hold 3 GPUs in slot 0; C must do its work by the end of slot 1: 2.5
     units fit under a cap of 2 (1 + 1.5), 3 units need a cap of 4 (1 + 2), 3.1 do not fit."""
-    planner = _Planner(CURVE, 4, 1.0)
-    free = Steps.of([0, 1], [1, 4])
-    for work, gpus in ((2.5, [1, 2]), (3.0, [1, 4])):
-        plan = planner.mss(work, free, ddl_s=2.0)
-        assert plan.ok and plan.steps.values([0, 1]) == gpus
-        assert plan.end == 2 and plan.real_end == 2.0
-    late = planner.mss(3.1, free, ddl_s=2.0)
+    free = Profile((0, 1), (1, 4))
+    cases = ((2.5, 2, Profile((0, 1, 2), (0, 2, 4))), (3.0, 4, Profile((0, 2), (0, 4))))
+    for work, gpus, left in cases:
+        p = plan(_demand(work, 2.0), free, 0.0, 1.0, 4)
+        assert p.ok and p.alloc == ((0, 1), (1, gpus))
+        assert p.end == 2 and p.real_end == 2.0 and p.free == left
+    late = plan(_demand(3.1, 2.0), free, 0.0, 1.0, 4)
     assert not late.ok and late.real_end > 2.0  # the fallback runs on past the deadline
 
 
-def test_a_plan_starts_at_the_beginning_of_the_period_its_work_reaches() -> None:
-    """The artifact fills backwards from the deadline to find the cap, but over periods of
-    equal free GPUs, not slots: with 4 free throughout, 2 units at a cap of 1 start now and
-    end early (slot 2), leaving the deadline's slot free."""
-    plan = _Planner(CURVE, 4, 1.0).mss(2.0, Steps.constant(4), ddl_s=3.0)
-    assert plan.ok and plan.end == 2 and plan.steps.values([0, 1, 2]) == [1, 1, 0]
+def test_a_plan_keeps_a_zero_breakpoint_where_the_artifact_re_plans() -> None:
+    """With 4 GPUs free throughout, 2 units at a cap of 1 run from now and end in slot 2; an
+    earlier job's end at slot 3 is a profile breakpoint before the deadline (slot 4), so the
+    plan's allocation drops to zero there: the artifact's next scale event."""
+    p = plan(_demand(2.0, 4.0), Profile((0, 3), (4, 5)), 0.0, 1.0, 5)
+    assert p.ok and p.alloc == ((0, 1), (3, 0)) and p.end == 2
+    assert p.next_change() == 3
+
+
+def test_a_scale_up_estimate_runs_the_new_level_to_the_next_breakpoint() -> None:
+    """The idle-GPU hand-out's estimate: 4 GPUs from now finish 3 units in 1.5 s, before the
+    profile's next breakpoint (slot 3): one piece ending at slot 2."""
+    p = plan(_demand(3.0, 4.0), Profile((0, 3), (4, 5)), 0.0, 1.0, 5, assign=4)
+    assert p.alloc == ((0, 4),) and p.end == 2 and p.real_end == 2.0
 
 
 def _figure_3_jobs() -> tuple[list[Job], dict]:
@@ -106,15 +109,14 @@ def test_tiresias_demotes_past_its_limit_and_the_newcomer_preempts() -> None:
     """One GPU: a long job alone passes the first queue's 3,250 GPU-seconds and is demoted;
     a short job arriving later (queue 0) preempts it and finishes first. Behind a job that
     ends before its demotion, a newcomer waits (first come, first served within a queue)."""
-    curve = ScalingCurve(np.array([1]), np.array([1.0]))
-    curves, cluster = {("m", 1): curve}, Cluster(1, 1)
+    cluster = Cluster(1, 1)
     long_job = Job(0, 0.0, 7200.0, "m", 1, 1, float("inf"), 7200.0)
     late_short = Job(1, 4000.0, 600.0, "m", 1, 1, float("inf"), 600.0)
-    result = simulate([long_job, late_short], cluster, Tiresias(cluster, curves))
+    result = simulate([long_job, late_short], cluster, Tiresias(cluster))
     assert result.finish[1] < result.finish[0] and result.preemptions >= 1
     shorter = Job(0, 0.0, 3000.0, "m", 1, 1, float("inf"), 3000.0)
     early_short = Job(1, 1200.0, 600.0, "m", 1, 1, float("inf"), 600.0)
-    fifo = simulate([shorter, early_short], cluster, Tiresias(cluster, curves))
+    fifo = simulate([shorter, early_short], cluster, Tiresias(cluster))
     assert fifo.finish[0] < fifo.finish[1] and fifo.preemptions == 0
 
 
@@ -128,38 +130,27 @@ def test_edf_and_tiresias_reproduce_the_artifact_on_the_195_job_trace(pollux) ->
     jobs, curves, cluster = pollux
     edf = simulate(jobs, cluster, EDF(cluster, curves))
     assert len(edf.met) == 23
-    tiresias = simulate(jobs, cluster, Tiresias(cluster, curves))
-    assert tiresias.deadline_ratio == pytest.approx(0.28718, abs=0.01)
-
-
-def test_elasticflow_reproduces_the_artifact_on_the_195_job_trace(pollux) -> None:  # type: ignore[no-untyped-def]
-    """The artifact's run: 0.72821 (142 of 195). Every admitted job is planned to meet its
-    deadline; those that miss were pushed late by scaling overheads plans do not count."""
-    jobs, curves, cluster = pollux
-    result = simulate(jobs, cluster, ElasticFlow(cluster, curves, "T4"))
-    assert result.deadline_ratio == pytest.approx(0.72821, abs=0.01)
-    assert len(result.dropped) > 0 and result.met <= set(result.finish)
+    assert len(simulate(jobs, cluster, Tiresias(cluster)).met) == 56
 
 
 def test_gandiva_shares_a_node_between_small_jobs_and_time_slices_past_capacity() -> None:
     """One 4-GPU node, five one-GPU jobs of 600 s: they share one node set (the artifact joins
     while its load + 1 < 4, then time-slices into it), four run at a time and rotate on whole
     minutes, so the five finish together no sooner than 3,000 GPU-s / 4 GPUs."""
-    curve = ScalingCurve(np.array([1]), np.array([1.0]))
     cluster = Cluster(1, 4)
     jobs = [Job(i, 0.0, 600.0, "m", 1, 1, float("inf"), 600.0) for i in range(5)]
-    policy = Gandiva(cluster, {("m", 1): curve})
+    policy = Gandiva(cluster)
     result = simulate(jobs, cluster, policy)
     assert set(result.finish) == set(range(5)) and not policy.pending
     assert result.makespan_s >= 750 and result.preemptions > 0
-    one_job = simulate(jobs[:1], cluster, Gandiva(cluster, {("m", 1): curve}))
+    one_job = simulate(jobs[:1], cluster, Gandiva(cluster))
     assert one_job.preemptions == 0 and one_job.makespan_s < result.makespan_s
 
 
 def test_gandiva_reproduces_the_artifact_on_the_195_job_trace(pollux) -> None:  # type: ignore[no-untyped-def]
     """The artifact's run: 0.09231 (18 of 195)."""
     jobs, curves, cluster = pollux
-    assert len(simulate(jobs, cluster, Gandiva(cluster, curves)).met) == 18
+    assert len(simulate(jobs, cluster, Gandiva(cluster)).met) == 18
 
 
 def _feasible_by_brute_force(jobs: list[tuple[int, int, int]], gpus: int, slots: int) -> bool:
@@ -209,38 +200,33 @@ def test_theorem_1_matches_brute_force_and_admission_never_admits_the_infeasible
             theorem &= used <= gpus * deadline + 1e-9
         feasible = _feasible_by_brute_force(jobs, gpus, slots)
         assert theorem == feasible, jobs
-        free, admitted = Steps.constant(gpus), True
+        free, admitted = Profile.constant(gpus), True
         for k, work, deadline in jobs:
             curve = ScalingCurve(np.arange(1, gpus + 1), k * np.arange(1, gpus + 1.0))
-            plan = _Planner(curve, gpus, 1.0).mss(work, free, float(deadline))
-            admitted &= plan.ok
-            free = free.minus(plan.steps)
+            p = plan(_demand(work, float(deadline), curve), free, 0.0, 1.0, gpus)
+            admitted &= p.ok
+            free = p.free
         assert feasible or not admitted, jobs
         declined += feasible and not admitted
     assert declined < 10
-    planner = _Planner(ScalingCurve(np.arange(1, 5), np.arange(1, 5.0)), 4, 1.0)
-    first = planner.mss(5.0, Steps.constant(4), 2.0)  # 2.5 GPUs a slot: a cap of 3 held twice
-    assert first.steps.values([0, 1]) == [3, 3]
+    linear = ScalingCurve(np.arange(1, 5), np.arange(1, 5.0))
+    first = plan(_demand(5.0, 2.0, linear), Profile.constant(4), 0.0, 1.0, 4)
+    assert first.alloc == ((0, 3),) and first.end == 2  # 2.5 GPUs a slot: a cap of 3, twice
 
 
-def test_buddy_blocks_are_aligned_disjoint_and_always_fit() -> None:
-    """Power-of-two jobs whose sizes sum to at most the cluster always get aligned blocks: no
-    job smaller than a node straddles two (without buddy packing, 7 + 7 GPUs on two 8-GPU
-    servers leave 2 idle GPUs but no 2-GPU block on one server)."""
-    import random
+def test_placement_shares_a_node_in_joining_order() -> None:
+    """One switch of two 4-GPU nodes: the 2-GPU job opens node 0, the 1-GPU jobs fill it
+    (a set with 2 GPUs left takes a 1-GPU job before a new node is opened)."""
+    nodes = Nodes(1, 2, 4)
+    assert nodes.place({7: 2, 8: 1, 9: 1}) == {7: [0], 8: [2], 9: [3]}
 
-    rng = random.Random(0)
-    for _ in range(300):
-        sizes, total = [], 0
-        while True:
-            size = 2 ** rng.randint(0, 5)
-            if total + size > 64:
-                break
-            sizes.append(size)
-            total += size
-        offsets = buddy_offsets(sizes)
-        blocks = sorted(zip(offsets, sizes, strict=True))
-        assert all(o % s == 0 for o, s in blocks)
-        assert all(a + s <= b for (a, s), (b, _) in zip(blocks, blocks[1:], strict=False))
-        assert blocks[-1][0] + blocks[-1][1] <= 64
-        assert all(o // 4 == (o + s - 1) // 4 for o, s in blocks if s <= 4)  # within a node
+
+def test_the_free_node_list_sorts_by_node_id_within_a_switch_stably() -> None:
+    """Two switches of two 4-GPU nodes, ids 0 and 1 in each: jobs on node 0 and node 1 of
+    the first switch released in the order 1, 0 come back behind the second switch's nodes
+    of the same id, so the next 4-GPU job opens the second switch's node 0 (GPU 8)."""
+    nodes = Nodes(2, 2, 4)
+    assert nodes.place({1: 4, 2: 4}) == {1: [0], 2: [4]}
+    nodes.release([2, 1])
+    assert nodes.free == [2, 0, 3, 1]
+    assert nodes.place({3: 4}) == {3: [8]}

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from cluster.lyra import LYRA_SCHEDULERS, replay, run_lyra
+from cluster.lyra import LYRA_SCHEDULERS, Assumptions, replay, run_lyra
 from cluster.lyra_cluster import Cluster
 from cluster.lyra_mckp import (
     flex_items,
@@ -237,3 +237,16 @@ def test_schedulers_listed_and_default_entry_point_runs():
     assert "lyra" in LYRA_SCHEDULERS and "baseline" in LYRA_SCHEDULERS
     run = run_lyra(scheduler="lyra", days=0.25, jobs=300, seed=2)
     assert run.result.jobs == 300 and run.stats.preemption_ratio >= 0
+
+
+def test_each_assumption_changes_only_the_schemes_it_concerns(small_runs):
+    """The baseline lends nothing, so a loaned T4's speed and checkpointing leave it as it
+    was; giving unscaled elastic jobs their base demand w_min slows its elastic jobs down."""
+    trace = generate_trace(days=2, jobs=6700, seed=1, load=1.1)
+    base = small_runs["baseline"].result.avg_jct_s
+    fast_resume = Assumptions(t4_speed=1.0, checkpoint=True)
+    assert replay(trace, "baseline", seed=1, assumptions=fast_resume).result.avg_jct_s == base
+    at_wmin = replay(trace, "baseline", seed=1, assumptions=Assumptions(unscaled_elastic="w_min"))
+    assert at_wmin.result.avg_jct_s > base
+    lyra = small_runs["lyra"].result.avg_jct_s
+    assert replay(trace, "lyra", seed=1, assumptions=fast_resume).result.avg_jct_s != lyra
