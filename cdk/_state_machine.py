@@ -38,6 +38,7 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from cdk._functions import ServingFunctions
+from ground.coldstart import THROTTLE_RETRY
 from ground.errors import UsageError
 from ground.plan import LayerPlan, Plan
 
@@ -52,7 +53,7 @@ RETRY_ERRORS = [
     "Lambda.SdkClientException",
 ]
 _NULL = sfn.JsonPath.string_at("States.StringToJson('null')")
-_RETRY = {"interval_s": 1, "max_attempts": 6, "backoff_rate": 2.0}
+_RETRY = THROTTLE_RETRY  # one source: the traffic simulator waits the same retries
 
 
 def workflow_timeout_s(plan: Plan, requested: int | None = None) -> int:
@@ -75,8 +76,8 @@ def workflow_timeout_s(plan: Plan, requested: int | None = None) -> int:
 def _retry_json() -> dict[str, Any]:
     return {
         "ErrorEquals": RETRY_ERRORS,
-        "IntervalSeconds": _RETRY["interval_s"],
-        "MaxAttempts": _RETRY["max_attempts"],
+        "IntervalSeconds": int(_RETRY["interval_s"]),
+        "MaxAttempts": int(_RETRY["max_attempts"]),
         "BackoffRate": _RETRY["backoff_rate"],
         "JitterStrategy": "FULL",
     }
@@ -211,8 +212,8 @@ class ServingStateMachine(Construct):
         )
         task.add_retry(
             errors=RETRY_ERRORS,
-            interval=Duration.seconds(_RETRY["interval_s"]),
-            max_attempts=_RETRY["max_attempts"],
+            interval=Duration.seconds(int(_RETRY["interval_s"])),
+            max_attempts=int(_RETRY["max_attempts"]),
             backoff_rate=_RETRY["backoff_rate"],
             jitter_strategy=sfn.JitterType.FULL,
         )

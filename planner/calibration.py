@@ -24,6 +24,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from ground.errors import CalibrationError, did_you_mean
@@ -31,9 +32,14 @@ from ground.errors import CalibrationError, did_you_mean
 __all__ = [
     "SCHEMA_VERSION",
     "Calibration",
+    "ColdStartReference",
     "ExpertComputeReference",
+    "IdleReclaim",
     "LambdaPrice",
+    "ManagedInstancesPrice",
     "Parameter",
+    "ProvisionedPrice",
+    "SnapStartPrice",
     "default_calibration_path",
     "load_calibration",
 ]
@@ -93,6 +99,84 @@ class ExpertComputeReference(BaseModel):
     cpu_model: str = Field(min_length=1)
 
 
+class ProvisionedPrice(BaseModel):
+    """What provisioned concurrency costs on one architecture: the configured environments
+    all the time, and the invocations they serve at a lower duration rate."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    allocated_gb_second_usd: PositiveFloat
+    duration_gb_second_usd: PositiveFloat
+
+
+class SnapStartPrice(BaseModel):
+    """SnapStart's two charges (Python and .NET): the cached snapshot, and each restore."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cache_gb_second_usd: PositiveFloat
+    restore_gb_usd: PositiveFloat
+
+
+class IdleReclaim(BaseModel):
+    """How long an idle execution environment survives: AWS publishes no number, so this is an
+    assumption (`assumed_s`) inside the range measurements have reported (`low_s`, `high_s`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    assumed_s: PositiveFloat
+    low_s: PositiveFloat
+    high_s: PositiveFloat
+
+    @model_validator(mode="after")
+    def _ordered(self) -> IdleReclaim:
+        if not self.low_s <= self.assumed_s <= self.high_s:
+            raise ValueError("needs low_s <= assumed_s <= high_s")
+        return self
+
+
+class ManagedInstancesPrice(BaseModel):
+    """Lambda Managed Instances' own charges; the EC2 instances under them are priced apart."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    request_usd: PositiveFloat
+    management_fee_fraction: PositiveFloat
+    default_instances: PositiveInt
+
+
+class ColdStartReference(BaseModel):
+    """A handler's INIT on this machine, measured by `moelambda calibrate --cold` in fresh
+    processes: the interpreter's start, the import of each role's handler module, and loading a
+    stage's weights from (moto) S3 and building it, fitted as fixed + per-byte seconds.
+
+    The weights' download on Lambda runs at B^s, not at a local moto's speed, so the INIT model
+    (`ground.coldstart.InitModel`) adds it from the bandwidth; the fitted load time covers
+    reading the downloaded file and building the torch module.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    python_start_s: float = Field(ge=0)
+    import_s: dict[str, PositiveFloat]
+    load_fixed_s: float = Field(ge=0)
+    load_s_per_byte: float = Field(ge=0)
+    config_objects: int = Field(ge=0)
+    config_bytes: int = Field(ge=0)
+    repeats: PositiveInt
+    samples: list[dict[str, float | int | str]] = Field(default_factory=list)
+    torch_version: str = Field(min_length=1)
+    cpu_model: str = Field(min_length=1)
+
+    @field_validator("import_s")
+    @classmethod
+    def _every_role(cls, import_s: dict[str, float]) -> dict[str, float]:
+        missing = {"head", "layer", "expert", "tail"} - set(import_s)
+        if missing:
+            raise ValueError(f"needs an import time for every role, missing {sorted(missing)}")
+        return import_s
+
+
 class Calibration(BaseModel):
     """Validated platform parameters, as plain numbers whose names carry their units.
 
@@ -147,6 +231,17 @@ class Calibration(BaseModel):
     s3_delete_request_usd: PositiveFloat
     expert_token_compute_s: tuple[PositiveFloat, ...] | None
     expert_compute_reference: ExpertComputeReference | None = None
+    # Traffic (cold starts, warm pools, capacity): optional, so that the calibration a plan
+    # recorded before they existed still validates; `planner.traffic` says which is missing.
+    init_image_start_s: PositiveFloat | None = None
+    init_limit_s: PositiveFloat | None = None
+    init_billed: bool | None = None
+    idle_reclaim_s: IdleReclaim | None = None
+    provisioned_concurrency_prices: dict[str, ProvisionedPrice] | None = None
+    snapstart_prices: SnapStartPrice | None = None
+    scheduler_invocation_usd: PositiveFloat | None = None
+    managed_instances_prices: ManagedInstancesPrice | None = None
+    cold_start_reference: ColdStartReference | None = None
     provenance: dict[str, Parameter] = Field(default_factory=dict, repr=False)
     source_path: Path | None = None
 
