@@ -106,18 +106,35 @@ def calibrate(
     ] = None,
     tokens: Annotated[int, typer.Option(help="Tokens per timed expert call.")] = 1024,
     repeats: Annotated[int, typer.Option(help="Timed calls per thread count (median).")] = 50,
+    cold: Annotated[
+        bool,
+        typer.Option(
+            "--cold",
+            help="Measure each handler's INIT instead (fresh processes: imports, then the "
+            "stage's weights from moto S3) and store it as cold_start_reference.",
+        ),
+    ] = False,
+    cold_repeats: Annotated[
+        int, typer.Option(help="With --cold: fresh processes per handler role (median).")
+    ] = 3,
     as_json: JsonOpt = False,
 ) -> None:
     """Measure U_j, the seconds per token of one expert at each memory size, and store it.
 
     Times the default model's expert FFN with torch on 1 and 2 threads, scales by the CPU share
     Lambda gives each memory option, and writes expert_token_compute_s and
-    expert_compute_reference into the calibration file. Run it on an idle machine.
+    expert_compute_reference into the calibration file. Run it on an idle machine. With
+    --cold, measures the handlers' INIT instead (`moelambda.cli.traffic.calibrate_cold`).
     """
     from planner import compute, default_calibration_path, load_calibration
 
     source = calibration or default_calibration_path()
     target = out or source
+    if cold:
+        from moelambda.cli.traffic import calibrate_cold
+
+        calibrate_cold(source, target, cold_repeats, as_json)
+        return
     _check(tokens, repeats, target)
     start = load_calibration(source)
     document = compute.read_document(source)
