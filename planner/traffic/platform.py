@@ -1,0 +1,159 @@
+"""The traffic side of the calibration: INIT per function, the idle time and the prices.
+
+A plan records the calibration it was made with; plans made before the traffic parameters
+existed lack them, so `traffic_calibration` takes them from the given (or packaged) calibration
+file instead and says so. `calibrated_cold_document` writes what `moelambda calibrate --cold`
+measured into the file, as `planner.compute.calibrated_document` does for U_j.
+"""
+
+from __future__ import annotations
+
+import copy
+from datetime import date
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+
+from ground.coldstart import InitModel
+from ground.errors import CalibrationError
+from ground.plan import Plan
+from planner.calibration import Calibration, ColdStartReference, load_calibration
+from planner.replay import calibration_of
+from planner.traffic.simulate import Platform
+from planner.traffic.workflow import Functions
+
+__all__ = [
+    "TRAFFIC_FIELDS",
+    "calibrated_cold_document",
+    "init_model",
+    "platform_for",
+    "traffic_calibration",
+]
+
+TRAFFIC_FIELDS = (
+    "init_image_start_s",
+    "init_limit_s",
+    "init_billed",
+    "idle_reclaim_s",
+    "provisioned_concurrency_prices",
+    "scheduler_invocation_usd",
+    "cold_start_reference",
+)
+
+
+def traffic_calibration(
+    plan: Plan, calibration: Calibration | None = None
+) -> tuple[Calibration, str]:
+    """(the plan's calibration with every traffic field, where those fields came from).
+
+    The plan's own values win; missing ones come from `calibration` (default: the packaged
+    file), so a plan made before `moelambda calibrate --cold` can still be simulated.
+    """
+    own = calibration_of(plan)
+    if all(getattr(own, name) is not None for name in TRAFFIC_FIELDS):
+        return own, "plan"
+    other = calibration or load_calibration()
+    update = {n: getattr(other, n) for n in TRAFFIC_FIELDS if getattr(own, n) is None}
+    where = str(other.source_path or "the calibration file")
+    return own.model_copy(update=update), where
+
+
+def init_model(calibration: Calibration) -> InitModel:
+    """The INIT model of `calibration`.
+
+    Raises:
+        CalibrationError: A traffic parameter is missing (the measured INIT above all), naming
+            it and the command that fills it.
+    """
+    missing = [n for n in TRAFFIC_FIELDS if getattr(calibration, n) is None]
+    if missing:
+        where = calibration.source_path or "the calibration file"
+        measured = "cold_start_reference" in missing
+        raise CalibrationError(
+            f"{where} lacks the traffic parameters {', '.join(missing)}.",
+            "run `moelambda calibrate --cold` to measure the handlers' INIT"
+            if measured
+            else f"add them to {where} (see the packaged planner/data/calibration.json).",
+        )
+    ref = calibration.cold_start_reference
+    assert ref is not None and calibration.init_image_start_s is not None
+    assert calibration.init_limit_s is not None
+    return InitModel(
+        image_start_s=calibration.init_image_start_s,
+        python_start_s=ref.python_start_s,
+        import_s=dict(ref.import_s),
+        load_fixed_s=ref.load_fixed_s,
+        load_s_per_byte=ref.load_s_per_byte,
+        config_objects=ref.config_objects,
+        config_bytes=ref.config_bytes,
+        s3_delay_s=calibration.s3_access_delay_s,
+        s3_bandwidth_bytes_per_s=calibration.s3_bandwidth_bytes_per_s,
+        limit_s=calibration.init_limit_s,
+    )
+
+
+def platform_for(
+    calibration: Calibration, functions: Functions, arch: str, *, idle_s: float | None = None
+) -> Platform:
+    """The `Platform` of a deployment's functions: each one's INIT, the idle time (the
+    calibration's assumption unless `idle_s` is given) and the prices of `arch`."""
+    model = init_model(calibration)
+    init_s = np.array(
+        [
+            model.seconds(role, float(wb), int(h))
+            for role, wb, h in zip(
+                functions.role, functions.weight_bytes, functions.hosted, strict=True
+            )
+        ]
+    )
+    idle = calibration.idle_reclaim_s
+    assert idle is not None and calibration.scheduler_invocation_usd is not None
+    assert calibration.init_limit_s is not None and calibration.init_billed is not None
+    pc = (calibration.provisioned_concurrency_prices or {}).get(arch)
+    price = calibration.price(arch)
+    return Platform(
+        init_s=init_s,
+        init_limit_s=calibration.init_limit_s,
+        init_billed=calibration.init_billed,
+        idle_s=idle.assumed_s if idle_s is None else float(idle_s),
+        gb_second_usd=price.gb_second_usd,
+        request_usd=price.request_usd,
+        ping_s=calibration.warm_start_s,
+        scheduler_invocation_usd=calibration.scheduler_invocation_usd,
+        billing_mb_per_gb=calibration.billing_mb_per_gb,
+        provisioned_allocated_usd=None if pc is None else pc.allocated_gb_second_usd,
+        provisioned_duration_usd=None if pc is None else pc.duration_gb_second_usd,
+    )
+
+
+def _decimals(value: Any) -> Any:
+    """Floats to 4 significant digits as decimals, recursively (the file's precision)."""
+    if isinstance(value, float):
+        return Decimal(f"{value:.4g}")
+    if isinstance(value, dict):
+        return {k: _decimals(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decimals(v) for v in value]
+    return value
+
+
+def calibrated_cold_document(
+    document: dict[str, Any], reference: ColdStartReference, today: date
+) -> dict[str, Any]:
+    """A copy of the calibration `document` with `cold_start_reference` measured; only its
+    value, source and date change."""
+    updated = copy.deepcopy(document)
+    entry = updated["parameters"].get("cold_start_reference")
+    if entry is None:
+        raise CalibrationError(
+            "the calibration file has no cold_start_reference entry to fill.",
+            "start from the packaged planner/data/calibration.json, which has one.",
+        )
+    entry |= {
+        "value": _decimals(reference.model_dump()),
+        "source": f"measured by `moelambda calibrate --cold` on {reference.cpu_model}, torch "
+        f"{reference.torch_version}, {reference.repeats} fresh processes per role",
+        "as_of": today.isoformat(),
+    }
+    return updated

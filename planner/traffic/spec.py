@@ -1,0 +1,231 @@
+"""Traffic: the request stream a deployment serves, as arrival times and tokens per request.
+
+A spec is one of
+- a CSV file with an arrival timestamp and a token count per request, read as the Azure LLM
+  inference trace is written (`TIMESTAMP,ContextTokens,...`; a numeric `time_s` column and a
+  `tokens` column work too); `azure-conv` names the conversation trace shipped in
+  `planner/traffic/data` (CC-BY 4.0, see its SOURCES.md);
+- `poisson:RATE`: a Poisson process of RATE requests per second;
+- `diurnal:PEAK,TROUGH`: a Poisson process whose rate follows a day, from TROUGH requests per
+  second at midnight to PEAK at noon (a raised cosine), made by thinning.
+
+Synthetic specs draw each request's tokens from the shipped trace's ContextTokens, so every
+spec has the same request sizes; they are seeded. `scale` multiplies the arrival rate: a trace's
+times are divided by it (0.01 stretches the same pattern a hundred times in time), a synthetic
+rate is multiplied by it. `hours` keeps the first H hours; a trace repeats to fill them (each
+repetition starts one mean gap after the previous one ends). Everything is vectorised numpy.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ground.errors import UsageError
+
+__all__ = ["BUNDLED", "Arrivals", "load_arrivals", "trace_tokens"]
+
+BUNDLED = {"azure-conv": "AzureLLMInferenceTrace_conv.csv"}
+TIME_COLUMNS = ("TIMESTAMP", "timestamp", "time_s")
+TOKEN_COLUMNS = ("ContextTokens", "tokens")
+DAY_S = 86400.0
+
+
+@dataclass(frozen=True, eq=False)
+class Arrivals:
+    """Requests of one period: arrival seconds from its start (sorted) and tokens of each."""
+
+    times_s: np.ndarray
+    tokens: np.ndarray
+    period_s: float
+    source: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def requests(self) -> int:
+        return int(self.times_s.size)
+
+    @property
+    def total_tokens(self) -> int:
+        return int(self.tokens.sum())
+
+    def window(self, start_s: float, end_s: float) -> Arrivals:
+        """The requests arriving in [start_s, end_s), with times from start_s: a later period
+        of the same stream (e.g. the day after the one a plan was made on)."""
+        if not 0 <= start_s < end_s <= self.period_s:
+            raise UsageError(
+                f"the window {start_s:g}-{end_s:g} s is not inside the {self.period_s:g} s "
+                "period.",
+                "take a window inside the period.",
+            )
+        keep = (self.times_s >= start_s) & (self.times_s < end_s)
+        source = self.source | {"window_s": [start_s, end_s]}
+        return Arrivals(self.times_s[keep] - start_s, self.tokens[keep], end_s - start_s, source)
+
+    def describe(self) -> dict[str, Any]:
+        """What the stream is, for JSON reports: its spec and its measured rate."""
+        return self.source | {
+            "requests": self.requests,
+            "tokens": self.total_tokens,
+            "period_s": self.period_s,
+            "rate_per_s": self.requests / self.period_s if self.period_s > 0 else 0.0,
+        }
+
+
+def _bundled_path(name: str) -> Path:
+    return Path(str(resources.files("planner.traffic") / "data" / BUNDLED[name]))
+
+
+def _column(header: list[str], names: tuple[str, ...], path: Path, what: str) -> int:
+    for name in names:
+        if name in header:
+            return header.index(name)
+    raise UsageError(
+        f"{path} has no {what} column (looked for {', '.join(names)}; found "
+        f"{', '.join(header) or 'no header'}).",
+        f"give the CSV a header with one of {', '.join(names)}, as the Azure trace has.",
+    )
+
+
+def _read_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds from the first arrival, tokens) of a trace file, sorted by arrival."""
+    try:
+        with path.open(encoding="utf-8", newline="") as handle:
+            rows = list(csv.reader(handle))
+    except OSError as exc:
+        raise UsageError(
+            f"cannot read the traffic file {path}: {exc.strerror}.",
+            "pass an existing CSV, 'azure-conv', 'poisson:RATE' or 'diurnal:PEAK,TROUGH'.",
+        ) from None
+    if len(rows) < 2:
+        raise UsageError(f"the traffic file {path} holds no requests.", "pass a non-empty CSV.")
+    header, body = [h.strip().lstrip("\ufeff") for h in rows[0]], rows[1:]
+    t_col = _column(header, TIME_COLUMNS, path, "timestamp")
+    n_col = _column(header, TOKEN_COLUMNS, path, "token count")
+    try:
+        raw_t = np.array([row[t_col].strip() for row in body])
+        tokens = np.array([row[n_col] for row in body], dtype=np.int64)
+        if header[t_col] == "time_s":
+            seconds = raw_t.astype(float)
+        else:
+            stamps = raw_t.astype("datetime64[ns]")
+            seconds = (stamps - stamps.min()).astype(np.int64) / 1e9
+    except (ValueError, IndexError) as exc:
+        raise UsageError(
+            f"the traffic file {path} has a row that does not parse: {exc}.",
+            "each row needs a timestamp (e.g. 2023-11-16 18:15:46.68) or seconds, and an "
+            "integer token count.",
+        ) from None
+    if (tokens < 1).any():
+        raise UsageError(
+            f"the traffic file {path} has requests of {int(tokens.min())} tokens.",
+            "every request needs at least one token.",
+        )
+    order = np.argsort(seconds, kind="stable")
+    seconds = seconds[order]
+    return seconds - seconds[0], tokens[order]
+
+
+def trace_tokens() -> np.ndarray:
+    """Tokens per request of the shipped conversation trace: what synthetic specs draw from."""
+    return _read_csv(_bundled_path("azure-conv"))[1]
+
+
+def _number(text: str, spec: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or not math.isfinite(value):
+        raise UsageError(
+            f"--traffic {spec!r}: {text!r} is not a positive number of requests per second.",
+            "write e.g. poisson:2.5 or diurnal:10,0.5 (requests per second).",
+        )
+    return value
+
+
+def _repeat(times: np.ndarray, tokens: np.ndarray, period_s: float) -> tuple[np.ndarray, ...]:
+    """The trace repeated end to end until it covers `period_s` seconds, cut there."""
+    span = float(times[-1])
+    gap = span / (times.size - 1) if times.size > 1 else max(span, 1.0)
+    cycle = span + gap
+    copies = max(1, math.ceil(period_s / cycle))
+    all_times = (times[None, :] + cycle * np.arange(copies)[:, None]).ravel()
+    all_tokens = np.tile(tokens, copies)
+    keep = all_times < period_s
+    return all_times[keep], all_tokens[keep]
+
+
+def _poisson(rate: float, period_s: float, rng: np.random.Generator) -> np.ndarray:
+    count = rng.poisson(rate * period_s)
+    return np.sort(rng.uniform(0.0, period_s, size=count))
+
+
+def load_arrivals(
+    spec: str, *, scale: float = 1.0, hours: float | None = None, seed: int = 0
+) -> Arrivals:
+    """The arrivals a traffic spec describes (see the module docstring).
+
+    Args:
+        spec: A CSV path, 'azure-conv', 'poisson:RATE' or 'diurnal:PEAK,TROUGH' (per second).
+        scale: Multiplies the arrival rate. Defaults to 1.
+        hours: Length of the period. Defaults to None: a trace's own span (scaled), one hour
+            for poisson, a day for diurnal.
+        seed: Seeds synthetic arrivals and their token draws. Defaults to 0.
+
+    Raises:
+        UsageError: A malformed spec, an unreadable or malformed file, or a non-positive scale
+            or period; the message says which and how to write it.
+    """
+    if not scale > 0 or not math.isfinite(scale):
+        raise UsageError(f"--scale {scale} is not positive.", "pass e.g. --scale 0.01 or 2.")
+    if hours is not None and (not hours > 0 or not math.isfinite(hours)):
+        raise UsageError(f"--hours {hours} is not positive.", "pass e.g. --hours 24.")
+    rng = np.random.default_rng(seed)
+    kind, _, args = spec.partition(":")
+    source: dict[str, Any] = {"spec": spec, "scale": scale, "hours": hours}
+    if kind == "poisson" and args:
+        rate = _number(args, spec) * scale
+        period = 3600.0 if hours is None else hours * 3600.0
+        times = _poisson(rate, period, rng)
+        source["seed"] = seed
+    elif kind == "diurnal" and args:
+        parts = args.split(",")
+        if len(parts) != 2:
+            raise UsageError(
+                f"--traffic {spec!r} needs a peak and a trough.", "write diurnal:PEAK,TROUGH."
+            )
+        peak, trough = (_number(p, spec) * scale for p in parts)
+        if trough > peak:
+            raise UsageError(
+                f"--traffic {spec!r}: the trough exceeds the peak.", "write diurnal:PEAK,TROUGH."
+            )
+        period = DAY_S if hours is None else hours * 3600.0
+        candidates = _poisson(peak, period, rng)
+        rate = trough + (peak - trough) * 0.5 * (1.0 - np.cos(2.0 * np.pi * candidates / DAY_S))
+        times = candidates[rng.uniform(size=candidates.size) * peak < rate]
+        source["seed"] = seed
+    else:
+        path = _bundled_path(spec) if spec in BUNDLED else Path(spec)
+        if spec not in BUNDLED and not path.exists():
+            raise UsageError(
+                f"--traffic {spec!r} is neither a file nor a spec.",
+                f"pass a CSV path, {', '.join(BUNDLED)}, poisson:RATE or diurnal:PEAK,TROUGH.",
+            )
+        trace_s, trace_n = _read_csv(path)
+        trace_s = trace_s / scale
+        if hours is None:
+            period = float(trace_s[-1]) + (
+                float(trace_s[-1]) / (trace_s.size - 1) if trace_s.size > 1 else 1.0
+            )
+            return Arrivals(trace_s, trace_n, period, source)
+        period = hours * 3600.0
+        times, tokens = _repeat(trace_s, trace_n, period)
+        return Arrivals(times, tokens, period, source)
+    tokens = rng.choice(trace_tokens(), size=times.size)
+    return Arrivals(times, tokens.astype(np.int64), period, source)
