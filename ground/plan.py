@@ -15,6 +15,12 @@ An entry of a layer's `experts` is one expert function; `hosts`, when set, packs
 layer's experts into it (their weights resident together; one invocation serves a shard of all
 their rows). Without `hosts` the entry's function hosts expert `expert` alone, as in plans
 written before packing, which stay valid.
+
+`traffic`, when set, is what `moelambda plan --traffic` chose for a request stream: the front
+door's batch policy (most tokens per batch, longest wait) and a capacity policy per function
+(none, a scheduled warmer, or provisioned concurrency), with the p99 SLO and the simulated
+period they were chosen on. Plans without it (every plan before it) stay valid, and mean one
+execution per arriving request with no capacity policy.
 """
 
 from __future__ import annotations
@@ -30,7 +36,18 @@ from ground.files import read_document, write_file_atomically
 from ground.manifest import StageEntry
 from ground.semantics import direct_event_bytes
 
-__all__ = ["PLAN_VERSION", "ExpertPlan", "LayerPlan", "ModelRef", "Plan", "PlanError", "Totals"]
+__all__ = [
+    "PLAN_VERSION",
+    "ExpertPlan",
+    "FunctionCapacity",
+    "LayerPlan",
+    "ModelRef",
+    "Plan",
+    "PlanError",
+    "Totals",
+    "TrafficPlan",
+    "function_names",
+]
 
 PLAN_VERSION = 2
 WORKFLOWS = ("express", "standard")
@@ -128,6 +145,54 @@ class Totals(_Strict):
     slo_s: float | None = Field(default=None, gt=0)
 
 
+class FunctionCapacity(_Strict):
+    """What keeps one function's environments warm: what the CDK app emits for it.
+
+    provisioned: `provisioned_concurrency` environments on a published version (an alias);
+    warmer: a schedule invoking the function every `warmer_interval_s` with
+    `warmer_concurrency` concurrent pings (events {"warmer": true}, answered at once).
+    """
+
+    function: str = Field(description="head, layerNN, layerNN/expertMM or tail.")
+    policy: Literal["none", "warmer", "provisioned"]
+    provisioned_concurrency: int = Field(default=0, ge=0)
+    warmer_interval_s: float | None = Field(default=None, gt=0)
+    warmer_concurrency: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FunctionCapacity:
+        if self.policy == "provisioned" and self.provisioned_concurrency < 1:
+            raise ValueError(f"{self.function}: provisioned needs provisioned_concurrency >= 1")
+        if self.policy == "warmer" and (
+            self.warmer_interval_s is None or self.warmer_concurrency < 1
+        ):
+            raise ValueError(f"{self.function}: a warmer needs an interval and a concurrency")
+        if self.policy != "provisioned" and self.provisioned_concurrency:
+            raise ValueError(f"{self.function}: provisioned_concurrency set without the policy")
+        return self
+
+
+class TrafficPlan(_Strict):
+    """The batch and capacity policies chosen for a request stream (see the module docstring)."""
+
+    traffic: dict[str, Any] = Field(description="The stream it was planned on: spec, scale, ...")
+    slo_p99_s: float = Field(gt=0)
+    max_batch_tokens: int = Field(ge=1)
+    max_wait_s: float = Field(ge=0)
+    idle_reclaim_s: float = Field(gt=0, description="The idle-time assumption planned under.")
+    capacity: list[FunctionCapacity]
+    simulated: dict[str, Any] = Field(description="p99, attainment and bill over the period.")
+
+
+def function_names(layers: list[LayerPlan]) -> list[str]:
+    """The deployment's functions as reports and capacity policies name them."""
+    names = ["head"]
+    for layer in layers:
+        names.append(f"layer{layer.layer:02d}")
+        names.extend(f"layer{layer.layer:02d}/expert{e.expert:02d}" for e in layer.experts)
+    return [*names, "tail"]
+
+
 class Plan(_Strict):
     """A deployment plan; see the module docstring."""
 
@@ -144,6 +209,7 @@ class Plan(_Strict):
     calibration: dict[str, Any]
     layers: list[LayerPlan]
     totals: Totals
+    traffic: TrafficPlan | None = None
 
     @model_validator(mode="after")
     def _deployable(self) -> Plan:
@@ -198,6 +264,12 @@ class Plan(_Strict):
                 raise ValueError(
                     f"layer {layer.layer}: {len(layer.experts)} experts exceed an inline Map's "
                     f"{cal['map_max_concurrency']} concurrent iterations; use direct"
+                )
+        if self.traffic is not None:
+            named = [c.function for c in self.traffic.capacity]
+            if named != function_names(self.layers):
+                raise ValueError(
+                    f"traffic.capacity names {named}, not the plan's functions in order"
                 )
         limit = cal["express_max_duration_s"]
         if self.workflow == "express" and self.totals.latency_s > limit:

@@ -20,6 +20,7 @@ from moelambda.cli import synth  # noqa: F401
 from moelambda.cli import serve  # noqa: F401
 from moelambda.cli import calibration  # noqa: F401
 from moelambda.cli import calibrate  # noqa: F401
+from moelambda.cli import traffic  # noqa: F401
 from moelambda.cli import gpu  # noqa: F401
 from moelambda.cli import cluster  # noqa: F401
 

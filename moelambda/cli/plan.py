@@ -247,6 +247,23 @@ def plan(
             "minimum of it."
         ),
     ] = 1000,
+    traffic: Annotated[
+        str | None,
+        typer.Option(
+            help="Plan for a request stream (a CSV, azure-conv, poisson:RATE, "
+            "diurnal:PEAK,TROUGH): choose the batch and capacity policies too, under --slo-p99."
+        ),
+    ] = None,
+    slo_p99: Annotated[
+        float | None, typer.Option(help="With --traffic: p99 latency per request, seconds.")
+    ] = None,
+    scale: Annotated[float, typer.Option(help="With --traffic: multiply the arrival rate.")] = 1.0,
+    hours: Annotated[
+        float | None, typer.Option(help="With --traffic: hours of traffic to plan on.")
+    ] = None,
+    idle_s: Annotated[
+        float | None, typer.Option(help="With --traffic: idle seconds before reclaim.")
+    ] = None,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -267,6 +284,11 @@ def plan(
     if tokens < 1:
         raise UsageError(f"--tokens {tokens} is not positive.", "pass --tokens 1 or more.")
     methods = tuple(Method) if method is None else (Method.parse(method),)
+    if (traffic is None) != (slo_p99 is None) or (traffic and (slo or throughput)):
+        raise UsageError(
+            "--traffic and --slo-p99 go together, and replace --slo/--throughput.",
+            "pass --traffic SPEC --slo-p99 SECONDS, or neither.",
+        )
     slo_s = _slo(slo, throughput, tokens)
     for path in (out, pareto):
         if path is not None and path.exists() and not force:
@@ -308,6 +330,33 @@ def plan(
         raise UsageError(f"unknown --workflow '{workflow}'.", "use express or standard.")
     if objective not in ("full", "experts"):
         raise UsageError(f"unknown --objective '{objective}'.", "use full or experts.")
+    if traffic is not None:
+        from moelambda.cli.traffic import plan_with_traffic
+
+        plan_with_traffic(
+            traffic=traffic,
+            scale=scale,
+            hours=hours,
+            seed=seed,
+            slo_p99=float(slo_p99),  # type: ignore[arg-type]
+            idle_s=idle_s,
+            manifest=manifest,
+            counts=predicted,
+            tokens=tokens,
+            dist=dist,
+            confidence=confidence,
+            calibration=cal,
+            options={"arch": arch, "workflow": workflow, "objective": objective},
+            solver=solver,
+            methods=methods,
+            pack=pack,
+            source=source,
+            out=out,
+            force=force,
+            concurrency_quota=concurrency_quota,
+            as_json=as_json,
+        )
+        return
     started = time.perf_counter()
     chosen = workflow or "express"
     inst = instance_for(

@@ -1,0 +1,351 @@
+"""Planning for a request stream: batch policy, MoE deployment and capacity, under a p99 SLO.
+
+`plan_for_traffic` searches, for the stream it is given:
+1. the front door's batch policy: the most tokens per batch from `CAPS` and the longest wait
+   from `WAITS` (only waits below the SLO);
+2. for each, the MoE deployment of a batch of that many tokens with the batch SLO left after
+   the wait (SLO - wait), made by the same planner as `moelambda plan` (`planner.deploy`);
+   consecutive waits reuse the plan while its latency fits (a plan optimal at a looser SLO is
+   optimal at any tighter one it still meets);
+3. for each, a capacity policy: none, a warmer every interval of `WARMER_INTERVALS_S` (at most
+   the low end of the idle-time range, so a warmed environment survives whichever idle time in
+   that range holds), or provisioned concurrency, each function's concurrency set to a quantile
+   (`LEVELS`) of the environments it had in use at its invocations in the simulation without a
+   policy;
+and simulates every combination over the whole stream (`simulate`), keeping the cheapest bill
+of the period whose p99 latency meets the SLO with no refused batch. Lambda Managed Instances
+and SnapStart are not candidates (the calibration file says what is missing for each).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ground.errors import InfeasibleError
+from ground.plan import FunctionCapacity, Plan, TrafficPlan
+from planner.calibration import Calibration
+from planner.traffic.platform import platform_for
+from planner.traffic.simulate import BatchPolicy, Capacity, Platform, TrafficResult, simulate
+from planner.traffic.spec import Arrivals
+from planner.traffic.workflow import WorkflowModel, workflow_model
+
+__all__ = [
+    "CAPS",
+    "LEVELS",
+    "WAITS",
+    "WARMER_INTERVALS_S",
+    "TrafficChoice",
+    "capacity_candidates",
+    "fastest_latency",
+    "moe_plan_at",
+    "plan_for_traffic",
+    "steady_state_plan",
+]
+
+CAPS = (512, 1024, 2048, 4096, 8192, 16384)
+WAITS = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0)
+LEVELS = (0.5, 0.9, 0.99, 1.0)
+WARMER_INTERVALS_S = (150.0, 300.0)
+
+PlanAt = Callable[[int, float], Plan]  # (tokens per batch, batch SLO) -> the MoE plan
+
+
+@dataclass(frozen=True, eq=False)
+class TrafficChoice:
+    """The chosen plan (with its traffic block), its simulation, and every candidate tried."""
+
+    plan: Plan
+    result: TrafficResult
+    candidates: list[dict[str, Any]]
+    seconds: float
+
+
+def _levels(hist: np.ndarray, level: float) -> np.ndarray:
+    """Per function, the fewest environments that covered `level` of its invocations."""
+    counts = hist.sum(axis=1)
+    cdf = np.cumsum(hist, axis=1) / np.maximum(counts, 1)[:, None]
+    k = (cdf < level - 1e-12).sum(axis=1)
+    return np.where(counts > 0, np.maximum(k, 1), 0)
+
+
+def capacity_candidates(
+    base: TrafficResult, platform: Platform, *, intervals: tuple[float, ...]
+) -> list[tuple[str, list[Capacity]]]:
+    """Capacity policies to try, from the environments each function used without one."""
+    out: list[tuple[str, list[Capacity]]] = []
+    seen: set[tuple[Any, ...]] = set()
+
+    def add(label: str, policies: list[Capacity]) -> None:
+        key = tuple(
+            (c.kind, c.provisioned, c.warmer_interval_s, c.warmer_concurrency) for c in policies
+        )
+        if key not in seen and any(c.kind != "none" for c in policies):
+            seen.add(key)
+            out.append((label, policies))
+
+    for level in LEVELS:
+        k = _levels(base.environments_in_use, level)
+        for interval in intervals:
+            add(
+                f"warmer every {interval:g} s, p{level * 100:g} environments",
+                [Capacity("warmer", 0, interval, int(n)) if n else Capacity() for n in k],
+            )
+        if platform.provisioned_allocated_usd is not None:
+            add(
+                f"provisioned, p{level * 100:g} environments",
+                [Capacity("provisioned", int(n)) if n else Capacity() for n in k],
+            )
+    return out
+
+
+def _row(
+    max_tokens: int, wait: float, label: str, result: TrafficResult, slo: float
+) -> dict[str, Any]:
+    q = result.quantiles()
+    meets = result.refused_batches == 0 and q["p99"] is not None and q["p99"] <= slo
+    return {
+        "max_batch_tokens": max_tokens,
+        "max_wait_s": wait,
+        "capacity": label,
+        "p99_s": q["p99"],
+        "attainment": result.attainment(slo),
+        "cold_starts": int(sum(result.cold_starts.values())),
+        "total_usd": result.bill_usd["total_usd"],
+        "per_million_tokens_usd": result.bill_usd["per_million_tokens_usd"],
+        "meets_slo": meets,
+    }
+
+
+def _signature(plan: Plan) -> tuple[Any, ...]:
+    return tuple(
+        (
+            layer.method,
+            layer.beta,
+            tuple((e.memory_mb, e.replicas, tuple(e.hosted)) for e in layer.experts),
+        )
+        for layer in plan.layers
+    ) + (plan.totals.tokens, plan.workflow)
+
+
+def plan_for_traffic(
+    plan_at: PlanAt,
+    arrivals: Arrivals,
+    slo_p99_s: float,
+    calibration: Calibration,
+    arch: str,
+    *,
+    idle_s: float | None = None,
+    caps: tuple[int, ...] = CAPS,
+    waits: tuple[float, ...] = WAITS,
+    progress: Callable[[str], None] | None = None,
+) -> TrafficChoice:
+    """The cheapest batch policy, MoE plan and capacity meeting `slo_p99_s` on `arrivals`.
+
+    Args:
+        plan_at: Makes the MoE plan of a batch of n tokens under a batch SLO (`moe_plan_at`).
+        arrivals: The stream to plan for; every candidate is simulated over all of it.
+        slo_p99_s: The per-request p99 latency to meet, seconds.
+        calibration: With every traffic parameter (`platform.traffic_calibration`).
+        arch: Lambda architecture of the plans.
+        idle_s: Idle seconds before reclaim. Default: the calibration's assumption.
+        caps, waits: Batch policies to try.
+
+    Raises:
+        InfeasibleError: No candidate meets the SLO; names the best p99 found and its policy.
+    """
+    started = time.perf_counter()
+    say = progress or (lambda _msg: None)
+    idle = calibration.idle_reclaim_s
+    assert idle is not None
+    intervals = tuple(i for i in WARMER_INTERVALS_S if i <= idle.low_s) or (idle.low_s / 2,)
+    largest = int(arrivals.tokens.max()) if arrivals.requests else 1
+    models: dict[tuple[Any, ...], tuple[WorkflowModel, Platform]] = {}
+    rows: list[dict[str, Any]] = []
+    best: tuple[float, Plan, BatchPolicy, list[Capacity] | None, TrafficResult, str] | None = None
+    closest: dict[str, Any] | None = None
+    for cap in caps:
+        plan: Plan | None = None
+        for wait in sorted(w for w in waits if w < slo_p99_s):
+            budget = slo_p99_s - wait
+            if plan is None or plan.totals.latency_s > budget:
+                say(f"planning batches of {cap:,} tokens within {budget:.3f} s")
+                try:
+                    plan = plan_at(cap, budget)
+                except InfeasibleError:
+                    break  # longer waits leave even less time
+            key = _signature(plan)
+            if key not in models:
+                model = workflow_model(plan, max(cap, largest))
+                models[key] = (
+                    model,
+                    platform_for(calibration, model.functions, arch, idle_s=idle_s),
+                )
+            model, platform = models[key]
+            policy = BatchPolicy(cap, wait)
+            say(f"simulating {cap:,} tokens, wait {wait:g} s: no capacity policy")
+            base = simulate(model, arrivals, policy, platform)
+            tried = [("none", None, base)]
+            for label, capacity in capacity_candidates(base, platform, intervals=intervals):
+                say(f"simulating {cap:,} tokens, wait {wait:g} s: {label}")
+                tried.append(
+                    (label, capacity, simulate(model, arrivals, policy, platform, capacity))
+                )
+            for label, capacity, result in tried:
+                row = _row(cap, wait, label, result, slo_p99_s)
+                rows.append(row)
+                if row["meets_slo"] and (best is None or row["total_usd"] < best[0]):
+                    best = (row["total_usd"], plan, policy, capacity, result, label)
+                p99 = row["p99_s"]
+                if p99 is not None and (closest is None or p99 < closest["p99_s"]):
+                    closest = row
+    if best is None:
+        if closest is None:
+            raise InfeasibleError(
+                f"no batch size from {caps[0]:,} to {caps[-1]:,} tokens has an MoE plan within "
+                f"the p99 SLO of {slo_p99_s:g} s.",
+                "raise --slo-p99, or plan smaller batches.",
+            )
+        raise InfeasibleError(
+            f"no batch, MoE and capacity policy meets the p99 SLO of {slo_p99_s:g} s on this "
+            f"traffic: the best p99 is {closest['p99_s']:.3f} s (batches of "
+            f"{closest['max_batch_tokens']:,} tokens, wait {closest['max_wait_s']:g} s, "
+            f"capacity: {closest['capacity']}).",
+            f"pass --slo-p99 {math.ceil(closest['p99_s'] * 1000) / 1000:.3f} or more.",
+        )
+    _, plan, policy, capacity, result, label = best
+    model = models[_signature(plan)][0]
+    platform = models[_signature(plan)][1]
+    chosen = Plan.model_validate(
+        plan.model_dump()
+        | {
+            "traffic": TrafficPlan(
+                traffic=arrivals.describe(),
+                slo_p99_s=slo_p99_s,
+                max_batch_tokens=policy.max_tokens,
+                max_wait_s=policy.max_wait_s,
+                idle_reclaim_s=platform.idle_s,
+                capacity=_function_capacity(model, capacity),
+                simulated=result.summary(slo_p99_s) | {"capacity": label},
+            ).model_dump()
+        }
+    )
+    return TrafficChoice(chosen, result, rows, time.perf_counter() - started)
+
+
+def _function_capacity(
+    model: WorkflowModel, capacity: list[Capacity] | None
+) -> list[FunctionCapacity]:
+    policies = capacity or [Capacity()] * model.functions.count
+    return [
+        FunctionCapacity(
+            function=name,
+            policy=c.kind,  # type: ignore[arg-type]
+            provisioned_concurrency=c.provisioned if c.kind == "provisioned" else 0,
+            warmer_interval_s=c.warmer_interval_s if c.kind == "warmer" else None,
+            warmer_concurrency=c.warmer_concurrency if c.kind == "warmer" else 0,
+        )
+        for name, c in zip(model.functions.names, policies, strict=True)
+    ]
+
+
+def moe_plan_at(
+    manifest: Any,
+    counts: np.ndarray,
+    counts_tokens: int,
+    calibration: Calibration,
+    *,
+    arch: str = "x86_64",
+    workflow: str | None = None,
+    objective: str = "full",
+    solver: str = "exact",
+    methods: tuple[Any, ...] | None = None,
+    pack: str = "auto",
+    dist: Any = None,
+    confidence: float = 0.0,
+    counts_source: dict[str, Any] | None = None,
+) -> PlanAt:
+    """What `moelambda plan` does for one batch size and SLO, as a function of the two: the
+    predicted counts (of a batch of `counts_tokens`) scaled to the batch, planned by
+    `planner.deploy.plan_packed` (packing, workflow type, confidence) and written as a Plan."""
+    from planner.build import instance_for, make_plan
+    from planner.deploy import pack_sizes, plan_packed
+    from planner.instance import Method
+
+    chosen_methods = tuple(Method) if methods is None else methods
+
+    def plan_at(tokens: int, slo_s: float) -> Plan:
+        scaled = np.asarray(counts, dtype=float) * tokens / counts_tokens
+        inst = instance_for(
+            manifest,
+            scaled,
+            calibration,
+            tokens=tokens,
+            arch=arch,
+            workflow=workflow or "express",
+            objective=objective,
+        )
+        inst, confident, solution, _, _ = plan_packed(
+            inst,
+            pack_sizes(pack, inst.experts),
+            None if dist is None else dist.scaled(tokens),
+            confidence,
+            slo_s,
+            solver,
+            chosen_methods,
+            False,
+            workflow is None,
+            calibration,
+        )
+        if inst.workflow == "express" and solution.latency > calibration.express_max_duration_s:
+            raise InfeasibleError(
+                f"batches of {tokens:,} tokens take {solution.latency:.1f} s, over an Express "
+                "workflow's limit.",
+                "plan smaller batches or a Standard workflow.",
+            )
+        source = dict(counts_source or {}) | {"scaled_to_tokens": tokens}
+        if confident is not None:
+            source["confidence"] = confident.describe()
+        return make_plan(inst, solution, manifest, calibration, slo_s=slo_s, counts_source=source)
+
+    return plan_at
+
+
+def steady_state_plan(
+    plan_at: PlanAt, fastest_s: Callable[[int], float], slo_s: float, tokens: int = 10240
+) -> Plan:
+    """Today's plan for a per-request SLO: `moelambda plan` of a batch of `tokens` with the SLO
+    as its batch SLO, or, where no plan of that batch meets it, with the smallest batch SLO
+    that one does, as a user following the planner's advice would: the fastest point plan's
+    latency (`fastest_s(tokens)`), relaxed by 2% steps while a confidence level still finds
+    it infeasible (up to twice it)."""
+    try:
+        return plan_at(tokens, slo_s)
+    except InfeasibleError as error:
+        fastest = fastest_s(tokens) * (1 + 1e-6)
+        for factor in (1.0, *np.geomspace(1.02, 2.0, 36)):
+            try:
+                return plan_at(tokens, fastest * factor)
+            except InfeasibleError:
+                continue
+        raise error
+
+
+def fastest_latency(
+    manifest: Any, counts: np.ndarray, counts_tokens: int, cal: Calibration
+) -> Callable[[int], float]:
+    """`fastest_s` for `steady_state_plan`: the smallest latency of a batch of n tokens with
+    one expert per function (a plan at that SLO exists; packing may only be cheaper)."""
+    from planner.build import instance_for
+    from planner.exact import solve_frontier
+
+    def fastest_s(tokens: int) -> float:
+        scaled = np.asarray(counts, dtype=float) * tokens / counts_tokens
+        return solve_frontier(instance_for(manifest, scaled, cal, tokens=tokens)).min_latency()
+
+    return fastest_s

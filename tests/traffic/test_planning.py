@@ -1,0 +1,70 @@
+"""Planning for traffic on the tiny model: the choice meets its p99 in the simulator, is the
+cheapest candidate that does, and replays to the same numbers from the saved plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ground.errors import InfeasibleError
+from ground.plan import Plan, function_names
+from planner import load_calibration
+from planner.traffic import load_arrivals, simulate_plan
+from planner.traffic.planning import moe_plan_at, plan_for_traffic
+from tests.traffic.plans import counts_of, tiny_manifest
+
+CAPS = (512, 2048)
+WAITS = (0.0, 0.5)
+
+
+@pytest.fixture(scope="module")
+def plan_at():  # type: ignore[no-untyped-def]
+    cal = load_calibration()
+    return moe_plan_at(tiny_manifest(), counts_of(2, 4, 2048), 2048, cal, pack="1")
+
+
+@pytest.fixture(scope="module")
+def stream():  # type: ignore[no-untyped-def]
+    return load_arrivals("poisson:0.05", hours=2, seed=3)
+
+
+@pytest.fixture(scope="module")
+def choice(plan_at, stream):  # type: ignore[no-untyped-def]
+    cal = load_calibration()
+    return plan_for_traffic(plan_at, stream, 25.0, cal, "x86_64", caps=CAPS, waits=WAITS)
+
+
+def test_the_choice_meets_its_p99_and_is_the_cheapest_that_does(choice) -> None:  # type: ignore[no-untyped-def]
+    t = choice.plan.traffic
+    assert t is not None and t.slo_p99_s == 25.0
+    p99 = choice.result.quantiles()["p99"]
+    assert p99 is not None and p99 <= 25.0
+    meeting = [c for c in choice.candidates if c["meets_slo"]]
+    assert min(c["total_usd"] for c in meeting) == choice.result.bill_usd["total_usd"]
+    assert {c["max_batch_tokens"] for c in choice.candidates} == set(CAPS)
+    assert [c.function for c in t.capacity] == function_names(choice.plan.layers)
+
+
+def test_the_saved_plan_replays_to_the_planned_numbers(choice, stream, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "plan.json"
+    choice.plan.save(path)
+    report = simulate_plan(Plan.load(path), stream)
+    assert report["latency_s"] == choice.result.quantiles()
+    assert report["bill_usd"] == pytest.approx(choice.result.bill_usd, rel=1e-12)
+    assert report["cold_starts"]["count"] == sum(choice.result.cold_starts.values())
+    assert report["slo_s"] == 25.0
+
+
+def test_a_plan_with_misnamed_capacity_is_rejected(choice) -> None:  # type: ignore[no-untyped-def]
+    doc = choice.plan.model_dump()
+    doc["traffic"]["capacity"] = doc["traffic"]["capacity"][::-1]
+    with pytest.raises(ValueError, match="traffic.capacity"):
+        Plan.model_validate(doc)
+
+
+def test_an_slo_no_candidate_meets_names_the_best_p99(plan_at, stream) -> None:  # type: ignore[no-untyped-def]
+    cal = load_calibration()
+    with pytest.raises(InfeasibleError) as info:
+        plan_for_traffic(plan_at, stream, 0.05, cal, "x86_64", caps=CAPS, waits=WAITS)
+    assert "--slo-p99" in str(info.value)
