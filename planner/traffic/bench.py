@@ -1,0 +1,147 @@
+"""The traffic benchmark: today's steady-state plan against the traffic-aware plan.
+
+For each arrival rate (a `--scale` of the shipped Azure conversation trace) and p99 SLO:
+today's plan (`steady_state_plan`: a 10,240-token batch planned with the SLO) served one
+execution per request with no capacity policy, and `plan_for_traffic`'s plan, both simulated
+over the same day. Where the trace is stretched enough, the plan is made on one day and both
+are judged on the next one (out of sample); at rates where the one-hour trace repeats within
+a day, there is no unseen traffic to judge on, and the report says so. It also times a
+simulated day at the trace's own rate, the simulator's speed target (<= 10 s).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ground.plan import Plan
+from planner.calibration import Calibration
+from planner.traffic.planning import PlanAt, plan_for_traffic, steady_state_plan
+from planner.traffic.platform import platform_for
+from planner.traffic.replay import policies_of, simulate_plan
+from planner.traffic.simulate import TrafficResult, simulate
+from planner.traffic.spec import Arrivals, load_arrivals
+from planner.traffic.workflow import workflow_model
+
+__all__ = ["DAY_TARGET_S", "compare", "scale_for"]
+
+DAY_TARGET_S = 10.0
+DAY_H = 24.0
+
+
+def scale_for(rate_per_s: float, spec: str = "azure-conv") -> float:
+    """The --scale that gives `spec` a mean rate of `rate_per_s` requests per second."""
+    native = load_arrivals(spec)
+    return rate_per_s / (native.requests / native.period_s)
+
+
+def _judge(plan: Plan, arrivals: Arrivals, cal: Calibration) -> TrafficResult:
+    policy, capacity, _ = policies_of(plan)
+    largest = int(arrivals.tokens.max()) if arrivals.requests else 1
+    model = workflow_model(plan, max(policy.max_tokens, largest))
+    platform = platform_for(cal, model.functions, plan.arch)
+    return simulate(model, arrivals, policy, platform, capacity)
+
+
+def _row(result: TrafficResult, slo: float) -> dict[str, Any]:
+    return {
+        "latency_s": result.quantiles(),
+        "slo_attainment": result.attainment(slo),
+        "meets_p99": result.refused_batches == 0 and (result.quantiles()["p99"] or np.inf) <= slo,
+        "cold_starts": int(sum(result.cold_starts.values())),
+        "bill_usd": result.bill_usd,
+        "per_million_tokens_usd": result.bill_usd["per_million_tokens_usd"],
+        "reserved_concurrency_exceeded": result.over_reserved,
+    }
+
+
+def compare(
+    plan_at: PlanAt,
+    fastest_s: Callable[[int], float],
+    cal: Calibration,
+    arch: str,
+    *,
+    rates_per_s: tuple[float, ...],
+    slos_s: tuple[float, ...],
+    plan_hours: Callable[[float], float],
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Steady-state against traffic-aware plans at each rate and SLO (see the module
+    docstring), with the latencies of both for plotting under "latencies"."""
+    say = progress or (lambda _msg: None)
+    started = time.perf_counter()
+    runs, latencies = [], {}
+    for rate in rates_per_s:
+        scale = scale_for(rate)
+        hours = plan_hours(rate)
+        two_days = load_arrivals("azure-conv", scale=scale, hours=2 * DAY_H)
+        trace_span_h = load_arrivals("azure-conv", scale=scale).period_s / 3600
+        out_of_sample = trace_span_h >= 2 * DAY_H
+        day = (
+            two_days.window(DAY_H * 3600, 2 * DAY_H * 3600)
+            if out_of_sample
+            else (two_days.window(0, DAY_H * 3600))
+        )
+        planning = load_arrivals("azure-conv", scale=scale, hours=hours)
+        for slo in slos_s:
+            say(f"{rate:g} req/s, p99 {slo:g} s: today's plan")
+            steady = steady_state_plan(plan_at, fastest_s, slo)
+            say(f"{rate:g} req/s, p99 {slo:g} s: planning for traffic on {hours:g} h")
+            choice = plan_for_traffic(plan_at, planning, slo, cal, arch, progress=say)
+            say(f"{rate:g} req/s, p99 {slo:g} s: both over a day")
+            steady_day = _judge(steady, day, cal)
+            aware_day = _judge(choice.plan, day, cal)
+            t = choice.plan.traffic
+            assert t is not None
+            key = f"{rate:g}/s, p99 {slo:g} s"
+            latencies[key] = {"steady": steady_day.latency_s, "traffic": aware_day.latency_s}
+            runs.append(
+                {
+                    "rate_per_s": rate,
+                    "scale": scale,
+                    "slo_p99_s": slo,
+                    "planned_on_h": hours,
+                    "judged_on": "the next day (out of sample)"
+                    if out_of_sample
+                    else "the same day (the one-hour trace repeats within a day)",
+                    "requests_judged": day.requests,
+                    "steady": _row(steady_day, slo)
+                    | {
+                        "tokens_per_batch": steady.totals.tokens,
+                        "batch_slo_s": steady.totals.slo_s,
+                    },
+                    "traffic_aware": _row(aware_day, slo)
+                    | {
+                        "max_batch_tokens": t.max_batch_tokens,
+                        "max_wait_s": t.max_wait_s,
+                        "capacity": t.simulated["capacity"],
+                        "capacity_per_function": {
+                            c.function: c.model_dump(exclude={"function"})
+                            for c in t.capacity
+                            if c.policy != "none"
+                        },
+                        "candidates": len(choice.candidates),
+                        "planning_s": round(choice.seconds, 2),
+                    },
+                    "plan": choice.plan,
+                    "steady_plan": steady,
+                }
+            )
+    say("a simulated day at the trace's own rate")
+    native_day = load_arrivals("azure-conv", hours=DAY_H)
+    timed = simulate_plan(runs[0]["steady_plan"], native_day, calibration=cal)
+    return {
+        "runs": runs,
+        "latencies": latencies,
+        "day": {
+            "requests": native_day.requests,
+            "batches": timed["batches"],
+            "wall_s": timed["wall_s"],
+            "target_s": DAY_TARGET_S,
+            "meets_target": timed["wall_s"] <= DAY_TARGET_S,
+        },
+        "seconds": round(time.perf_counter() - started, 2),
+    }
