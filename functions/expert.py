@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from functions import config, weights
+from functions import config, warm, weights
 from functions.common import s3_client, use_lambda_threads
 from ground import layout
 from pipeline import transports
@@ -20,6 +20,8 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     container holds (all of them resident); an event naming another layer or slot was routed to
     the wrong function and is refused. The shard's rows are each hosted expert's in turn.
     """
+    if warm.is_ping(event):
+        return warm.answer("expert")
     cfg = config.current()
     use_lambda_threads(cfg)
     index, number, method = cfg.layer, cfg.expert, cfg.method
@@ -70,3 +72,6 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         timeout_s=cfg.timeout_s,
     )
     return result | {"tokens": tokens, "minibatches": minibatches}
+
+
+warm.preload_if_provisioned("expert")

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from functions import config, weights
+from functions import config, warm, weights
 from functions.common import s3_client, use_lambda_threads
 from ground import layout
 from ground.errors import UsageError
@@ -22,6 +22,8 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     `input["input_ids"]` (a list of equal-length lists of ints, within the workflow's input
     limit), else from `inputs/<execution name>.bin`, never from a key the caller names.
     """
+    if warm.is_ping(event):
+        return warm.answer("head")
     cfg = config.current()
     use_lambda_threads(cfg)
     request_id = layout.validate_request_id(event.get("request_id"))
@@ -54,3 +56,6 @@ def _inline_ids(value: Any) -> np.ndarray:
             'send {"input_ids": [[101, 2023, ...], ...]} with windows of equal length.',
         )
     return ids
+
+
+warm.preload_if_provisioned("head")

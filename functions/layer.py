@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from functions import config, weights
+from functions import config, warm, weights
 from functions.common import gather_previous, s3_client, use_lambda_threads
 from ground import layout
 from ground.errors import MoelambdaError
@@ -38,6 +38,8 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     {"shards": [...]}: the state machine maps over the functions, and over each one's shards.
     A pipelined layer's experts are already running: if this fails, they are told to stop.
     """
+    if warm.is_ping(event):
+        return warm.answer("layer")
     cfg = config.current()
     use_lambda_threads(cfg)
     request_id = layout.validate_request_id(event.get("request_id"))
@@ -143,3 +145,6 @@ def _run(cfg: config.Config, s3: Any, request_id: str, event: dict[str, Any]) ->
         "layer": index,
         "experts": [{"shards": list(group)} for _, group in grouped],
     }
+
+
+warm.preload_if_provisioned("layer")

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from botocore.exceptions import ClientError
 
-from functions import config, weights
+from functions import config, warm, weights
 from functions.common import gather_previous, s3_client, use_lambda_threads
 from ground import layout
 from pipeline import transports
@@ -20,6 +20,8 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     leaves them for the cleanup function and never loses the result; a second delivery after
     the delete returns the output it finds (at-least-once delivery changes nothing).
     """
+    if warm.is_ping(event):
+        return warm.answer("tail")
     cfg = config.current()
     use_lambda_threads(cfg)
     request_id = layout.validate_request_id(event.get("request_id"))
@@ -53,3 +55,6 @@ def _exists(s3: Any, bucket: str, key: str) -> bool:
             return False
         raise
     return True
+
+
+warm.preload_if_provisioned("tail")

@@ -12,7 +12,8 @@ A function's INIT, when Lambda creates an execution environment for it (a cold s
          + reading the weights and building the torch modules      (measured, fixed + per byte)
 
 Rules (sources in `planner/data/calibration.json`):
-- On demand, INIT is limited to `init_limit_s` (10 s); a longer INIT is abandoned and retried
+- On demand, the INIT phase (image start, interpreter, imports: the weights load in the first
+  call) is limited to `init_limit_s` (10 s); a longer INIT is abandoned and retried
   inside the first invocation, so the request waits the limit plus the whole INIT again, and
   both are billed. Provisioned environments initialise ahead of traffic, without that limit.
 - Since 1 August 2025 the INIT phase is billed as duration for every configuration, at the
@@ -87,15 +88,26 @@ class InitModel:
     s3_bandwidth_bytes_per_s: float
     limit_s: float
 
-    def seconds(self, role: str, weight_bytes: float, hosted: int = 1) -> float:
-        """INIT of one new environment of a `role` function holding `weight_bytes` of weights."""
+    def phases(self, role: str, weight_bytes: float, hosted: int = 1) -> tuple[float, float]:
+        """(INIT phase, first-call load) seconds of one new environment of a `role` function
+        holding `weight_bytes` of weights.
+
+        The handlers import at INIT and load their weights on their first call
+        (`functions.weights`, cached per environment; a warmer's ping and a provisioned
+        environment's INIT load them too, `functions.warm`). So only the first part is
+        Lambda's INIT phase, under its limit; both are waited and billed.
+        """
         objects = self.config_objects + stage_objects(role, hosted)
         download = (
             objects * self.s3_delay_s
             + (self.config_bytes + weight_bytes) / self.s3_bandwidth_bytes_per_s
         )
         load = self.load_fixed_s + self.load_s_per_byte * weight_bytes
-        return self.image_start_s + self.python_start_s + self.import_s[role] + download + load
+        return self.image_start_s + self.python_start_s + self.import_s[role], download + load
+
+    def seconds(self, role: str, weight_bytes: float, hosted: int = 1) -> float:
+        """Seconds from a new environment's start to its first call's work (both phases)."""
+        return sum(self.phases(role, weight_bytes, hosted))
 
 
 def init_phase(init_s: float, limit_s: float) -> tuple[float, float]:

@@ -99,9 +99,9 @@ def platform_for(
     """The `Platform` of a deployment's functions: each one's INIT, the idle time (the
     calibration's assumption unless `idle_s` is given) and the prices of `arch`."""
     model = init_model(calibration)
-    init_s = np.array(
+    phases = np.array(
         [
-            model.seconds(role, float(wb), int(h))
+            model.phases(role, float(wb), int(h))
             for role, wb, h in zip(
                 functions.role, functions.weight_bytes, functions.hosted, strict=True
             )
@@ -113,7 +113,8 @@ def platform_for(
     pc = (calibration.provisioned_concurrency_prices or {}).get(arch)
     price = calibration.price(arch)
     return Platform(
-        init_s=init_s,
+        init_s=phases[:, 0],
+        load_s=phases[:, 1],
         init_limit_s=calibration.init_limit_s,
         init_billed=calibration.init_billed,
         idle_s=idle.assumed_s if idle_s is None else float(idle_s),

@@ -114,7 +114,7 @@ def simulate_plan(
         "idle_reclaim_s": platform.idle_s,
         "init_s": {
             name: round(float(s), 4)
-            for name, s in zip(model.functions.names, platform.init_s, strict=True)
+            for name, s in zip(model.functions.names, platform.cold_s()[0], strict=True)
         },
         "largest_batch_served": model.feasible_tokens,
         "traffic_parameters_from": where,

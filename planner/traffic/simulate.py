@@ -89,7 +89,7 @@ class Platform:
     idle time before reclaim; prices are USD per GB-second or per call.
     """
 
-    init_s: np.ndarray
+    init_s: np.ndarray  # (F,) the INIT phase, under the limit
     init_limit_s: float
     init_billed: bool
     idle_s: float
@@ -100,6 +100,14 @@ class Platform:
     billing_mb_per_gb: float
     provisioned_allocated_usd: float | None = None  # per GB-second; None: not sourced
     provisioned_duration_usd: float | None = None
+    load_s: np.ndarray | None = None  # (F,) the first call's weight load (None: 0)
+
+    def cold_s(self) -> tuple[np.ndarray, np.ndarray]:
+        """(seconds a new environment delays its first invocation, seconds it bills): the
+        INIT phase under its limit (`ground.coldstart.init_phase`) plus the first load."""
+        phase = np.array([init_phase(float(s), self.init_limit_s) for s in self.init_s])
+        load = np.zeros(self.init_s.size) if self.load_s is None else self.load_s
+        return phase[:, 0] + load, phase[:, 1] + load
 
 
 @dataclass(frozen=True, eq=False)
@@ -223,8 +231,7 @@ def simulate(
     first, dispatch, size = batches_of(arrivals, policy)
     batch_of = np.repeat(np.arange(size.size), np.diff(first))
     served = size <= model.feasible_tokens
-    waits = np.array([init_phase(float(s), platform.init_limit_s) for s in platform.init_s])
-    wait_s, billed_init_s = waits[:, 0], waits[:, 1]
+    wait_s, billed_init_s = platform.cold_s()
     tokens = size[served]
     grid_i, grid_w = model.interpolate(tokens)
     delay_served, failed, stage_delay, cold_b, cold_p, pings, pc_seconds, peak, hist = run_pools(
@@ -283,6 +290,12 @@ def simulate(
         bill["total_usd"] / total_tokens * 1e6 if total_tokens else 0.0
     )
     names = fns.names
+    notes = []
+    if policy.max_wait_s > 0:
+        notes.append(
+            "the front door that holds requests for a batch (a queue and its batching "
+            "function) is not in the bill: it is not part of the deployed stack yet"
+        )
     return TrafficResult(
         latency_s=latency,
         batch_of=batch_of,
@@ -301,6 +314,7 @@ def simulate(
         tokens=total_tokens,
         period_s=period,
         wall_s=time.perf_counter() - started,
+        notes=notes,
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from datetime import date
 
+import numpy as np
 import pytest
 
 from ground.coldstart import THROTTLE_RETRY, InitModel, init_phase, retry_waits, stage_objects
@@ -38,6 +39,30 @@ def test_init_is_start_imports_download_and_load_by_hand() -> None:
     assert stage_objects("expert", 3) == 3 and stage_objects("head", 3) == 1
     with pytest.raises(ValueError, match="unknown role"):
         stage_objects("gate")
+
+
+def test_only_the_init_phase_is_under_the_limit() -> None:
+    # imports at INIT (0.05 + 0.1 + 2.0), weights on the first call: a 2 GB expert loads for
+    # 25+ s without passing the 10 s INIT limit
+    phase, load = MODEL.phases("expert", 2e9)
+    assert phase == pytest.approx(2.15) and load > 20
+    from planner.traffic.simulate import Platform
+
+    platform = Platform(
+        init_s=np.array([phase, 12.0]),
+        load_s=np.array([load, 1.0]),
+        init_limit_s=10.0,
+        init_billed=True,
+        idle_s=600.0,
+        gb_second_usd=1e-5,
+        request_usd=2e-7,
+        ping_s=0.02,
+        scheduler_invocation_usd=1e-6,
+        billing_mb_per_gb=1024.0,
+    )
+    wait, billed = platform.cold_s()
+    np.testing.assert_allclose(wait, [phase + load, 10.0 + 12.0 + 1.0])
+    np.testing.assert_allclose(billed, wait)
 
 
 def test_an_init_past_the_limit_is_waited_and_billed_twice() -> None:
