@@ -9,6 +9,14 @@ writes `outputs/`; only the tail and cleanup delete.
 Memory, reserved concurrency and limits come from the Plan alone (head, gates and tail get its
 `nonmoe_memory_mb`; an expert reserves its `max_replicas`, the most replicas its gate may use);
 every function runs torch on the vCPUs its memory buys (`ground.semantics.threads_for`).
+
+A plan made for traffic (`plan.traffic`) also says how each function is kept warm, and the
+stack emits it: provisioned concurrency k as a published version with an alias `live` that
+holds k provisioned environments, which the workflow and the gates then invoke (invoking the
+unqualified function would never use them); a warmer as EventBridge Scheduler schedules, one
+per concurrent ping, invoking the function (or its alias) every N minutes with
+`{"warmer": true}` (`functions.warm`), through one role per stack allowed to invoke exactly
+the warmed functions.
 """
 
 from __future__ import annotations
@@ -25,12 +33,13 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_scheduler as scheduler
 from constructs import Construct
 
 from ground import access
 from ground.access import Access
 from ground.errors import UsageError
-from ground.plan import Plan
+from ground.plan import FunctionCapacity, Plan
 from ground.semantics import threads_for
 
 __all__ = [
@@ -142,6 +151,11 @@ class ServingFunctions(Construct):
         self.nested: list[NestedStack] = []  # the expert functions' nested stacks, if any
         self._mb_per_vcpu = float(plan.calibration["mb_per_vcpu"])
         self._log_groups: dict[str, logs.LogGroup] = {}
+        self._capacity: dict[str, FunctionCapacity] = (
+            {c.function: c for c in plan.traffic.capacity} if plan.traffic is not None else {}
+        )
+        self._aliases: dict[str, lambda_.Alias] = {}  # by function construct path
+        self._warmed: list[tuple[Construct, str, lambda_.IFunction, FunctionCapacity]] = []
         self.access: dict[str, Access] = {}  # by construct id: what each function may touch
         self._architecture = (
             lambda_.Architecture.ARM_64 if plan.arch == "arm64" else lambda_.Architecture.X86_64
@@ -162,6 +176,7 @@ class ServingFunctions(Construct):
             timeout=stage_timeout,
             access=access.head(),
             weights=[keys[("head", None, None)]],
+            capacity="head",
         )
         self.experts: list[list[lambda_.DockerImageFunction]] = []
         self.layers: list[lambda_.DockerImageFunction] = []
@@ -196,6 +211,7 @@ class ServingFunctions(Construct):
                         **payload_limit,
                     },
                     reserved=e.max_replicas if options.reserve_concurrency else None,
+                    capacity=f"layer{ll}/expert{e.expert:02d}",
                 )
                 experts.append(fn)
             layer_plan = {
@@ -205,7 +221,7 @@ class ServingFunctions(Construct):
                 "max_replicas": [e.max_replicas for e in layer.experts],
                 "max_tokens": [e.max_tokens_per_replica for e in layer.experts],
                 "payload_limit": plan.direct_payload_bytes,
-                "expert_functions": [fn.function_name for fn in experts],
+                "expert_functions": [self.target(fn).function_name for fn in experts],
             }
             if any(e.hosts for e in layer.experts):
                 layer_plan["hosts"] = [e.hosted for e in layer.experts]
@@ -225,7 +241,8 @@ class ServingFunctions(Construct):
                     "MOELAMBDA_LAYER_PLAN": json.dumps(layer_plan, separators=(",", ":")),
                 },
                 # A direct gate invokes its own experts, and only those.
-                invokes=experts if layer.method == "direct" else None,
+                invokes=[self.target(fn) for fn in experts] if layer.method == "direct" else None,
+                capacity=f"layer{ll}",
             )
             self.experts.append(experts)
             self.layers.append(gate)
@@ -236,6 +253,7 @@ class ServingFunctions(Construct):
             timeout=stage_timeout,
             access=access.tail(plan.layers[-1].layer),
             weights=[keys[("tail", None, None)]],
+            capacity="tail",
         )
         self.cleanup = self._function(
             "Cleanup",
@@ -245,6 +263,77 @@ class ServingFunctions(Construct):
             access=access.cleanup(),
             weights=None,
         )
+        self._warmers()
+
+    def target(self, fn: lambda_.IFunction) -> lambda_.IFunction:
+        """What the workflow and the gates invoke for `fn`: its `live` alias when the plan
+        provisions concurrency for it, else the function itself."""
+        return self._aliases.get(fn.node.path, fn)
+
+    def _keep_warm(
+        self, scope: Construct, id_: str, fn: lambda_.DockerImageFunction, name: str
+    ) -> None:
+        """The plan's capacity policy of the function the plan calls `name`."""
+        cap = self._capacity.get(name)
+        if cap is None or cap.policy == "none":
+            return
+        if cap.policy == "provisioned":
+            self._aliases[fn.node.path] = lambda_.Alias(
+                scope,
+                f"{id_}Live",
+                alias_name="live",
+                version=fn.current_version,
+                provisioned_concurrent_executions=cap.provisioned_concurrency,
+            )
+            return
+        self._warmed.append((scope, id_, self.target(fn), cap))
+
+    def _warmers(self) -> None:
+        """One schedule per concurrent ping of each warmed function, and per stack one role
+        that may invoke exactly the warmed functions of that stack."""
+        by_scope: dict[str, list[tuple[Construct, str, lambda_.IFunction, FunctionCapacity]]]
+        by_scope = {}
+        for entry in self._warmed:
+            by_scope.setdefault(entry[0].node.path, []).append(entry)
+        for entries in by_scope.values():
+            scope = entries[0][0]
+            role = iam.Role(
+                scope,
+                "WarmerRole",
+                assumed_by=iam.ServicePrincipal("scheduler.amazonaws.com"),
+                inline_policies={
+                    "Invoke": iam.PolicyDocument(
+                        statements=[
+                            iam.PolicyStatement(
+                                actions=["lambda:InvokeFunction"],
+                                resources=[target.function_arn for _, _, target, _ in entries],
+                            )
+                        ]
+                    )
+                },
+            )
+            for _, id_, target, cap in entries:
+                assert cap.warmer_interval_s is not None
+                minutes = int(cap.warmer_interval_s // 60)
+                for k in range(cap.warmer_concurrency):
+                    scheduler.CfnSchedule(
+                        scope,
+                        f"{id_}Warmer{k}",
+                        description=f"moelambda warmer of {id_} ({k + 1}/"
+                        f"{cap.warmer_concurrency})",
+                        flexible_time_window=scheduler.CfnSchedule.FlexibleTimeWindowProperty(
+                            mode="OFF"
+                        ),
+                        schedule_expression=f"rate({minutes} minute{'s' if minutes > 1 else ''})",
+                        target=scheduler.CfnSchedule.TargetProperty(
+                            arn=target.function_arn,
+                            role_arn=role.role_arn,
+                            input=json.dumps({"warmer": True}),
+                            retry_policy=scheduler.CfnSchedule.RetryPolicyProperty(
+                                maximum_retry_attempts=0
+                            ),
+                        ),
+                    )
 
     def _expert_scopes(self, plan: Plan, per_stack: int) -> list[Construct]:
         """Where each layer's expert functions go: this stack, or, once the plan has more than
@@ -319,6 +408,7 @@ class ServingFunctions(Construct):
         reserved: int | None = None,
         log_group: str = "Stages",
         scope: Construct | None = None,
+        capacity: str | None = None,
     ) -> lambda_.DockerImageFunction:
         scope = scope or self
         prefix = self._options.weights_prefix
@@ -331,7 +421,7 @@ class ServingFunctions(Construct):
             statements.append(
                 iam.PolicyStatement(
                     actions=["lambda:InvokeFunction"],
-                    resources=arns,  # unqualified names only: no version or alias is invoked
+                    resources=arns,  # each expert's alias where it has one, else unqualified
                 )
             )
         # A layer's experts share a log group, the other functions another: a group per
@@ -353,7 +443,7 @@ class ServingFunctions(Construct):
             assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
             inline_policies={"Access": iam.PolicyDocument(statements=statements)},
         )
-        return lambda_.DockerImageFunction(
+        fn = lambda_.DockerImageFunction(
             scope,
             id_,
             code=lambda_.DockerImageCode.from_image_asset(
@@ -383,6 +473,9 @@ class ServingFunctions(Construct):
             },
             description=f"moelambda {role} {id_}",
         )
+        if capacity is not None:
+            self._keep_warm(scope, id_, fn, capacity)
+        return fn
 
     def _storage(self, weights: list[str]) -> Size | None:
         """/tmp for the weights a function downloads (`functions.weights`), with room for the

@@ -165,7 +165,7 @@ class ServingStateMachine(Construct):
         )
         # The Maps invoke experts by the name in each shard: one statement keeps the role small.
         invoked = [
-            fn.function_arn
+            functions.target(fn).function_arn
             for layer, experts in zip(plan.layers, functions.experts, strict=True)
             if layer.method != "direct"
             for fn in experts
@@ -174,7 +174,7 @@ class ServingStateMachine(Construct):
             self.state_machine.add_to_role_policy(
                 iam.PolicyStatement(
                     actions=["lambda:InvokeFunction"],
-                    resources=invoked,  # by unqualified name: no version or alias
+                    resources=invoked,  # the alias of a provisioned expert, else unqualified
                 )
             )
 
@@ -204,7 +204,7 @@ class ServingStateMachine(Construct):
         task = tasks.LambdaInvoke(
             self,
             name,
-            lambda_function=fn,
+            lambda_function=self._functions.target(fn),
             payload=sfn.TaskInput.from_object(payload),
             retry_on_service_exceptions=False,
             result_path=result_path,
@@ -302,7 +302,7 @@ class ServingStateMachine(Construct):
                         "layer": layer.layer,
                         "expert": e.expert,
                         "replica": r,
-                        "function": functions[e.expert].function_name,
+                        "function": self._functions.target(functions[e.expert]).function_name,
                     }
                     for r in range(e.replicas)
                 ]

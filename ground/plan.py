@@ -167,6 +167,11 @@ class FunctionCapacity(_Strict):
             self.warmer_interval_s is None or self.warmer_concurrency < 1
         ):
             raise ValueError(f"{self.function}: a warmer needs an interval and a concurrency")
+        if self.warmer_interval_s is not None and self.warmer_interval_s % 60:
+            raise ValueError(
+                f"{self.function}: a warmer's interval {self.warmer_interval_s:g} s is not whole "
+                "minutes (an EventBridge Scheduler rate)"
+            )
         if self.policy != "provisioned" and self.provisioned_concurrency:
             raise ValueError(f"{self.function}: provisioned_concurrency set without the policy")
         return self

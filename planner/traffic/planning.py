@@ -51,7 +51,7 @@ __all__ = [
 CAPS = (512, 1024, 2048, 4096, 8192, 16384)
 WAITS = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0)
 LEVELS = (0.5, 0.9, 0.99, 1.0)
-WARMER_INTERVALS_S = (150.0, 300.0)
+WARMER_INTERVALS_S = (120.0, 300.0)  # whole minutes: EventBridge Scheduler's rate
 
 PlanAt = Callable[[int, float], Plan]  # (tokens per batch, batch SLO) -> the MoE plan
 
@@ -163,7 +163,7 @@ def plan_for_traffic(
     say = progress or (lambda _msg: None)
     idle = calibration.idle_reclaim_s
     assert idle is not None
-    intervals = tuple(i for i in WARMER_INTERVALS_S if i <= idle.low_s) or (idle.low_s / 2,)
+    intervals = tuple(i for i in WARMER_INTERVALS_S if i <= idle.low_s) or (60.0,)
     largest = int(arrivals.tokens.max()) if arrivals.requests else 1
     models: dict[tuple[Any, ...], tuple[WorkflowModel, Platform]] = {}
     rows: list[dict[str, Any]] = []

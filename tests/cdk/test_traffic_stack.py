@@ -1,0 +1,120 @@
+"""A plan made for traffic deploys its capacity: provisioned concurrency as a version and a
+`live` alias that the workflow and the gates invoke, warmers as EventBridge Scheduler
+schedules with a role that may invoke only the warmed functions; cdk-nag, cfn-lint and checkov
+stay clean."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ground.plan import Plan, function_names
+from tests.cdk.test_scanners import CHECKOV, _checkov
+from tests.cdk.test_stack import _resources, _synth, small_plan
+
+
+def traffic_plan() -> Plan:
+    plan = small_plan(("s3", "pipelined", "direct"))
+    names = function_names(plan.layers)
+    capacity: list[dict[str, Any]] = [{"function": n, "policy": "none"} for n in names]
+    provisioned = {"head": 2, "layer00/expert01": 1, "layer01/expert00": 1, "layer02/expert02": 3}
+    for entry in capacity:
+        if entry["function"] in provisioned:
+            entry |= {
+                "policy": "provisioned",
+                "provisioned_concurrency": provisioned[entry["function"]],
+            }
+        elif entry["function"] in ("tail", "layer01", "layer00/expert00"):
+            entry |= {"policy": "warmer", "warmer_interval_s": 300.0, "warmer_concurrency": 2}
+    traffic = {
+        "traffic": {"spec": "poisson:1"},
+        "slo_p99_s": 10.0,
+        "max_batch_tokens": 2048,
+        "max_wait_s": 0.5,
+        "idle_reclaim_s": 600.0,
+        "capacity": capacity,
+        "simulated": {},
+    }
+    return Plan.model_validate(plan.model_dump() | {"traffic": traffic})
+
+
+@pytest.fixture(scope="module")
+def synthesised(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    tmp = tmp_path_factory.mktemp("traffic-synth")
+    summary, template = _synth(tmp, traffic_plan())
+    assert summary["cfn_lint"]["ok"], summary["cfn_lint"]["error_messages"]
+    return template, Path(summary["template"])
+
+
+def _ref_id(value: Any) -> str:
+    return json.dumps(value)
+
+
+def test_provisioned_functions_get_a_live_alias(synthesised) -> None:  # type: ignore[no-untyped-def]
+    template, _ = synthesised
+    aliases = _resources(template, "AWS::Lambda::Alias")
+    got = sorted(
+        a["Properties"]["ProvisionedConcurrencyConfig"]["ProvisionedConcurrentExecutions"]
+        for a in aliases.values()
+    )
+    assert got == [1, 1, 2, 3]
+    assert all(a["Properties"]["Name"] == "live" for a in aliases.values())
+    assert len(_resources(template, "AWS::Lambda::Version")) == 4
+
+
+def test_the_workflow_and_gates_invoke_the_aliases(synthesised) -> None:  # type: ignore[no-untyped-def]
+    template, _ = synthesised
+    text = json.dumps(template)
+    aliases = list(_resources(template, "AWS::Lambda::Alias"))
+    for alias in aliases:
+        assert text.count(f'"Ref": "{alias}"') >= 1, alias  # referenced, not only declared
+    machine = _resources(template, "AWS::StepFunctions::StateMachine")
+    definition = json.dumps(next(iter(machine.values()))["Properties"]["DefinitionString"])
+    head_alias = next(a for a in aliases if a.startswith("FunctionsHeadLive"))
+    assert head_alias in definition
+    direct_gate = next(
+        f
+        for k, f in _resources(template, "AWS::Lambda::Function").items()
+        if k.startswith("FunctionsLayer02") and "Expert" not in k
+    )
+    layer_plan = json.dumps(direct_gate["Properties"]["Environment"]["Variables"])
+    assert ":live" in layer_plan  # the direct gate invokes its provisioned expert's alias
+
+
+def test_warmers_are_schedules_with_a_narrow_role(synthesised) -> None:  # type: ignore[no-untyped-def]
+    template, _ = synthesised
+    schedules = _resources(template, "AWS::Scheduler::Schedule")
+    assert len(schedules) == 3 * 2  # three warmed functions, two concurrent pings each
+    for schedule in schedules.values():
+        props = schedule["Properties"]
+        assert props["ScheduleExpression"] == "rate(5 minutes)"
+        assert json.loads(props["Target"]["Input"]) == {"warmer": True}
+    roles = [
+        r
+        for r in _resources(template, "AWS::IAM::Role").values()
+        if "scheduler.amazonaws.com" in json.dumps(r["Properties"]["AssumeRolePolicyDocument"])
+    ]
+    assert len(roles) == 1
+    (statement,) = roles[0]["Properties"]["Policies"][0]["PolicyDocument"]["Statement"]
+    assert statement["Action"] == "lambda:InvokeFunction"
+    assert len(statement["Resource"]) == 3 and "*" not in json.dumps(statement["Resource"])
+
+
+@pytest.mark.skipif(not CHECKOV.exists(), reason="checkov's venv is not installed")
+def test_checkov_finds_nothing_unexplained(synthesised) -> None:  # type: ignore[no-untyped-def]
+    _, path = synthesised
+    report = _checkov(path)
+    failed = report["results"]["failed_checks"]
+    assert report["summary"]["failed"] == 0, [(f["check_id"], f["resource"]) for f in failed]
+
+
+def test_a_warmer_interval_must_be_whole_minutes() -> None:
+    doc = traffic_plan().model_dump()
+    for entry in doc["traffic"]["capacity"]:
+        if entry["policy"] == "warmer":
+            entry["warmer_interval_s"] = 150.0
+    with pytest.raises(ValueError, match="whole"):
+        Plan.model_validate(doc)
