@@ -370,7 +370,8 @@ def bench_traffic(
 
     At each rate (the trace's --scale giving it) and p99 SLO: both plans simulated over a day;
     p99 and the bill per million tokens of each. Also times a simulated day at the trace's own
-    rate (target <= 10 s). Plans are made on 24 h of traffic below 1 request/s, 1 h above.
+    rate (target <= 10 s). Plans are made on 72 h of traffic below 1 request/s (and judged on the
+    day after), on 1 h above.
     """
     from moe import describe_model
     from moelambda.cli._app import load_with_status
@@ -412,7 +413,7 @@ def bench_traffic(
             "x86_64",
             rates_per_s=chosen_rates,
             slos_s=slos,
-            plan_hours=lambda rate: 24.0 if rate < 1.0 else 1.0,
+            plan_hours=lambda rate: 72.0 if rate < 1.0 else 1.0,
             progress=status.update,
         )
     report["plot"] = _plot(plot, report, force)
@@ -446,6 +447,11 @@ def bench_traffic(
             )
     out = Console()
     out.print(table)
+    for row in report["infeasible"]:
+        out.print(
+            f"{row['rate_per_s']:.4g} req/s, p99 {row['slo_p99_s']:g} s: {row['reason']}",
+            highlight=False,
+        )
     day = report["day"]
     out.print(
         f"A simulated day at the trace's own rate ({day['requests']:,} requests): "

@@ -3,10 +3,11 @@
 For each arrival rate (a `--scale` of the shipped Azure conversation trace) and p99 SLO:
 today's plan (`steady_state_plan`: a 10,240-token batch planned with the SLO) served one
 execution per request with no capacity policy, and `plan_for_traffic`'s plan, both simulated
-over the same day. Where the trace is stretched enough, the plan is made on one day and both
-are judged on the next one (out of sample); at rates where the one-hour trace repeats within
-a day, there is no unseen traffic to judge on, and the report says so. It also times a
-simulated day at the trace's own rate, the simulator's speed target (<= 10 s).
+over the same day. Where the trace is stretched enough, the plan is made on the first
+`plan_hours` and both are judged on the day after them (out of sample); at rates where the
+one-hour trace repeats within a day, there is no unseen traffic to judge on, and the report
+says so. A (rate, SLO) that no candidate meets is listed under "infeasible" with the best p99
+found. It also times a simulated day at the trace's own rate (target <= 10 s).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ground.errors import InfeasibleError
 from ground.plan import Plan
 from planner.calibration import Calibration
 from planner.traffic.planning import PlanAt, plan_for_traffic, steady_state_plan
@@ -73,24 +75,30 @@ def compare(
     docstring), with the latencies of both for plotting under "latencies"."""
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
-    runs, latencies = [], {}
+    runs, latencies, infeasible = [], {}, []
     for rate in rates_per_s:
         scale = scale_for(rate)
         hours = plan_hours(rate)
-        two_days = load_arrivals("azure-conv", scale=scale, hours=2 * DAY_H)
+        after = load_arrivals("azure-conv", scale=scale, hours=hours + DAY_H)
         trace_span_h = load_arrivals("azure-conv", scale=scale).period_s / 3600
-        out_of_sample = trace_span_h >= 2 * DAY_H
+        out_of_sample = trace_span_h >= hours + DAY_H
         day = (
-            two_days.window(DAY_H * 3600, 2 * DAY_H * 3600)
+            after.window(hours * 3600, (hours + DAY_H) * 3600)
             if out_of_sample
-            else (two_days.window(0, DAY_H * 3600))
+            else after.window(0, DAY_H * 3600)
         )
         planning = load_arrivals("azure-conv", scale=scale, hours=hours)
         for slo in slos_s:
             say(f"{rate:g} req/s, p99 {slo:g} s: today's plan")
             steady = steady_state_plan(plan_at, fastest_s, slo)
             say(f"{rate:g} req/s, p99 {slo:g} s: planning for traffic on {hours:g} h")
-            choice = plan_for_traffic(plan_at, planning, slo, cal, arch, progress=say)
+            try:
+                choice = plan_for_traffic(plan_at, planning, slo, cal, arch, progress=say)
+            except InfeasibleError as error:
+                infeasible.append(
+                    {"rate_per_s": rate, "slo_p99_s": slo, "reason": str(error.problem)}
+                )
+                continue
             say(f"{rate:g} req/s, p99 {slo:g} s: both over a day")
             steady_day = _judge(steady, day, cal)
             aware_day = _judge(choice.plan, day, cal)
@@ -104,7 +112,7 @@ def compare(
                     "scale": scale,
                     "slo_p99_s": slo,
                     "planned_on_h": hours,
-                    "judged_on": "the next day (out of sample)"
+                    "judged_on": "the day after the planning period (out of sample)"
                     if out_of_sample
                     else "the same day (the one-hour trace repeats within a day)",
                     "requests_judged": day.requests,
@@ -123,6 +131,7 @@ def compare(
                             for c in t.capacity
                             if c.policy != "none"
                         },
+                        "planned_p99_s": choice.result.quantiles()["p99"],
                         "candidates": len(choice.candidates),
                         "planning_s": round(choice.seconds, 2),
                     },
@@ -132,9 +141,11 @@ def compare(
             )
     say("a simulated day at the trace's own rate")
     native_day = load_arrivals("azure-conv", hours=DAY_H)
-    timed = simulate_plan(runs[0]["steady_plan"], native_day, calibration=cal)
+    steady = runs[0]["steady_plan"] if runs else steady_state_plan(plan_at, fastest_s, slos_s[0])
+    timed = simulate_plan(steady, native_day, calibration=cal)
     return {
         "runs": runs,
+        "infeasible": infeasible,
         "latencies": latencies,
         "day": {
             "requests": native_day.requests,
