@@ -13,7 +13,10 @@
    (`LEVELS`) of the environments it had in use at its invocations in the simulation without a
    policy;
 and simulates every combination over the whole stream (`simulate`), keeping the cheapest bill
-of the period whose p99 latency meets the SLO with no refused batch. Lambda Managed Instances
+of the period whose p99 latency meets the SLO with no refused batch, both at the assumed idle
+time and at the low end of its range (`idle_reclaim_s.low_s`: the idle time is an assumption,
+and a plan that only holds if environments live 10 minutes is fragile); the bill is the one
+at the assumed idle time. Lambda Managed Instances
 and SnapStart are not candidates (the calibration file says what is missing for each).
 """
 
@@ -22,7 +25,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -118,6 +121,7 @@ def _row(
         "cold_starts": int(sum(result.cold_starts.values())),
         "total_usd": result.bill_usd["total_usd"],
         "per_million_tokens_usd": result.bill_usd["per_million_tokens_usd"],
+        "refused_batches": result.refused_batches,
         "meets_slo": meets,
     }
 
@@ -164,6 +168,9 @@ def plan_for_traffic(
     idle = calibration.idle_reclaim_s
     assert idle is not None
     intervals = tuple(i for i in WARMER_INTERVALS_S if i <= idle.low_s) or (60.0,)
+    # The idle time is an assumption: a choice must also meet the SLO if environments are
+    # reclaimed at the low end of the measured range (unless the caller fixed the idle time).
+    robust = idle.low_s if idle_s is None and idle.low_s < idle.assumed_s else None
     largest = int(arrivals.tokens.max()) if arrivals.requests else 1
     models: dict[tuple[Any, ...], tuple[WorkflowModel, Platform]] = {}
     rows: list[dict[str, Any]] = []
@@ -200,10 +207,30 @@ def plan_for_traffic(
                 row = _row(cap, wait, label, result, slo_p99_s)
                 rows.append(row)
                 if row["meets_slo"] and (best is None or row["total_usd"] < best[0]):
-                    best = (row["total_usd"], plan, policy, capacity, result, label)
+                    if robust is not None:  # it must hold at the low end of the idle range too
+                        low = replace(platform, idle_s=robust)
+                        say(
+                            f"simulating {cap:,} tokens, wait {wait:g} s: {label}, "
+                            f"idle {robust:g} s"
+                        )
+                        stressed = _row(
+                            cap, wait, label, simulate(model, arrivals, policy, low, capacity),
+                            slo_p99_s,
+                        )  # fmt: skip
+                        row["p99_at_low_idle_s"] = stressed["p99_s"]
+                        row["meets_slo"] = stressed["meets_slo"]
+                    if row["meets_slo"]:
+                        best = (row["total_usd"], plan, policy, capacity, result, label)
                 p99 = row["p99_s"]
-                if p99 is not None and (closest is None or p99 < closest["p99_s"]):
-                    closest = row
+                if p99 is not None and row.get("p99_at_low_idle_s") is not None:
+                    p99 = max(p99, row["p99_at_low_idle_s"])  # the p99 that bound it
+                    row["binding_p99_s"] = p99
+                if (
+                    p99 is not None
+                    and row["refused_batches"] == 0
+                    and (closest is None or p99 < closest["binding_p99_s"])
+                ):
+                    closest = row | {"binding_p99_s": p99}
     if best is None:
         if closest is None:
             raise InfeasibleError(
@@ -213,10 +240,11 @@ def plan_for_traffic(
             )
         raise InfeasibleError(
             f"no batch, MoE and capacity policy meets the p99 SLO of {slo_p99_s:g} s on this "
-            f"traffic: the best p99 is {closest['p99_s']:.3f} s (batches of "
+            f"traffic: the best p99 is {closest['binding_p99_s']:.3f} s (batches of "
             f"{closest['max_batch_tokens']:,} tokens, wait {closest['max_wait_s']:g} s, "
             f"capacity: {closest['capacity']}).",
-            f"pass --slo-p99 {math.ceil(closest['p99_s'] * 1000) / 1000:.3f} or more.",
+            f"pass --slo-p99 {math.ceil(closest['binding_p99_s'] * 1000) / 1000:.3f} or more "
+            "(the p99 counts the low end of the idle-time range too).",
         )
     _, plan, policy, capacity, result, label = best
     model = models[_signature(plan)][0]

@@ -68,3 +68,12 @@ def test_an_slo_no_candidate_meets_names_the_best_p99(plan_at, stream) -> None: 
     with pytest.raises(InfeasibleError) as info:
         plan_for_traffic(plan_at, stream, 0.05, cal, "x86_64", caps=CAPS, waits=WAITS)
     assert "--slo-p99" in str(info.value)
+
+
+def test_the_choice_holds_at_the_low_end_of_the_idle_range(choice, stream) -> None:  # type: ignore[no-untyped-def]
+    idle = load_calibration().idle_reclaim_s
+    assert idle is not None
+    report = simulate_plan(choice.plan, stream, idle_s=idle.low_s)
+    assert report["refused_batches"] == 0 and report["latency_s"]["p99"] <= 25.0
+    chosen = [c for c in choice.candidates if c.get("p99_at_low_idle_s") is not None]
+    assert chosen  # the stress test ran on every candidate that became the best
