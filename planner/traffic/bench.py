@@ -2,7 +2,9 @@
 
 For each arrival rate (a `--scale` of the shipped Azure conversation trace) and p99 SLO:
 today's plan (`steady_state_plan`: a 10,240-token batch planned with the SLO) served one
-execution per request with no capacity policy, and `plan_for_traffic`'s plan, both simulated
+execution per request with no capacity policy (as `synth` deploys it, each expert function
+reserving its `max_replicas` of concurrency, and, as `steady_unreserved`, as
+`synth --no-reserve-concurrency` deploys it), and `plan_for_traffic`'s plan, both simulated
 over the same day. Where the trace is stretched enough, the plan is made on the first
 `plan_hours` and both are judged on the day after them (out of sample); at rates where the
 one-hour trace repeats within a day, there is no unseen traffic to judge on, and the report
@@ -40,12 +42,14 @@ def scale_for(rate_per_s: float, spec: str = "azure-conv") -> float:
     return rate_per_s / (native.requests / native.period_s)
 
 
-def _judge(plan: Plan, arrivals: Arrivals, cal: Calibration) -> TrafficResult:
+def _judge(
+    plan: Plan, arrivals: Arrivals, cal: Calibration, *, reserve: bool = True
+) -> TrafficResult:
     policy, capacity, _ = policies_of(plan)
     largest = int(arrivals.tokens.max()) if arrivals.requests else 1
     model = workflow_model(plan, max(policy.max_tokens, largest))
     platform = platform_for(cal, model.functions, plan.arch)
-    return simulate(model, arrivals, policy, platform, capacity)
+    return simulate(model, arrivals, policy, platform, capacity, reserve=reserve)
 
 
 def _row(result: TrafficResult, slo: float) -> dict[str, Any]:
@@ -101,6 +105,7 @@ def compare(
                 continue
             say(f"{rate:g} req/s, p99 {slo:g} s: both over a day")
             steady_day = _judge(steady, day, cal)
+            unreserved_day = _judge(steady, day, cal, reserve=False)
             aware_day = _judge(choice.plan, day, cal)
             t = choice.plan.traffic
             assert t is not None
@@ -116,6 +121,7 @@ def compare(
                     if out_of_sample
                     else "the same day (the one-hour trace repeats within a day)",
                     "requests_judged": day.requests,
+                    "steady_unreserved": _row(unreserved_day, slo),
                     "steady": _row(steady_day, slo)
                     | {
                         "tokens_per_batch": steady.totals.tokens,
