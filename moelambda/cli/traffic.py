@@ -308,11 +308,15 @@ def _plot(path: Path, report: dict[str, Any], force: bool) -> str:
     fig, axes = plt.subplots(1, len(runs) + 1, figsize=(4.2 * (len(runs) + 1), 3.8))
     for ax, run in zip(axes, runs, strict=False):
         key = f"{run['rate_per_s']:g}/s, p99 {run['slo_p99_s']:g} s"
-        for label, name, colour in (("steady", "today's plan", "tab:red"),
-                                    ("traffic", "traffic-aware", "tab:blue")):  # fmt: skip
-            lat = np.sort(report["latencies"][key][label])
-            lat = lat[np.isfinite(lat)]
-            ax.plot(lat, 1.0 - np.arange(lat.size) / max(lat.size, 1), label=name, color=colour)
+        for label, name, colour, style in (
+            ("steady", "today's plan", "tab:red", "-"),
+            ("unreserved", "today's, no reserved concurrency", "tab:orange", "--"),
+            ("traffic", "traffic-aware", "tab:blue", "-"),
+        ):
+            lat = np.sort(report["latencies"][key][label])  # inf: refused or failed
+            slower = 1.0 - np.arange(lat.size) / max(lat.size, 1)
+            finite = np.isfinite(lat)
+            ax.plot(lat[finite], slower[finite], label=name, color=colour, linestyle=style)
         ax.axvline(run["slo_p99_s"], color="grey", linestyle="--", linewidth=1)
         ax.axhline(0.01, color="grey", linestyle=":", linewidth=1)
         ax.set_xscale("log")
@@ -321,7 +325,7 @@ def _plot(path: Path, report: dict[str, Any], force: bool) -> str:
         ax.set_xlabel("request latency (s)")
         ax.set_ylabel("share of requests slower")
         ax.set_title(f"{run['rate_per_s']:g} req/s, p99 SLO {run['slo_p99_s']:g} s", fontsize=10)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7, loc="lower left")
         ax.grid(alpha=0.3)
     ax = axes[-1]
     labels = [f"{r['rate_per_s']:g}/s\n{r['slo_p99_s']:g} s" for r in runs]
@@ -330,6 +334,7 @@ def _plot(path: Path, report: dict[str, Any], force: bool) -> str:
            label="today's plan", color="tab:red")  # fmt: skip
     ax.bar(x + 0.2, [r["traffic_aware"]["per_million_tokens_usd"] for r in runs], 0.4,
            label="traffic-aware", color="tab:blue")  # fmt: skip
+    ax.set_ylim(0, 1.3 * max(r["steady"]["per_million_tokens_usd"] for r in runs))
     ax.set_xticks(x, labels)
     ax.set_ylabel("bill per million tokens (USD)")
     ax.set_title("bill over the simulated day", fontsize=10)
@@ -428,19 +433,23 @@ def bench_traffic(
     for column in ("rate /s", "p99 SLO s", "plan", "p99 s", "meets", "USD / M tokens", "policy"):
         table.add_column(column, justify="right" if column != "policy" else "left")
     for run in report["runs"]:
-        for name, row in (("today", run["steady"]), ("traffic", run["traffic_aware"])):
+        for name, row in (
+            ("today", run["steady"]),
+            ("today, unreserved", run["steady_unreserved"]),
+            ("traffic", run["traffic_aware"]),
+        ):
             p99 = row["latency_s"]["p99"]
             policy = (
                 f"{row['max_batch_tokens']:,} tokens, wait {row['max_wait_s']:g} s, "
                 f"{row['capacity']}"
                 if name == "traffic"
-                else f"{row['tokens_per_batch']:,}-token plan, one execution per request"
+                else f"{run['steady']['tokens_per_batch']:,}-token plan, one execution per request"
             )
             table.add_row(
                 f"{run['rate_per_s']:.4g}",
                 f"{run['slo_p99_s']:g}",
                 name,
-                "refused" if p99 is None else f"{p99:.2f}",
+                "unbounded" if p99 is None else f"{p99:.2f}",
                 "yes" if row["meets_p99"] else "no",
                 f"{row['per_million_tokens_usd']:.4f}",
                 policy,

@@ -110,7 +110,11 @@ def compare(
             t = choice.plan.traffic
             assert t is not None
             key = f"{rate:g}/s, p99 {slo:g} s"
-            latencies[key] = {"steady": steady_day.latency_s, "traffic": aware_day.latency_s}
+            latencies[key] = {
+                "steady": steady_day.latency_s,
+                "unreserved": unreserved_day.latency_s,
+                "traffic": aware_day.latency_s,
+            }
             runs.append(
                 {
                     "rate_per_s": rate,
