@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ground.errors import MoelambdaError
 from ground.files import read_document, write_file_atomically
+from ground.kinds import refuse_other_kind
 
 __all__ = [
     "GPU_PLAN_VERSION",
@@ -120,6 +121,7 @@ class GpuPlan(_Strict):
 
     @classmethod
     def load(cls, path: str | Path) -> GpuPlan:
+        refuse_other_kind(path, "gpu-plan", "--plan")
         return read_document(
             cls, path, GpuPlanError, "GPU plan", "write one with `moelambda gpu-plan --out FILE`."
         )

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ground.errors import TraceError
 from ground.files import read_document, write_file_atomically
+from ground.kinds import refuse_other_kind
 
 __all__ = ["COUNTS_VERSION", "PredictedCounts"]
 
@@ -112,7 +113,9 @@ class PredictedCounts(BaseModel):
 
         Raises:
             TraceError: The file is missing, not JSON, or not a valid counts document.
+            UsageError: The file is another kind of document (a plan, a GPU plan, ...).
         """
+        refuse_other_kind(path, "counts", "--counts")
         return read_document(
             cls,
             path,

@@ -19,6 +19,7 @@ import numpy as np
 
 from ground.errors import TraceError
 from ground.files import write_atomically
+from ground.kinds import refuse_other_kind
 from predictor._trace import RoutingTrace
 
 __all__ = ["TABLE_FILE", "TABLE_VERSION", "CountTable", "LayerTable", "build_tables"]
@@ -174,6 +175,7 @@ class CountTable:
 
     @classmethod
     def load(cls, directory: str | Path) -> CountTable:
+        refuse_other_kind(directory, "tables", "--tables")
         path = Path(directory)
         if path.is_dir():
             path = path / TABLE_FILE

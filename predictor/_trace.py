@@ -25,6 +25,7 @@ import numpy as np
 
 from ground.errors import TraceError
 from ground.files import write_atomically
+from ground.kinds import refuse_other_kind
 
 __all__ = ["TRACE_FILE", "TRACE_VERSION", "RoutingTrace"]
 
@@ -109,7 +110,9 @@ class RoutingTrace:
 
         Raises:
             TraceError: The file is missing, not a trace, or of another format version.
+            UsageError: The path is another kind of file (a plan, counts, ...).
         """
+        refuse_other_kind(directory, "trace", "--traces")
         path = Path(directory)
         if path.is_dir():
             path = path / TRACE_FILE

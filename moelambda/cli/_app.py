@@ -81,8 +81,14 @@ FitTokensOpt = Annotated[
     int, typer.Option(help="Tokens of the fit text the routers and corrections are fitted on.")
 ]
 SeedOpt = Annotated[int, typer.Option(help="Seeds the corpus shuffle and the MoEfication.")]
+TracesOpt = Annotated[
+    Path, typer.Option(help="Routing-trace directory written by `moelambda profile`.")
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
-ForceOpt = Annotated[bool, typer.Option(help="Replace a non-empty --out directory.")]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(help="Replace the files this command writes (--out, --plot, ...) if they exist."),
+]
 CacheOpt = Annotated[
     bool,
     typer.Option(
@@ -90,6 +96,17 @@ CacheOpt = Annotated[
         "~/.cache/moelambda)."
     ),
 ]
+
+
+def renamed(old: str, new: str, old_value: Any, new_value: Any) -> Any:
+    """The value of an option given under its old spelling (`old`, kept for one release with a
+    deprecation note) or its new one (`new`); both at once is refused."""
+    if old_value is None or old_value is False:
+        return new_value
+    if new_value not in (None, False):
+        raise UsageError(f"{old} and {new} are the same option.", f"pass only {new}.")
+    err.print(f"[yellow]note:[/] {old} is now {new}; {old} will be removed in the next release.")
+    return old_value
 
 
 def user_errors(fn: F) -> F:

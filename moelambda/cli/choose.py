@@ -49,6 +49,7 @@ def grid_of(
     router: str,
     correction: str,
     seed: int,
+    fit_tokens: int = 8192,
 ) -> list[Any]:
     """Every combination of the grid flags as `moe.MoefyOptions` (each one checked)."""
     from moelambda.cli._app import moefy_flags
@@ -64,7 +65,9 @@ def grid_of(
         _split("--router", router),
         corrections,
     ):
-        options = moefy_flags(model, e, k, seed, shared=s, router=r, correction=c)
+        options = moefy_flags(
+            model, e, k, seed, shared=s, router=r, correction=c, fit_tokens=fit_tokens
+        )
         if options is None:
             raise UsageError(
                 f"{model} is a native MoE model: it is served exactly as it is, there is no "
@@ -104,6 +107,10 @@ def choose(
     correction: Annotated[
         str, typer.Option(help="Grid: least-squares correction on, off or both.")
     ] = "both",
+    fit_tokens: Annotated[
+        int,
+        typer.Option(help="Tokens of fit text every option's routers and corrections see."),
+    ] = 32768,
     quality_tokens: Annotated[
         int, typer.Option(help="Held-out tokens each option's quality is measured on.")
     ] = 16384,
@@ -140,7 +147,7 @@ def choose(
         else Floor("ppl_ratio", max_ppl_ratio)  # type: ignore[arg-type]
     )
     check_out(out, force)
-    grid = grid_of(model, experts, top_k, shared, router, correction, seed)
+    grid = grid_of(model, experts, top_k, shared, router, correction, seed, fit_tokens)
     with err.status(f"evaluating {len(grid)} MoEfications") as status:
         selection = run_choose(
             model,

@@ -91,10 +91,12 @@ def _shape_counts(
     return described.manifest(), predicted, {"shape": described.name, **label}
 
 
-def serverless_best(counts: Path, slo_s: float) -> tuple[Any, Any, int]:
+def serverless_best(
+    counts: Path, slo_s: float, confidence: float | None = None
+) -> tuple[Any, Any, int]:
     """(manifest, solution, tokens per batch): the plan `moelambda plan --counts FILE --slo S`
     makes with its defaults (full bill, exact solver, packing auto, the default confidence when
-    the file has a distribution), for commands that compare against it."""
+    the file has a distribution, else `confidence`), for commands that compare against it."""
     from moe import describe_model
     from planner import load_calibration
     from planner.build import instance_for
@@ -110,7 +112,13 @@ def serverless_best(counts: Path, slo_s: float) -> tuple[Any, Any, int]:
     )
     cal = load_calibration(None)
     inst = instance_for(manifest, predicted, cal, tokens=tokens, workflow="express")
-    confidence = DEFAULT_CONFIDENCE if dist is not None else 0.0
+    if confidence is None:
+        confidence = DEFAULT_CONFIDENCE if dist is not None else 0.0
+    elif confidence > 0 and dist is None:
+        raise UsageError(
+            f"--confidence needs the predicted counts' distribution; {counts} holds none.",
+            "write the counts with `moelambda predict --counts-out FILE`, or pass --confidence 0.",
+        )
     solution = plan_packed(
         inst,
         pack_sizes("auto", inst.experts),

@@ -22,6 +22,7 @@ from moelambda.cli._app import (
     SharedOpt,
     TopKOpt,
     app,
+    bench_app,
     err,
     load_with_status,
     moefy_flags,
@@ -122,3 +123,162 @@ def _print(summary: dict[str, Any], label: str) -> None:
     when = "measured now" if summary["measured_now"] else "measured when the model was MoEfied"
     out.print(f"({when}; {q['wall_s']:.1f} s)")
 
+
+# The options `bench quality` compares per model: MoEfication as it was, then quality recovery
+# at about half the dense FFN's FLOPs, then the least FLOPs that keep the stated floor.
+BENCH_OPTIONS: dict[str, list[dict[str, Any]]] = {
+    "minilm": [
+        {"experts": 4, "top_k": "2"},
+        {"experts": 8, "top_k": "2"},
+        {"experts": 8, "top_k": "4"},
+        {"experts": 8, "top_k": "4", "correction": True, "fit_tokens": 131072},
+        {"experts": 8, "top_k": "4", "correction": True, "router": "output", "fit_tokens": 131072},
+        {"experts": 8, "top_k": "2", "shared": 0.25, "correction": True, "fit_tokens": 131072},
+        {"experts": 8, "top_k": "6", "correction": True, "fit_tokens": 131072},
+    ],
+    "smollm2": [
+        {"experts": 8, "top_k": "2"},
+        {"experts": 8, "top_k": "4"},
+        {"experts": 8, "top_k": "4", "correction": True},
+        {"experts": 8, "top_k": "6", "correction": True},
+    ],
+}
+FLOORS = {"minilm": ("cosine_mean", 0.97), "smollm2": ("ppl_ratio", 1.05)}
+HALF_FLOPS = 0.5
+
+
+@bench_app.command("quality")
+@user_errors
+def bench_quality(
+    models: Annotated[str, typer.Option(help="Comma-separated: minilm, smollm2.")] = (
+        "minilm,smollm2"
+    ),
+    tokens: Annotated[int, typer.Option(help="Tokens per planned batch.")] = 10240,
+    as_json: JsonOpt = False,
+) -> None:
+    """The served model against the dense one for each MoEfication option, with its bill.
+
+    Per model: quality on 16,384 held-out tokens, FFN FLOPs share and the bill of a batch (the
+    cheapest plan, exact solver) for each option; the best quality at no more than half the
+    dense FFN's FLOPs against the target (MiniLM: mean cosine >= 0.97 and 10-neighbour overlap
+    >= 0.80; SmolLM2: perplexity ratio <= 1.05); the cheapest option that keeps the floor, as
+    `moelambda choose` picks it; and the time `quality` takes on MiniLM once it is cached
+    (target 60 s). Models are MoEfied on first use (SmolLM2: minutes per option).
+    """
+    import time
+
+    from moe import dense_reference, load_corpus, load_model, measure_quality
+    from planner.choose import Floor, choose
+
+    names = [m.strip() for m in models.split(",") if m.strip()]
+    unknown = [m for m in names if m not in BENCH_OPTIONS]
+    if unknown or not names:
+        from ground.errors import UsageError
+
+        raise UsageError(
+            f"--models {models!r}: {', '.join(unknown) or 'nothing'} is not benchmarked.",
+            f"pass some of {', '.join(BENCH_OPTIONS)}.",
+        )
+    report: dict[str, Any] = {"tokens": tokens, "models": {}}
+    for name in names:
+        grid = grid_of_bench(name)
+        metric, value = FLOORS[name]
+        with err.status(f"{name}: {len(grid)} options") as status:
+            selection = choose(
+                name, grid, Floor(metric, value), tokens=tokens, progress=status.update
+            )
+        rows = [r.describe() for r in selection.results]
+        half = [r for r in rows if r["expert_flops_share"] <= HALF_FLOPS + 1e-9]
+        if metric == "cosine_mean":
+            best = max(half, key=lambda r: r["quality"]["cosine_mean"])
+            meets = (
+                best["quality"]["cosine_mean"] >= 0.97
+                and best["quality"]["neighbour_overlap_10"] >= 0.80
+            )
+        else:
+            best = min(half, key=lambda r: r["quality"]["ppl_ratio"])
+            meets = best["quality"]["ppl_ratio"] <= 1.05
+        chosen = None if selection.chosen is None else rows[selection.chosen]
+        report["models"][name] = {
+            "floor": {"metric": metric, "value": value},
+            "options": rows,
+            "best_at_half_flops": best["label"],
+            "best_at_half_flops_quality": best["quality"],
+            "half_flops_target_met": meets,
+            "chosen_for_floor": None if chosen is None else chosen["label"],
+            "chosen_bill_usd": None if chosen is None else chosen["bill_usd"],
+        }
+    if "minilm" in names:
+        model = load_model("minilm", options=grid_of_bench("minilm")[0])
+        started = time.perf_counter()
+        measure_quality(model, dense_reference("minilm"), load_corpus("wiki"), tokens=16384)
+        seconds = time.perf_counter() - started
+        report["quality_16384_tokens_s"] = round(seconds, 2)
+        report["quality_target_s"] = 60
+        report["quality_within_target"] = seconds <= 60
+    if as_json:
+        print(json.dumps(report))
+        return
+    _print_bench(report)
+
+
+def grid_of_bench(name: str) -> list[Any]:
+    from moe import MoefyOptions
+    from moe._options import parse_top_k
+
+    return [
+        MoefyOptions(**{**o, "top_k": parse_top_k(o["top_k"], o["experts"])})
+        for o in BENCH_OPTIONS[name]
+    ]
+
+
+def _print_bench(report: dict[str, Any]) -> None:
+    out = Console()
+    for name, result in report["models"].items():
+        metric = result["floor"]["metric"]
+        columns = (
+            ("cosine_mean", "cos mean"),
+            ("cosine_p05", "cos p5"),
+            ("neighbour_overlap_10", "10-NN kept"),
+        )
+        if metric == "ppl_ratio":
+            columns = (
+                ("perplexity_moe", "perplexity"),
+                ("ppl_ratio", "ppl ratio"),
+                ("next_token_agreement", "next token"),
+            )
+        dense = (
+            "dense: cosine 1, 10-NN 100 %"
+            if metric == "cosine_mean"
+            else (f"dense perplexity {result['options'][0]['quality']['perplexity_dense']:.2f}")
+        )
+        table = Table(
+            title=f"{name} against the dense model ({dense}); bill per "
+            f"{report['tokens']:,}-token batch"
+        )
+        table.add_column("option")
+        for _, label in columns:
+            table.add_column(label, justify="right")
+        table.add_column("FFN FLOPs", justify="right")
+        table.add_column("bill", justify="right")
+        for row in result["options"]:
+            q = row["quality"]
+            bill = "no plan" if row["bill_usd"] is None else f"${row['bill_usd']:.6f}"
+            table.add_row(
+                row["label"],
+                *(f"{q[key]:.4f}" for key, _ in columns),
+                f"{row['expert_flops_share']:.3f}",
+                bill,
+            )
+        out.print(table)
+        out.print(
+            f"best at <= {HALF_FLOPS:.0%} FFN FLOPs: {result['best_at_half_flops']} "
+            f"(target met: {result['half_flops_target_met']}); cheapest keeping "
+            f"{metric} {'>=' if metric == 'cosine_mean' else '<='} {result['floor']['value']}: "
+            f"{result['chosen_for_floor']}"
+        )
+    if "quality_16384_tokens_s" in report:
+        out.print(
+            f"quality on 16,384 MiniLM tokens: {report['quality_16384_tokens_s']:.1f} s "
+            f"(target {report['quality_target_s']} s)"
+        )

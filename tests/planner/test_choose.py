@@ -89,6 +89,7 @@ def test_choose_is_the_cheapest_option_meeting_the_floor(tiny_llama: str, tmp_pa
     out = tmp_path / "chosen"
     common = ["choose", "--model", tiny_llama, "--experts", "4", "--top-k", "1,2", "--shared", "0"]
     common += ["--tokens", str(TOKENS), "--quality-tokens", str(QUALITY_TOKENS)]
+    common += ["--fit-tokens", "8192"]  # the models the fixture built
     result = runner.invoke(
         app, [*common, "--max-ppl-ratio", str(floor), "--out", str(out), "--json"]
     )
