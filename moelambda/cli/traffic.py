@@ -160,6 +160,13 @@ def traffic(
             help="Calibration for traffic parameters the plan lacks (default: packaged)."
         ),
     ] = None,
+    reserve_concurrency: Annotated[
+        bool,
+        typer.Option(
+            help="Simulate the stack as `synth` emits it: each expert function reserving its "
+            "max_replicas of concurrency (--no-reserve-concurrency: as synth's option)."
+        ),
+    ] = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Simulate a plan over a request stream: batching, cold starts, latency and the bill.
@@ -188,6 +195,7 @@ def traffic(
             max_batch_tokens=max_batch_tokens,
             max_wait_s=max_wait,
             calibration=cal,
+            reserve=reserve_concurrency,
         )
     if as_json:
         print(json.dumps(summary))

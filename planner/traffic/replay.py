@@ -54,6 +54,7 @@ def simulate_plan(
     max_batch_tokens: int | None = None,
     max_wait_s: float | None = None,
     calibration: Calibration | None = None,
+    reserve: bool = True,
 ) -> dict[str, Any]:
     """Simulate `plan` over `arrivals` and report (the JSON of `moelambda traffic`).
 
@@ -65,6 +66,8 @@ def simulate_plan(
         idle_s: Idle seconds before reclaim. Default: the calibration's assumption.
         max_batch_tokens, max_wait_s: Override the plan's batch policy.
         calibration: Where traffic parameters the plan lacks come from (default: packaged).
+        reserve: Whether the stack reserves each expert function's `max_replicas` of
+            concurrency, as `synth` does unless `--no-reserve-concurrency`.
 
     Raises:
         UsageError: A non-positive override.
@@ -95,7 +98,7 @@ def simulate_plan(
                 "provisioned-concurrency prices for.",
                 "add them under provisioned_concurrency_prices, or plan for x86_64.",
             )
-    result = simulate(model, arrivals, policy, platform, capacity)
+    result = simulate(model, arrivals, policy, platform, capacity, reserve=reserve)
     summary = result.summary(slo)
     summary["wall_s"] = round(time.perf_counter() - started, 3)
     summary["simulation_s"] = round(result.wall_s, 3)
@@ -117,5 +120,6 @@ def simulate_plan(
             for name, s in zip(model.functions.names, platform.cold_s()[0], strict=True)
         },
         "largest_batch_served": model.feasible_tokens,
+        "reserved_concurrency": reserve,
         "traffic_parameters_from": where,
     }

@@ -117,3 +117,13 @@ def test_calibrate_cold_writes_the_measured_init(
     bad = runner.invoke(app, ["calibrate", "--cold", "--cold-repeats", "0", "--out",
                               str(tmp_path / "x.json")])  # fmt: skip
     assert bad.exit_code == 2 and "--cold-repeats" in bad.output
+
+
+def test_traffic_without_reserved_concurrency_throttles_nothing(plan_path: Path) -> None:
+    base = ["traffic", "--plan", str(plan_path), "--traffic", "poisson:5", "--hours", "0.2",
+            "--json"]  # fmt: skip
+    reserved = _json(runner.invoke(app, base))
+    free = _json(runner.invoke(app, [*base, "--no-reserve-concurrency"]))
+    assert reserved["reserved_concurrency"] and not free["reserved_concurrency"]
+    assert free["reserved_concurrency_reached"] == {} and free["failed_batches"] == 0
+    assert free["requests"] == reserved["requests"]
