@@ -54,6 +54,13 @@ def run_local(
             "s3-slowdown=0.05,expert-crash=0.02,duplicate=0.05' (runs are then not metered)."
         ),
     ] = None,
+    metrics_out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Append the gates' routing metrics (CloudWatch EMF, one JSON line per gate "
+            "call) to this file, as a deployed gate prints them: `moelambda replan` reads it."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the plan's Step Functions workflow on moto, handlers in-process, and check the result.
@@ -81,6 +88,8 @@ def run_local(
     if text is not None and not text.strip():
         raise UsageError("--text is empty.", "pass some text, or leave --text out.")
     injected = Faults.parse(faults, seed=seed)
+    if metrics_out is not None and metrics_out.is_dir():
+        raise UsageError(f"--metrics-out '{metrics_out}' is a directory.", "pass a file name.")
     document = Plan.load(plan)
     ref = document.model
     if ref.model_type.startswith("shape:"):
@@ -106,7 +115,12 @@ def run_local(
         root = Path(tmp)
         with err.status("exporting weights and synthesising the stack"):
             manifest = export_model(model, root / "weights")
-            build_app(plan, root / "cdk.out", stack_name=DEFAULT_STACK)
+            # A traffic plan's capacity (provisioned aliases, warmer schedules) keeps a
+            # stream's environments warm; one local batch runs the same workflow without it.
+            source = plan
+            if document.traffic is not None:
+                source = document.model_copy(update={"traffic": None}).save(root / "plan.json")
+            build_app(source, root / "cdk.out", stack_name=DEFAULT_STACK)
             template = flat_template(root / "cdk.out", DEFAULT_STACK)
         # Before the run: a batch the plan cannot serve (more tokens than an expert's replicas
         # can take) is refused here, as its gate would refuse it.
@@ -116,7 +130,12 @@ def run_local(
         with err.status(f"running {requests} execution(s) on moto"):
             started = time.perf_counter()
             result = run_workflow(
-                template, root / "weights", [ids] * requests, metered=metered, faults=injected
+                template,
+                root / "weights",
+                [ids] * requests,
+                metered=metered,
+                faults=injected,
+                metrics_file=metrics_out,
             )
             wall_s = time.perf_counter() - started
     runs = result["requests"]
