@@ -222,6 +222,11 @@ class Config:
         return self._get("MOELAMBDA_BUCKET")
 
     @property
+    def metrics_file(self) -> str | None:
+        """Where a local run collects the gates' EMF records (`functions.metrics`)."""
+        return self._env.get("MOELAMBDA_METRICS_FILE") or None
+
+    @property
     def weights_prefix(self) -> str:
         return self._env.get("MOELAMBDA_WEIGHTS_PREFIX") or "weights/"
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from functions import config, warm, weights
+from functions import config, metrics, warm, weights
 from functions.common import gather_previous, s3_client, use_lambda_threads
 from ground import layout
 from ground.errors import MoelambdaError
@@ -100,6 +100,9 @@ def _run(cfg: config.Config, s3: Any, request_id: str, event: dict[str, Any]) ->
             cfg, request_id, event.get("previous"), index - 1, event.get("expert_failures")
         )
     out = weights.layer(s3, cfg.bucket, cfg.weights_prefix, index).run(hidden, expert_sum)
+    routed = out.experts.reshape(-1).numpy()
+    counts = np.bincount(routed[(routed >= 0) & (routed < experts)], minlength=experts)
+    metrics.emit(metrics.expert_counts_record(index, counts, request_id), cfg.metrics_file)
     replicas = replicas_for(plan, index, out.experts)
 
     residual_key = layout.residual_key(request_id, index)

@@ -325,7 +325,11 @@ def placeholder_zip() -> bytes:
 
 
 def _deploy(
-    resources: dict[str, Any], names: dict[str, str], bucket: str, lambdas: InProcessLambdas
+    resources: dict[str, Any],
+    names: dict[str, str],
+    bucket: str,
+    lambdas: InProcessLambdas,
+    metrics_file: Path | None = None,
 ) -> str:
     """Create the template's functions (registered with `lambdas`, with their policies to
     enforce) and state machine; its ARN."""
@@ -355,6 +359,8 @@ def _deploy(
         env = concrete(props.get("Environment", {}).get("Variables", {}), names)
         # The function's identity: its S3 client signs with it, and its policy applies.
         env = {k: str(v) for k, v in env.items()} | {"MOELAMBDA_LOCAL_IDENTITY": names[logical]}
+        if metrics_file is not None:
+            env["MOELAMBDA_METRICS_FILE"] = str(metrics_file)
         handler = props["ImageConfig"]["Command"][0]
         client.create_function(
             FunctionName=names[logical],
@@ -410,8 +416,12 @@ def run_workflow(
     timeout_s: float = 600.0,
     metered: bool = False,
     faults: Faults | None = None,
+    metrics_file: Path | None = None,
 ) -> dict[str, Any]:
     """Deploy `template` onto moto, upload the weights, and run one execution per request.
+
+    `metrics_file`: where the gates append their EMF routing records (`functions.metrics`),
+    as on Lambda they print them for CloudWatch.
 
     `faults` injects throttling, S3 SlowDown, expert crashes and duplicate deliveries at its
     rates (`pipeline.faults`); "faults" in the result counts what was injected.
@@ -449,7 +459,7 @@ def run_workflow(
         for path in sorted(p for p in weights_dir.rglob("*") if p.is_file()):
             key = "weights/" + path.relative_to(weights_dir).as_posix()
             s3.upload_file(str(path), bucket, key)
-        arn = _deploy(resources, names, bucket, lambdas)
+        arn = _deploy(resources, names, bucket, lambdas, metrics_file)
         sfn = boto3.client("stepfunctions", region_name=REGION)
         # The caller names its executions and uploads each input under that name; the
         # workflow derives the request's keys from the execution's ARN, not from the caller.

@@ -21,6 +21,7 @@ from moelambda.cli import serve  # noqa: F401
 from moelambda.cli import calibration  # noqa: F401
 from moelambda.cli import calibrate  # noqa: F401
 from moelambda.cli import traffic  # noqa: F401
+from moelambda.cli import replan  # noqa: F401
 from moelambda.cli import gpu  # noqa: F401
 from moelambda.cli import cluster  # noqa: F401
 

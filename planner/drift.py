@@ -1,0 +1,173 @@
+"""Drift: the routing a deployment observes against the popularity its plan was made for.
+
+The gates emit each batch's tokens per expert as CloudWatch embedded-metric records
+(`functions.metrics`; `run-local --metrics-out` writes the same lines). `read_metrics` sums them
+per layer; `replan` compares the observed shares with the plan's (total-variation distance per
+layer), prices today's plan on the observed routing (its gates adapt replicas to the real counts,
+`planner.replay.runtime_choice`; a batch its caps cannot take is refused), makes the plan the
+planner would make for the observed routing at the same batch, SLO, arch, workflow and objective,
+and says whether, and by how much, the new plan saves money or restores the SLO.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ground.errors import InfeasibleError, UsageError
+from ground.plan import Plan, PlanError
+from ground.routing_metrics import NAMESPACE, metric_name
+from planner.costmodel import bill, evaluate
+from planner.replay import calibration_of, instance_of, runtime_choice
+from planner.traffic.workflow import _per_expert_counts, manifest_of_plan
+
+__all__ = ["SAVING_THRESHOLD", "read_metrics", "replan"]
+
+SAVING_THRESHOLD = 0.01  # a new plan is advised when it saves at least 1 % per batch
+
+
+def read_metrics(path: Path, layers: int, experts: int) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens per layer and expert summed over the records (L, E), records per layer (L,)).
+
+    Lines that are not EMF routing records (other log lines) are skipped.
+
+    Raises:
+        UsageError: An unreadable file, no routing record, or a record naming a layer or
+            expert the plan does not have.
+    """
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise UsageError(
+            f"cannot read the metrics file {path}: {exc.strerror}.",
+            "pass the file `run-local --metrics-out` wrote, or the gates' log lines.",
+        ) from None
+    counts = np.zeros((layers, experts))
+    records = np.zeros(layers, dtype=np.int64)
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(record, dict) or "_aws" not in record or "Layer" not in record:
+            continue
+        spaces = {m.get("Namespace") for m in record["_aws"].get("CloudWatchMetrics", [])}
+        if NAMESPACE not in spaces:
+            continue
+        layer = int(record["Layer"])
+        names = [k for k in record if k.startswith("Expert") and k.endswith("Tokens")]
+        if not 0 <= layer < layers or len(names) != experts:
+            raise UsageError(
+                f"{path} has a record of layer {layer} with {len(names)} experts; the plan has "
+                f"{layers} layers of {experts}.",
+                "pass the metrics of the deployment this plan describes.",
+            )
+        counts[layer] += [float(record[metric_name(e)]) for e in range(experts)]
+        records[layer] += 1
+    if not records.any():
+        raise UsageError(
+            f"{path} holds no routing record of namespace {NAMESPACE!r}.",
+            "run `moelambda run-local --metrics-out FILE`, or export the gates' log lines.",
+        )
+    return counts, records
+
+
+def _shares(counts: np.ndarray) -> np.ndarray:
+    total = counts.sum(axis=1, keepdims=True)
+    return np.divide(counts, total, out=np.zeros_like(counts), where=total > 0)
+
+
+def _priced(plan: Plan, manifest: Any, counts: np.ndarray) -> dict[str, Any]:
+    """Today's plan on a batch routed as `counts` (the plan's batch size)."""
+    inst = instance_of(plan, manifest, counts, plan.totals.tokens)
+    try:
+        choice = runtime_choice(plan, inst)
+    except PlanError as error:
+        return {"refused": True, "reason": error.problem}
+    ev = evaluate(inst, choice)
+    items = bill(inst, choice, ev)
+    slo = plan.totals.slo_s
+    return {
+        "refused": False,
+        "latency_s": float(ev.latency),
+        "cost_usd": float(items["total_usd"]),
+        "meets_slo": slo is None or float(ev.latency) <= slo * (1 + 1e-9),
+    }
+
+
+def replan(
+    plan: Plan, observed: np.ndarray, *, solver: str = "exact", pack: str | None = None
+) -> tuple[dict[str, Any], Plan | None]:
+    """(the comparison report, the new plan or None if none meets the plan's SLO).
+
+    `observed` (L, E) are tokens per expert summed over any number of batches; only their
+    shares per layer matter, scaled to the plan's batch. `pack`: experts per function of the
+    new plan (`moelambda plan --pack`); default today's plan's, so that the comparison is of
+    the routing alone.
+    """
+    if pack is None:
+        pack = str(max(len(e.hosted) for layer in plan.layers for e in layer.experts))
+    from planner.traffic.planning import moe_plan_at
+
+    manifest = manifest_of_plan(plan)
+    planned = _per_expert_counts(plan)
+    layers_seen = observed.sum(axis=1) > 0
+    scaled = np.where(
+        layers_seen[:, None], _shares(observed) * planned.sum(axis=1, keepdims=True), planned
+    )
+    drift = 0.5 * np.abs(_shares(observed) - _shares(planned)).sum(axis=1)
+    current = _priced(plan, manifest, scaled)
+    cal = calibration_of(plan)
+    plan_at = moe_plan_at(
+        manifest,
+        scaled,
+        plan.totals.tokens,
+        cal,
+        arch=plan.arch,
+        workflow=plan.workflow,
+        objective=plan.objective,
+        solver=solver,
+        pack=pack,
+        counts_source={"replan": True, "from_plan_solver": plan.solver},
+    )
+    slo = plan.totals.slo_s
+    try:
+        new_plan: Plan | None = plan_at(plan.totals.tokens, slo)  # type: ignore[arg-type]
+    except InfeasibleError as error:
+        new_plan, reason = None, error.problem
+    report: dict[str, Any] = {
+        "slo_s": slo,
+        "tokens": plan.totals.tokens,
+        "layers_observed": int(layers_seen.sum()),
+        "drift_per_layer": [round(float(d), 6) for d in drift],
+        "max_drift": float(drift.max()),
+        "current": current,
+    }
+    if new_plan is None:
+        report["new"] = {"feasible": False, "reason": reason}
+        report["advice"] = "no plan meets the SLO on the observed routing"
+        return report, None
+    new_cost = float(new_plan.totals.bill_usd.get("total_usd", new_plan.totals.moe_cost_usd))
+    report["new"] = {
+        "feasible": True,
+        "latency_s": float(new_plan.totals.latency_s),
+        "cost_usd": new_cost,
+    }
+    if current["refused"] or not current["meets_slo"]:
+        report["restores_slo"] = True
+        report["saves_usd_per_batch"] = None
+        report["advice"] = "replan: today's plan misses the SLO on the observed routing"
+    else:
+        saves = current["cost_usd"] - new_cost
+        report["restores_slo"] = False
+        report["saves_usd_per_batch"] = saves
+        report["saves_fraction"] = saves / current["cost_usd"] if current["cost_usd"] else 0.0
+        report["advice"] = (
+            "replan: the new plan is cheaper"
+            if report["saves_fraction"] >= SAVING_THRESHOLD
+            else "keep today's plan"
+        )
+    return report, new_plan
