@@ -122,6 +122,8 @@ def _print_traffic(summary: dict[str, Any]) -> None:
             f"SLO {summary['slo_s']:.3f} s met by {summary['slo_attainment']:.2%} of requests.",
             highlight=False,
         )
+    for note in summary["notes"]:
+        out.print(f"note: {note}.", highlight=False)
     table = Table(title="Bill of the period (USD)")
     table.add_column("item")
     table.add_column("USD", justify="right")
