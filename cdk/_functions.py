@@ -474,6 +474,13 @@ class ServingFunctions(Construct):
             description=f"moelambda {role} {id_}",
         )
         if capacity is not None:
+            cap = self._capacity.get(capacity)
+            if cap is not None and reserved is not None and cap.provisioned_concurrency > reserved:
+                raise UsageError(
+                    f"{capacity}: provisioned concurrency {cap.provisioned_concurrency} exceeds "
+                    f"the {reserved} the function reserves (Lambda refuses it).",
+                    "plan again with --traffic, or synth with --no-reserve-concurrency.",
+                )
             self._keep_warm(scope, id_, fn, capacity)
         return fn
 

@@ -20,7 +20,7 @@ def traffic_plan() -> Plan:
     plan = small_plan(("s3", "pipelined", "direct"))
     names = function_names(plan.layers)
     capacity: list[dict[str, Any]] = [{"function": n, "policy": "none"} for n in names]
-    provisioned = {"head": 2, "layer00/expert01": 1, "layer01/expert00": 1, "layer02/expert02": 3}
+    provisioned = {"head": 2, "layer00/expert01": 1, "layer01/expert00": 1, "layer02/expert02": 2}
     for entry in capacity:
         if entry["function"] in provisioned:
             entry |= {
@@ -60,7 +60,7 @@ def test_provisioned_functions_get_a_live_alias(synthesised) -> None:  # type: i
         a["Properties"]["ProvisionedConcurrencyConfig"]["ProvisionedConcurrentExecutions"]
         for a in aliases.values()
     )
-    assert got == [1, 1, 2, 3]
+    assert got == [1, 1, 2, 2]
     assert all(a["Properties"]["Name"] == "live" for a in aliases.values())
     assert len(_resources(template, "AWS::Lambda::Version")) == 4
 
@@ -118,3 +118,18 @@ def test_a_warmer_interval_must_be_whole_minutes() -> None:
             entry["warmer_interval_s"] = 150.0
     with pytest.raises(ValueError, match="whole"):
         Plan.model_validate(doc)
+
+
+def test_provisioned_beyond_the_reservation_is_refused(tmp_path: Path) -> None:
+    from ground.errors import UsageError
+    from tests.cdk.test_stack import MAX_REPLICAS
+
+    doc = traffic_plan().model_dump()
+    for entry in doc["traffic"]["capacity"]:
+        if entry["function"] == "layer02/expert02":
+            entry["provisioned_concurrency"] = MAX_REPLICAS[2][2] + 1
+    from cdk.app import build_app
+
+    path = Plan.model_validate(doc).save(tmp_path / "plan.json")
+    with pytest.raises(UsageError, match="exceeds"):
+        build_app(path, tmp_path / "cdk.out")
