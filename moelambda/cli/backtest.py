@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 from rich.table import Table
 
 from ground.errors import UsageError
@@ -17,8 +16,9 @@ from moelambda.cli._app import (
     JsonOpt,
     TracesOpt,
     app,
-    err,
     manifest_of_trace,
+    progress,
+    stdout,
     user_errors,
 )
 
@@ -85,14 +85,12 @@ def backtest(
         return instance_for(manifest, counts, cal, tokens=batch_tokens)
 
     sweep = tuple(sorted({*SWEEP, confidence})) if plot is not None else ()
-    with Progress(
-        TextColumn("serving held-out batches"),
+    with progress(
+        TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        console=err,
-        transient=True,
-    ) as progress:
-        task = progress.add_task("batches", total=batches)
+    ) as bar:
+        task = bar.add_task("serving held-out batches", total=batches)
         result = run(
             trace,
             instance,
@@ -103,7 +101,7 @@ def backtest(
             method=method,
             sweep=sweep,
             seed=seed,
-            on_batch=lambda done: progress.update(task, completed=done),
+            on_batch=lambda done: bar.update(task, completed=done),
         )
     summary = result.summary()
     summary["predictor"] = method
@@ -163,6 +161,6 @@ def _print(summary: dict[str, Any]) -> None:
             "-" if row["cost_vs_oracle"] is None else f"{row['cost_vs_oracle']:.3f}",
             "-" if row["p99_latency_s"] is None else f"{row['p99_latency_s']:.3f}",
         )
-    Console().print(table)
+    stdout().print(table)
     if "plot" in summary:
-        Console().print(f"Wrote {summary['plot']}")
+        stdout().print(f"Wrote {summary['plot']}")

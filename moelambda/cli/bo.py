@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from ground.errors import UsageError
@@ -17,9 +16,10 @@ from moelambda.cli._app import (
     JsonOpt,
     TracesOpt,
     app,
-    err,
     manifest_of_trace,
+    progress,
     renamed,
+    stdout,
     user_errors,
 )
 
@@ -64,7 +64,7 @@ def _plot(path: Path, report: dict[str, Any], searches: dict[str, Any], force: b
 
 
 def _print(report: dict[str, Any]) -> None:
-    out = Console()
+    out = stdout()
     setup = report["setup"]
     table = Table(
         title=f"BO of {setup['predictor']}: {setup['test_batches']} held-out batches of "
@@ -104,7 +104,7 @@ def _print(report: dict[str, Any]) -> None:
 
 
 def _print_seeds(report: dict[str, Any]) -> None:
-    out = Console()
+    out = stdout()
     first = report["per_seed"][0]
     setup = first["setup"]
     table = Table(
@@ -252,21 +252,19 @@ def bo(
     )
     trace = RoutingTrace.load(traces)
     manifest = manifest_of_trace(trace)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 
-    with Progress(
+    with progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        console=err,
-        transient=True,
-    ) as progress:
+    ) as bar:
         tasks: dict[str, Any] = {}
 
         def on_trial(method: str, done: int, best: float) -> None:
             if method not in tasks:
-                tasks[method] = progress.add_task(method, total=iterations)
-            progress.update(
+                tasks[method] = bar.add_task(method, total=iterations)
+            bar.update(
                 tasks[method], completed=done, description=f"{method}: best ${best * 1e6:.3f} µ"
             )
 

@@ -17,12 +17,19 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 import typer
-from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
 from ground.errors import UsageError
-from moelambda.cli._app import ForceOpt, JsonOpt, app, bench_app, err, user_errors
+from moelambda.cli._app import (
+    ForceOpt,
+    JsonOpt,
+    app,
+    bench_app,
+    err,
+    progress,
+    stdout,
+    user_errors,
+)
 
 if TYPE_CHECKING:
     from cluster.artifact import EventLog
@@ -220,7 +227,7 @@ def _run(
     slot = 60.0 if slot is None else slot
     if not slot > 0:
         raise UsageError(f"--slot {slot} is not positive.", "pass e.g. --slot 60.")
-    with Progress(console=err, transient=True) as bar:
+    with progress() as bar:
         if family == LYRA:
             from cluster.lyra import run_lyra
 
@@ -320,7 +327,7 @@ def simulate(
     if as_json:
         print(json.dumps(summary))
         return
-    Console().print_json(json.dumps(summary))
+    stdout().print_json(json.dumps(summary))
 
 
 @cluster_app.command()
@@ -382,7 +389,7 @@ def compare(
             f"{row['gpu_utilisation']:.2f}",
             f"{row['wall_s']:.2f}",
         )
-    Console().print(table)
+    stdout().print(table)
 
 
 def _plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
@@ -552,12 +559,12 @@ def bench_cluster(
             f"{row['wall_s']:.1f}",
             target,
         )
-    Console().print(table)
+    stdout().print(table)
     err.print(
         f"warm-up (compiling the kernels, or loading them from numba's cache): {compile_s:.1f} s"
     )
     if others:
-        Console().print_json(json.dumps(others))
+        stdout().print_json(json.dumps(others))
 
 
 # The assumptions Lyra's JCT lead over the baseline depends on, one change at a time
@@ -635,4 +642,4 @@ def bench_lyra(
             f"{row['lead']:.2f}x",
             f"{row['baseline_queue_s']:,.0f} / {row['lyra_queue_s']:,.0f}",
         )
-    Console().print(table)
+    stdout().print(table)

@@ -9,7 +9,6 @@ from typing import Annotated, Any
 
 import numpy as np
 import typer
-from rich.console import Console
 
 from ground.errors import UsageError
 from moelambda.cli._app import (
@@ -20,6 +19,7 @@ from moelambda.cli._app import (
     bench_app,
     err,
     manifest_of_trace,
+    stdout,
     user_errors,
 )
 
@@ -38,7 +38,7 @@ def _print(summary: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(summary))
     else:
-        Console().print_json(json.dumps(summary))
+        stdout().print_json(json.dumps(summary))
 
 
 def _load_trace(traces: Path) -> Any:

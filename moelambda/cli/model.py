@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from ground.errors import UsageError
@@ -29,9 +28,10 @@ from moelambda.cli._app import (
     app,
     bench_app,
     check_out,
-    err,
     load_with_status,
     moefy_flags,
+    progress,
+    stdout,
     user_errors,
 )
 
@@ -52,7 +52,7 @@ def run_profile(
     cache: bool = True,
     moefy: Any = None,
 ) -> tuple[Any, Any, float]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TimeRemainingColumn
 
     from moe import load_corpus, make_windows
     from predictor import profile_windows
@@ -70,13 +70,11 @@ def run_profile(
     moe_model = load_with_status(model, experts, top_k, seed, cache, moefy)
     load_s = time.perf_counter() - started
     windows = make_windows(text, moe_model.tokenizer, tokens=tokens, window=window, seed=seed)
-    with Progress(
+    with progress(
         "[progress.description]{task.description}",
         BarColumn(),
         MofNCompleteColumn(),
         TimeRemainingColumn(),
-        console=err,
-        transient=True,
     ) as bar:
         task = bar.add_task("profiling tokens", total=windows.size)
         result = profile_windows(
@@ -172,7 +170,7 @@ def profile(
 
 
 def _print_popularity(summary: dict[str, Any]) -> None:
-    out = Console()
+    out = stdout()
     table = Table(
         title=f"Expert popularity: {summary['model']}, E={summary['experts']}, "
         f"top-{summary['top_k']}, {summary['tokens']:,} tokens of '{summary['corpus']}'"
@@ -250,7 +248,7 @@ def export(
     if as_json:
         print(json.dumps(summary))
         return
-    Console().print(
+    stdout().print(
         f"Exported {summary['stages']} stages ({summary['total_bytes'] / 1e6:.1f} MB) to {out}; "
         f"each expert is {sizes[0][0] / 1e6:.2f} MB (layer 0)."
     )
@@ -301,7 +299,7 @@ def bench_profiler(
     if as_json:
         print(json.dumps(summary))
     else:
-        Console().print_json(json.dumps(summary))
+        stdout().print_json(json.dumps(summary))
 
 
 def bench_trace(traces: Path | None, *, experts: int) -> RoutingTrace:

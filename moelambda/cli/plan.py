@@ -9,7 +9,6 @@ from typing import Annotated, Any
 
 import numpy as np
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from ground.errors import InfeasibleError, UsageError
@@ -20,6 +19,7 @@ from moelambda.cli._app import (
     bench_app,
     err,
     load_with_status,
+    stdout,
     user_errors,
 )
 from planner.deploy import pack_sizes, plan_packed
@@ -391,7 +391,7 @@ def plan(
 
 
 def _print_plan(summary: dict[str, Any]) -> None:
-    out = Console()
+    out = stdout()
     slo = "no SLO (cheapest)" if summary["slo_s"] is None else f"SLO {summary['slo_s']:.3f} s"
     table = Table(
         title=f"Plan for {summary['model']}: {summary['tokens']:,} tokens per batch, {slo}"
@@ -676,4 +676,4 @@ def bench_planner(
     if as_json:
         print(json.dumps(summary))
     else:
-        Console().print_json(json.dumps(summary))
+        stdout().print_json(json.dumps(summary))

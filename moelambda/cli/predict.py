@@ -10,7 +10,6 @@ from typing import Annotated, Any
 
 import numpy as np
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from ground.errors import UsageError
@@ -22,6 +21,7 @@ from moelambda.cli._app import (
     bench_app,
     err,
     renamed,
+    stdout,
     user_errors,
 )
 
@@ -115,7 +115,7 @@ def predict(
     if renamed("--list-methods", "--list-predictors", list_methods, list_predictors):
         for name, spec in METHODS.items():
             mark = " (default)" if name == DEFAULT_METHOD else ""
-            Console().print(f"[bold]{name}[/]{mark}: {spec.description}", highlight=False)
+            stdout().print(f"[bold]{name}[/]{mark}: {spec.description}", highlight=False)
         return
     chosen = predictor or DEFAULT_METHOD
     make_predictor(chosen)
@@ -208,7 +208,7 @@ def predict(
 
 
 def _print_scores(summary: dict[str, Any]) -> None:
-    out = Console()
+    out = stdout()
     profiled = summary["profile_tokens"]
     source = f"tables {summary['tables']}" if profiled is None else f"{profiled:,} tokens"
     table = Table(
@@ -317,4 +317,4 @@ def bench_predictor(
     if as_json:
         print(json.dumps(summary))
     else:
-        Console().print_json(json.dumps(summary))
+        stdout().print_json(json.dumps(summary))

@@ -12,7 +12,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ground.errors import UsageError
-from moelambda.cli._app import DEFAULT_BATCH, JsonOpt, app, err, load_with_status, user_errors
+from moelambda.cli._app import (
+    DEFAULT_BATCH,
+    JsonOpt,
+    app,
+    err,
+    load_with_status,
+    stdout,
+    user_errors,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -235,7 +243,6 @@ def _predicted_vs_measured(
 
 def _print_summary(summary: dict[str, Any]) -> None:
     """Per function predicted against measured seconds, metered against planned, the verdict."""
-    from rich.console import Console
     from rich.table import Table
 
     compared = summary["predicted_vs_measured"]
@@ -251,7 +258,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
             "-" if entry["measured_s"] is None else f"{entry['measured_s']:.3f}",
             str(entry["calls"]),
         )
-    console = Console()
+    console = stdout()
     console.print(table)
     if summary["metered"] is not None:
         # Polls and GB-seconds depend on timing (handlers here run slower than on Lambda); the
