@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from ground.errors import UsageError
+from moelambda.cli import _render
 from moelambda.cli._app import (
     DEFAULT_BATCH,
     CacheOpt,
@@ -299,7 +300,7 @@ def bench_profiler(
     if as_json:
         print(json.dumps(summary))
     else:
-        stdout().print_json(json.dumps(summary))
+        _render.bench_profiler(stdout(), summary)
 
 
 def bench_trace(traces: Path | None, *, experts: int) -> RoutingTrace:

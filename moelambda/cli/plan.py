@@ -12,6 +12,7 @@ import typer
 from rich.table import Table
 
 from ground.errors import InfeasibleError, UsageError
+from moelambda.cli import _render
 from moelambda.cli._app import (
     ForceOpt,
     JsonOpt,
@@ -676,4 +677,4 @@ def bench_planner(
     if as_json:
         print(json.dumps(summary))
     else:
-        stdout().print_json(json.dumps(summary))
+        _render.bench_planner(stdout(), summary)

@@ -13,6 +13,7 @@ import typer
 from rich.table import Table
 
 from ground.errors import UsageError
+from moelambda.cli import _render
 from moelambda.cli._app import (
     ForceOpt,
     JsonOpt,
@@ -317,4 +318,4 @@ def bench_predictor(
     if as_json:
         print(json.dumps(summary))
     else:
-        stdout().print_json(json.dumps(summary))
+        _render.bench_predictor(stdout(), summary)
