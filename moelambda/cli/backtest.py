@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 from rich.table import Table
 
-from ground.errors import UsageError
+from ground.errors import InfeasibleError, UsageError
 from moelambda.cli._app import (
     ForceOpt,
     JsonOpt,
@@ -126,6 +126,12 @@ def _plot(path: Path, summary: dict[str, Any], force: bool) -> Path:
     levels = [float(q) for q in sweep]
     attained = [sweep[q]["slo_attainment"] for q in sweep]
     cost = [sweep[q]["cost_vs_oracle"] for q in sweep]
+    if all(c is None for c in cost):
+        raise InfeasibleError(
+            f"no confidence level of the sweep has a plan at the SLO of {summary['slo_s']:.3f} "
+            "s: the plot would show nothing.",
+            "pass a larger --slo (or leave it out), or leave --plot out.",
+        )
     fig, left = plt.subplots(figsize=(7, 4))
     xs = range(len(levels))
     left.plot(xs, attained, "o-", color="tab:blue", label="SLO attainment")

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ground.errors import UsageError
+from ground.errors import InfeasibleError, UsageError
 from moelambda.cli._app import (
     ForceOpt,
     JsonOpt,
@@ -35,6 +35,12 @@ def _plot(path: Path, report: dict[str, Any], searches: dict[str, Any], force: b
 
     from ground.files import write_file_atomically
 
+    if not any(search.best for search in searches.values()):
+        raise InfeasibleError(
+            f"no search found a feasible plan at the SLO of {report['slo_s']:.2f} s: the plot "
+            "would show nothing.",
+            "pass a larger --slo, or leave --plot out.",
+        )
     oracle = report["learn_oracle_cost_usd"]
     fig, (by_iter, by_time) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for name, search in searches.items():
