@@ -99,8 +99,8 @@ def run_local(
         )
     # Every argument is checked: only now start the model, moto and (through the CDK) Node.
     from cdk.app import DEFAULT_STACK, build_app
+    from functions.local import run_workflow
     from moe import export_model
-    from pipeline.local import run_workflow
     from pipeline.stacks import flat_template
     from planner import function_seconds, instance_of, planned_usage, price_usage
     from planner.replay import runtime_choice
