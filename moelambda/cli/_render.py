@@ -9,28 +9,38 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
+from rich.text import Text
 
 
-def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> Table:
-    """A table whose first column is left-aligned and the others (numbers) right-aligned."""
-    out = Table(title=title)
+def _titled(title: str, body: Table) -> Group:
+    """The title on a line of its own above the table: a rich title is folded to the table's
+    width, and these titles say more than a narrow table is wide."""
+    return Group(Text(title, style="bold"), body)
+
+
+def table(
+    title: str, columns: Sequence[str], rows: Iterable[Sequence[str]], *, left: int = 1
+) -> Group:
+    """A titled table whose first `left` columns (text) are left-aligned and the others
+    (numbers) right-aligned."""
+    out = Table()
     for i, column in enumerate(columns):
-        out.add_column(column, justify="left" if i == 0 else "right")
+        out.add_column(column, justify="left" if i < left else "right")
     for row in rows:
         out.add_row(*row)
-    return out
+    return _titled(title, out)
 
 
-def facts(title: str, pairs: Iterable[tuple[str, str]]) -> Table:
-    """A two-column table of named values."""
-    out = Table(title=title, show_header=False)
+def facts(title: str, pairs: Iterable[tuple[str, str]]) -> Group:
+    """A titled two-column table of named values."""
+    out = Table(show_header=False)
     out.add_column("", justify="left")
     out.add_column("", justify="right")
     for name, value in pairs:
         out.add_row(name, value)
-    return out
+    return _titled(title, out)
 
 
 def _opt(value: float | None, spec: str, suffix: str = "") -> str:
@@ -73,6 +83,7 @@ def gpu_plan(out: Console, summary: dict[str, Any]) -> None:
             f"GPU plan ({summary['scheduler']}) of {summary['tokens']:,} tokens on {kinds}",
             ("layer", "experts per GPU", "a2a rounds", "a2a ms", "bound ms", "layer ms"),
             rows,
+            left=2,
         )
     )
     out.print(
@@ -152,7 +163,7 @@ def compare(out: Console, summary: dict[str, Any]) -> None:
         table(
             f"Serverless or GPU at {summary['rps']:g} requests/s of "
             f"{summary['tokens_per_request']:,} tokens (SLO {summary['slo_s']:g} s)",
-            ("backend", "USD per million tokens", "latency s", "deployment"),
+            ("backend", "USD per million tokens", "latency s", "GPUs"),
             (
                 (
                     "Lambda (cheapest plan)",
@@ -206,7 +217,7 @@ def bench_gpu(out: Console, summary: dict[str, Any]) -> None:
     aurora = orders["aurora"]
     out.print(
         table(
-            f"One all-to-all: {summary['orders_traffic']}",
+            f"One all-to-all on {summary['orders_traffic']}",
             ("order", "ms", "/ Aurora"),
             ((name, _ms(s), f"{s / aurora:.2f}x") for name, s in orders.items()),
         )
