@@ -79,6 +79,7 @@ COMMANDS = [
     (["gpu-plan", "--gpus", "2", "--out", "{out}/g.json"], "--traces", ("trace",)),
     (["compare", "--slo", "60", "--rps", "1", "--plot", "{out}/c.png"], "--counts", ("counts",)),
     (["calibration"], "--calibration", ("calibration",)),
+    (["cluster", "simulate", "--scheduler", "edf"], "--trace", ("cluster-trace",)),
 ]
 
 
