@@ -129,3 +129,68 @@ def test_progress_is_plain_lines_with_elapsed_time() -> None:
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines and all(line.startswith("[") and " s] " in line for line in lines), lines
     assert any("rubick on naive" in line for line in lines)
+
+
+def test_bench_cluster_and_profiler() -> None:
+    summary = _both_ways(
+        ["bench", "cluster", "--schedulers", "rubick"],
+        ["bench cluster: the other families", "rubick", "workload-base", "avg JCT s"],
+    )
+    assert list(summary["others"]) == ["rubick"] and summary["runs"] == []
+    profiled = _both_ways(
+        ["bench", "profiler", "--tokens", "512", "--repeats", "1"],
+        ["bench profiler: minilm", "tokens/s (median)", "meets the target"],
+    )
+    assert profiled["tokens"] == 512
+
+
+def _rendered(render, summary: dict) -> str:  # type: ignore[no-untyped-def]
+    from io import StringIO
+
+    from rich.console import Console
+
+    buffer = StringIO()
+    render(Console(file=buffer, width=200), summary)
+    return " ".join(buffer.getvalue().split())
+
+
+def test_slow_commands_summaries() -> None:
+    """run-gpu (torch.distributed processes) and bench planner (a paper-scale instance) are too
+    slow to run here twice: their renderers on summaries of the shape they print."""
+    from moelambda.cli import _render
+
+    run = {
+        "status": "SUCCEEDED",
+        "backend": "gloo",
+        "gpus": 4,
+        "tokens": 1024,
+        "max_abs_diff_vs_monolithic": 3e-6,
+        "a2a_seconds": {"planned": 0.01, "baseline": 0.02},
+        "layer_seconds": [0.1, 0.2],
+        "error": None,
+    }
+    text = _rendered(_render.run_gpu, run)
+    assert "SUCCEEDED" in text and "all-to-all s (planned)" in text and "3e-06" in text
+    solver = {"seconds": 0.01, "feasible": True, "cost_usd": 2e-5, "latency_s": 1.0}
+    entry = {
+        "label": "loose",
+        "slo_s": 1.5,
+        "solvers": {"exact": solver, "ods": solver, "milp": {**solver, "optimal": True}},
+        "packed": {"experts_per_function": 2, "cost_usd": 1e-5, "by_size": {}, "seconds": 0.1},
+    }
+    planner = {
+        "instance": {"layers": 12, "experts": 16, "tokens": 10240},
+        "frontier_points": 300,
+        "slos": [entry],
+        "exact_total_s": 0.1,
+        "exact_target_s": 0.25,
+        "packed_total_s": 0.3,
+        "packed_never_worse": True,
+        "ods_total_s": 3.0,
+        "exact_speedup_vs_ods": 30.0,
+        "speedup_target": 20.0,
+        "paper_ods_s": 2.27,
+    }
+    text = _rendered(_render.bench_planner, planner)
+    for word in ("12 layers x 16 experts", "loose (1.500 s)", "milp", "packed", "30x faster"):
+        assert word in text, (word, text)

@@ -293,7 +293,7 @@ def bench_cluster(out: Console, summary: dict[str, Any]) -> None:
     if rows:
         columns = ("scheduler", "trace", "met / jobs", "artifact", "match", "events", "wall s")
         title = "bench cluster: ours beside the artifact's own runs"
-        out.print(table(title, (*columns, "target s"), rows))
+        out.print(table(title, (*columns, "target s"), rows, left=2))
     others = summary["others"]
     if others:
         out.print(
@@ -311,6 +311,7 @@ def bench_cluster(out: Console, summary: dict[str, Any]) -> None:
                     )
                     for name, row in others.items()
                 ),
+                left=2,
             )
         )
 
