@@ -3,6 +3,7 @@ with wall-time targets) and `bench lyra` (Lyra's lead under each assumption it d
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -84,6 +85,9 @@ def _bench_row(
         "artifact_events_complete": None if log is None else log.complete,
         "events_match": None if log is None else digest.matches(log),
         "wall_s": result.wall_s,
+        # this process's CPU seconds (`Result.cpu_s` where the replay records it): on a shared
+        # machine the wall time also counts other work
+        "cpu_s": getattr(result, "cpu_s", None),
         "target_s": target,
         "within_target": None if target is None else result.wall_s <= target,
     }
@@ -108,8 +112,9 @@ def bench_cluster(
         progress: Called as jobs complete. Defaults to None.
 
     Returns:
-        {"runs": one row per ElasticFlow-family scheduler and trace, "others": the other
-        families' wall time and JCT by scheduler, "warm_up_s": the kernels' warm-up}.
+        {"runs": one row per ElasticFlow-family scheduler and trace (wall and CPU seconds),
+        "others": the other families' wall time and JCT by scheduler, "warm_up_s": the
+        kernels' warm-up, "load_average_1min": the machine's load before and after}.
 
     Raises:
         UsageError: An unknown scheduler, or a trace bench cluster has no settings for.
@@ -125,6 +130,7 @@ def bench_cluster(
                 f"use some of: {', '.join(BENCH_TRACES)}.",
             )
     artifact, logs = artifact_runs(), artifact_events()
+    load_before = os.getloadavg()  # wall times here count other work on the machine too
     started = time.perf_counter()  # compile (or load from numba's cache) outside the timings
     if set(schedulers) & set(TABLES):
         for warm in ("elasticflow", "edf"):
@@ -146,7 +152,8 @@ def bench_cluster(
             "target_s": target,
             "within_target": None if target is None else row["wall_s"] <= target,
         }
-    return {"runs": runs, "others": others, "warm_up_s": compile_s}
+    load = {"before": load_before[0], "after": os.getloadavg()[0]}
+    return {"runs": runs, "others": others, "warm_up_s": compile_s, "load_average_1min": load}
 
 
 # The assumptions Lyra's JCT lead over the baseline depends on, one change at a time

@@ -287,13 +287,14 @@ def bench_cluster(out: Console, summary: dict[str, Any]) -> None:
                 _yes(row["matches_artifact"]),
                 events,
                 f"{row['wall_s']:.1f}",
+                _opt(row.get("cpu_s"), ".1f"),
                 _opt(row["target_s"], "g"),
             )
         )
     if rows:
         columns = ("scheduler", "trace", "met / jobs", "artifact", "match", "events", "wall s")
         title = "bench cluster: ours beside the artifact's own runs"
-        out.print(table(title, (*columns, "target s"), rows, left=2))
+        out.print(table(title, (*columns, "cpu s", "target s"), rows, left=2))
     others = summary["others"]
     if others:
         out.print(

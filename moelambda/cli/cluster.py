@@ -4,6 +4,7 @@ schedulers replayed on training traces (the work is in `cluster.replay` and `clu
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -196,11 +197,14 @@ def bench_cluster(
 ) -> None:
     """Each scheduler of ElasticFlow's family on the 195-job trace (16 x 4 T4) and the ITP
     traces cluster01..05 (A100; 64 x 8 GPUs, 128 x 8 for cluster04; 60 s slots, as the
-    artifact's run_fig8b.sh), beside the artifact's own runs (cluster/data/SOURCES.md) with a
-    match flag and each run's wall time against its target (ElasticFlow on the 195-job trace
-    2 s, every scheduler on every ITP trace 60 s), after a warm-up that compiles the kernels
-    (or loads them from numba's cache; reported apart). Rubick on workload-base (8 x 8 GPUs),
-    Lyra on its 15-day 50,000-job generated trace (target 2 minutes)."""
+    artifact's run_fig8b.sh), beside the artifact's own runs (cluster/data/SOURCES.md): the
+    jobs in time with a match flag, every event against the artifact's per-event log
+    (cluster/data/elasticflow/artifact/events.csv; the events it had logged for a run that
+    had not finished), and each run's wall time against its target (ElasticFlow on the
+    195-job trace 2 s, every scheduler on every ITP trace 60 s) with its CPU time beside it
+    and the machine's load average, after a warm-up that compiles the kernels (or loads them
+    from numba's cache; reported apart). Rubick on workload-base (8 x 8 GPUs), Lyra on its
+    15-day 50,000-job generated trace (target 2 minutes)."""
     from cluster.bench import bench_cluster as run
 
     with _bars() as bars:
@@ -209,9 +213,12 @@ def bench_cluster(
         print(json.dumps(summary))
         return
     render.bench_cluster(stdout(), summary)
+    load = summary["load_average_1min"]
     err.print(
         "warm-up (compiling the kernels, or loading them from numba's cache): "
-        f"{summary['warm_up_s']:.1f} s"
+        f"{summary['warm_up_s']:.1f} s; load average (1 min) {load['before']:.1f} before, "
+        f"{load['after']:.1f} after, on {os.cpu_count()} cores (wall s counts other work too, "
+        "cpu s this process's only)"
     )
 
 
