@@ -29,6 +29,7 @@ from moelambda.cli._app import (
     app,
     bench_app,
     check_out,
+    err,
     load_with_status,
     moefy_flags,
     progress,
@@ -266,37 +267,19 @@ def bench_profiler(
     """Profiler throughput of MiniLM on the embedded corpus (target: >= 5,000 tokens/s).
 
     One untimed warm-up pass, then `repeats` timed passes over the same windows; the median is
-    the result, and every pass is printed.
+    the result, and every pass is printed (`predictor.bench_profiler`).
     """
-    import statistics
-
-    import torch
-
-    from moe import load_corpus, make_windows
-    from predictor import profile_windows
+    from predictor import bench_profiler as run
 
     if repeats < 1:
         raise UsageError(f"--repeats {repeats} is not positive.", "pass --repeats 1 or more.")
     started = time.perf_counter()
     model = load_with_status("minilm", experts, 2, 0, True)
     load_s = time.perf_counter() - started
-    windows = make_windows(load_corpus("wiki"), model.tokenizer, tokens=tokens, window=128, seed=0)
-    profile_windows(model, windows[:DEFAULT_BATCH], tokens=DEFAULT_BATCH * 128)
-    rates = [profile_windows(model, windows, tokens=tokens).tokens_per_s for _ in range(repeats)]
-    median = statistics.median(rates)
-    summary = {
-        "model": "minilm",
-        "experts": experts,
-        "top_k": 2,
-        "tokens": tokens,
-        "batch_windows": DEFAULT_BATCH,
-        "tokens_per_s": round(median, 1),
-        "tokens_per_s_runs": [round(r, 1) for r in rates],
-        "target_tokens_per_s": 5000,
-        "meets_target": median >= 5000,
-        "load_s": round(load_s, 2),
-        "torch_threads": torch.get_num_threads(),
-    }
+    with err.status(f"profiling {tokens:,} tokens {repeats + 1} times"):
+        result = run(model, tokens=tokens, repeats=repeats, batch_windows=DEFAULT_BATCH)
+    summary = {"model": "minilm", "experts": experts, "top_k": 2, **result}
+    summary["load_s"] = round(load_s, 2)
     if as_json:
         print(json.dumps(summary))
     else:
