@@ -78,6 +78,7 @@ def run_workflow(
     timeout_s: float = 600.0,
     metered: bool = False,
     faults: Faults | None = None,
+    metrics_file: Path | None = None,
 ) -> dict[str, Any]:
     """`pipeline.local.run_workflow` running the project's own handlers (`LocalHandlers`).
 
@@ -88,6 +89,8 @@ def run_workflow(
         timeout_s: Seconds every execution may take in all. Defaults to 600.
         metered: Warm every function first and count what AWS would bill. Defaults to False.
         faults: Faults to inject (`pipeline.faults`). Defaults to None (none).
+        metrics_file: Where the gates append their routing metrics (EMF lines), as on Lambda
+            they print them. Defaults to None (not written).
 
     Returns:
         See `pipeline.local.run_workflow`.
@@ -102,4 +105,5 @@ def run_workflow(
         timeout_s=timeout_s,
         metered=metered,
         faults=faults,
+        metrics_file=metrics_file,
     )

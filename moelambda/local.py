@@ -34,6 +34,7 @@ def run_plan_locally(
     *,
     requests: int = 1,
     faults: Faults | None = None,
+    metrics_file: Path | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run the plan's Step Functions workflow on moto, handlers in-process, and check it.
@@ -49,6 +50,8 @@ def run_plan_locally(
         ids: The request's token ids, (windows, tokens per window).
         requests: Concurrent executions of the same input. Defaults to 1 (metered).
         faults: Faults to inject (`pipeline.faults.Faults`). Defaults to None (none).
+        metrics_file: Where the gates append their routing metrics (EMF, one JSON line per
+            gate call), as a deployed gate prints them. Defaults to None (not written).
         progress: Called with a message as each step starts. Defaults to None.
 
     Returns:
@@ -82,7 +85,12 @@ def run_plan_locally(
         root = Path(tmp)
         say("exporting weights and synthesising the stack")
         manifest = export_model(model, root / "weights")
-        build_app(plan, root / "cdk.out", stack_name=DEFAULT_STACK)
+        # A traffic plan's capacity (provisioned aliases, warmer schedules) keeps a stream's
+        # environments warm; one local batch runs the same workflow without it.
+        source = plan
+        if getattr(document, "traffic", None) is not None:
+            source = document.model_copy(update={"traffic": None}).save(root / "plan.json")
+        build_app(source, root / "cdk.out", stack_name=DEFAULT_STACK)
         template = flat_template(root / "cdk.out", DEFAULT_STACK)
         # Before the run: a batch the plan cannot serve (more tokens than an expert's replicas
         # can take) is refused here, as its gate would refuse it.
@@ -92,7 +100,12 @@ def run_plan_locally(
         say(f"running {requests} execution(s) on moto")
         started = time.perf_counter()
         result = run_workflow(
-            template, root / "weights", [ids] * requests, metered=metered, faults=injected
+            template,
+            root / "weights",
+            [ids] * requests,
+            metered=metered,
+            faults=injected,
+            metrics_file=metrics_file,
         )
         wall_s = time.perf_counter() - started
     runs = result["requests"]

@@ -351,7 +351,11 @@ def placeholder_zip() -> bytes:
 
 
 def _deploy(
-    resources: dict[str, Any], names: dict[str, str], bucket: str, lambdas: InProcessLambdas
+    resources: dict[str, Any],
+    names: dict[str, str],
+    bucket: str,
+    lambdas: InProcessLambdas,
+    metrics_file: Path | None = None,
 ) -> str:
     """Create the template's functions (registered with `lambdas`, with their policies to
     enforce) and state machine; its ARN."""
@@ -381,6 +385,8 @@ def _deploy(
         env = concrete(props.get("Environment", {}).get("Variables", {}), names)
         # The function's identity: its S3 client signs with it, and its policy applies.
         env = {k: str(v) for k, v in env.items()} | {"MOELAMBDA_LOCAL_IDENTITY": names[logical]}
+        if metrics_file is not None:
+            env["MOELAMBDA_METRICS_FILE"] = str(metrics_file)
         handler = props["ImageConfig"]["Command"][0]
         client.create_function(
             FunctionName=names[logical],
@@ -435,10 +441,12 @@ def run_workflow(
     timeout_s: float = 600.0,
     metered: bool = False,
     faults: Faults | None = None,
+    metrics_file: Path | None = None,
 ) -> dict[str, Any]:
     """Deploy `template` onto moto, upload the weights, and run one execution per request.
 
-    `handlers` runs the template's functions (`functions.local.LocalHandlers`).
+    `metrics_file`: where the gates append their EMF routing records (`functions.metrics`),
+    as on Lambda they print them for CloudWatch.
 
     `faults` injects throttling, S3 SlowDown, expert crashes and duplicate deliveries at its
     rates (`pipeline.faults`); "faults" in the result counts what was injected.
@@ -448,6 +456,8 @@ def run_workflow(
     `metered` warms every function first and adds "usage": what AWS would bill for the
     executions (`pipeline.meter.USAGE_KEYS`), summed over them; the upload of the inputs and
     the reading of the results are the client's, not the workflow's, and do not count.
+
+    `handlers` runs the template's functions (`functions.local.LocalHandlers`).
     """
     import boto3
     from moto import mock_aws
@@ -476,7 +486,7 @@ def run_workflow(
         for path in sorted(p for p in weights_dir.rglob("*") if p.is_file()):
             key = "weights/" + path.relative_to(weights_dir).as_posix()
             s3.upload_file(str(path), bucket, key)
-        arn = _deploy(resources, names, bucket, lambdas)
+        arn = _deploy(resources, names, bucket, lambdas, metrics_file)
         sfn = boto3.client("stepfunctions", region_name=REGION)
         # The caller names its executions and uploads each input under that name; the
         # workflow derives the request's keys from the execution's ARN, not from the caller.

@@ -59,6 +59,13 @@ def run_local(
             "s3-slowdown=0.05,expert-crash=0.02,duplicate=0.05' (runs are then not metered)."
         ),
     ] = None,
+    metrics_out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Append the gates' routing metrics (CloudWatch EMF, one JSON line per gate "
+            "call) to this file, as a deployed gate prints them: `moelambda replan` reads it."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the plan's Step Functions workflow on moto, handlers in-process, and check the result.
@@ -86,6 +93,8 @@ def run_local(
     if text is not None and not text.strip():
         raise UsageError("--text is empty.", "pass some text, or leave --text out.")
     injected = Faults.parse(faults, seed=seed)
+    if metrics_out is not None and metrics_out.is_dir():
+        raise UsageError(f"--metrics-out '{metrics_out}' is a directory.", "pass a file name.")
     document = Plan.load(plan)
     ref = document.model
     if ref.model_type.startswith("shape:"):
@@ -101,7 +110,13 @@ def run_local(
     ids = _batch(model.tokenizer, text, tokens or document.totals.tokens, corpus, seed, max_tokens)
     with err.status("running the plan locally") as status:
         summary = run_plan_locally(
-            plan, model, ids, requests=requests, faults=injected, progress=status.update
+            plan,
+            model,
+            ids,
+            requests=requests,
+            faults=injected,
+            metrics_file=metrics_out,
+            progress=status.update,
         )
     failed = summary["failed"]
     if as_json:
