@@ -376,7 +376,8 @@ def compare_schedulers(
 
     Args:
         names: Schedulers of one family; every name is checked before any runs.
-        trace, cluster, gpu_type, slot_s, days, jobs, seed: As `simulate_scheduler`.
+        trace: As `simulate_scheduler`, as are `cluster`, `gpu_type`, `slot_s`, `days`,
+            `jobs` and `seed`.
         progress: Called as jobs complete. Defaults to None.
 
     Returns:
