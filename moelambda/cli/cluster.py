@@ -9,6 +9,7 @@ generated trace (no Lyra trace is public).
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -457,6 +458,7 @@ def _bench_row(
         "artifact_events_complete": None if log is None else log.complete,
         "events_match": None if log is None else digest.matches(log),
         "wall_s": result.wall_s,
+        "cpu_s": result.cpu_s,
         "target_s": target,
         "within_target": None if target is None else result.wall_s <= target,
     }
@@ -475,11 +477,14 @@ def bench_cluster(
 ) -> None:
     """Each scheduler of ElasticFlow's family on the 195-job trace (16 x 4 T4) and the ITP
     traces cluster01..05 (A100; 64 x 8 GPUs, 128 x 8 for cluster04; 60 s slots, as the
-    artifact's run_fig8b.sh), beside the artifact's own runs (cluster/data/SOURCES.md) with a
-    match flag and each run's wall time against its target (ElasticFlow on the 195-job trace
-    2 s, every scheduler on every ITP trace 60 s), after a warm-up that compiles the kernels
-    (or loads them from numba's cache; reported apart). Rubick on workload-base (8 x 8 GPUs),
-    Lyra on its 15-day 50,000-job generated trace (target 2 minutes)."""
+    artifact's run_fig8b.sh), beside the artifact's own runs (cluster/data/SOURCES.md): the
+    jobs in time with a match flag, every event against the artifact's per-event log
+    (cluster/data/elasticflow/artifact/events.csv; the events it had logged for a run that
+    had not finished), and each run's wall time against its target (ElasticFlow on the
+    195-job trace 2 s, every scheduler on every ITP trace 60 s) with its CPU time beside it
+    and the machine's load average, after a warm-up that compiles the kernels (or loads them
+    from numba's cache; reported apart). Rubick on workload-base (8 x 8 GPUs), Lyra on its
+    15-day 50,000-job generated trace (target 2 minutes)."""
     from cluster.artifact import artifact_events, artifact_runs
 
     names = [n.strip() for n in schedulers.split(",") if n.strip()]
@@ -493,6 +498,7 @@ def bench_cluster(
                 f"use some of: {', '.join(BENCH_TRACES)}.",
             )
     artifact, logs = artifact_runs(), artifact_events()
+    load_before = os.getloadavg()  # wall times here count other work on the machine too
     started = time.perf_counter()  # compile (or load from numba's cache) outside the timings
     if set(names) & set(TABLES):
         _run("elasticVpollux_e", "n16g4", "T4", "elasticflow", None)
@@ -513,7 +519,8 @@ def bench_cluster(
             "target_s": target,
             "within_target": None if target is None else row["wall_s"] <= target,
         }
-    summary = {"runs": runs, "others": others, "warm_up_s": compile_s}
+    load = {"before": load_before[0], "after": os.getloadavg()[0]}
+    summary = {"runs": runs, "others": others, "warm_up_s": compile_s, "load_average_1min": load}
     if as_json:
         print(json.dumps(summary))
         return
@@ -526,6 +533,7 @@ def bench_cluster(
         "match",
         "events",
         "wall s",
+        "cpu s",
         "target s",
     )
     for column in columns:
@@ -547,11 +555,14 @@ def bench_cluster(
             match,
             events,
             f"{row['wall_s']:.1f}",
+            "-" if row["cpu_s"] is None else f"{row['cpu_s']:.1f}",
             target,
         )
     Console().print(table)
     err.print(
-        f"warm-up (compiling the kernels, or loading them from numba's cache): {compile_s:.1f} s"
+        f"warm-up (compiling the kernels, or loading them from numba's cache): {compile_s:.1f} s;"
+        f" load average (1 min) {load['before']:.1f} before, {load['after']:.1f} after, on "
+        f"{os.cpu_count()} cores (wall s counts other work too, cpu s this process's only)"
     )
     if others:
         Console().print_json(json.dumps(others))
