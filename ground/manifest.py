@@ -7,7 +7,7 @@ layout (the request half is `ground.layout`).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -22,7 +22,7 @@ __all__ = [
     "layer_key",
 ]
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: a layer file may hold a shared expert; experts an output bias
 HEAD_KEY = "head.safetensors"
 TAIL_KEY = "tail.safetensors"
 
@@ -74,6 +74,10 @@ class Manifest(BaseModel):
     token_bytes_out: int
     stages: list[StageEntry]
     router_fit: list[dict[str, float]] = []
+    # The MoEfication options (`moe.MoefyOptions.describe()`; None for native MoE models) and the
+    # model's quality against the dense one on held-out text (`moe.Quality`), when measured.
+    moefy: dict[str, Any] | None = None
+    quality: dict[str, Any] | None = None
 
     @property
     def dtype_bytes(self) -> int:

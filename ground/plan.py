@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ground.errors import MoelambdaError
 from ground.files import read_document, write_file_atomically
+from ground.kinds import refuse_other_kind
 from ground.manifest import StageEntry
 from ground.semantics import direct_event_bytes
 
@@ -114,6 +115,10 @@ class ModelRef(_Strict):
     token_bytes_in: int
     token_bytes_out: int
     stages: list[StageEntry]
+    # The MoEfication (`moe.MoefyOptions.describe()`) and the served model's quality against the
+    # dense one (`moe.Quality`); None for native MoE models and plans made before them.
+    moefy: dict[str, Any] | None = None
+    quality: dict[str, Any] | None = None
 
 
 class Totals(_Strict):
@@ -212,9 +217,12 @@ class Plan(_Strict):
         """Concurrency the stack reserves: each expert function's `max_replicas`."""
         return sum(e.max_replicas for layer in self.layers for e in layer.experts)
 
-    def check_concurrency_quota(self, quota: int) -> None:
+    def check_concurrency_quota(self, quota: int, *, synthesising: bool = False) -> None:
         """Refuse a stack whose reservations leave less than Lambda's unreserved minimum of the
         account's concurrency `quota`: CloudFormation would fail midway through the deploy.
+
+        `synthesising` says the caller can also drop the reservations (synth's
+        --no-reserve-concurrency); planning cannot, so its advice does not offer that.
 
         Raises:
             PlanError: The reservations do not fit, naming the numbers and the ways out.
@@ -226,9 +234,13 @@ class Plan(_Strict):
                 f"the stack reserves {reserved:,} concurrent executions (every expert's "
                 f"max_replicas), and Lambda keeps {floor} unreserved: {reserved + floor:,} is "
                 f"over the account's concurrency quota of {quota:,}.",
-                "ask AWS for a higher quota and pass it as --concurrency-quota, synthesise with "
-                "--no-reserve-concurrency (experts then share the unreserved pool), or plan with "
-                "a lower max_replicas (G) in the calibration file.",
+                "ask AWS for a higher quota and pass it as --concurrency-quota"
+                + (
+                    ", pass --no-reserve-concurrency (experts then share the unreserved pool)"
+                    if synthesising
+                    else ""
+                )
+                + ", or plan with a lower max_replicas (G) in a calibration file (--calibration).",
             )
 
     def save(self, path: str | Path, *, force: bool = False) -> Path:
@@ -244,7 +256,9 @@ class Plan(_Strict):
 
         Raises:
             PlanError: Missing, unreadable, or failing a deployment check (named).
+            UsageError: The file is another kind of document (a GPU plan, counts, ...).
         """
+        refuse_other_kind(path, "plan", "--plan")
         return read_document(
             cls, path, PlanError, "plan", "make the plan again with `moelambda plan --out FILE`."
         )

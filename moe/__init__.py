@@ -1,4 +1,5 @@
-"""Model core: MoEfication of dense transformers, native MoE models, stage split, weight export.
+"""Model core: MoEfication of dense transformers, native MoE models, stage split, weight export,
+and the served model's quality against the dense one.
 
 Predictor, functions and pipeline all use the model through this package only.
 """
@@ -7,17 +8,34 @@ from __future__ import annotations
 
 from ground.manifest import Manifest, StageEntry, expert_key, layer_key
 from moe._cache import default_cache_dir, load_exported, load_model
-from moe._experts import ExpertBank, Router, expert_ffn, gather_shards, routing_shards
+from moe._corpus import Corpus, load_corpus, make_windows
+from moe._experts import (
+    ExpertBank,
+    Router,
+    SharedExpert,
+    expert_ffn,
+    gather_shards,
+    routing_shards,
+)
 from moe._export import describe_model, export_model
-from moe._model import EXPERT_CHOICES, TOP_K_CHOICES, LayerRouting, MoEModel, build_model
+from moe._model import LayerRouting, MoEModel, build_model, moefy_options
 from moe._moefy import LayerFit
+from moe._options import EXPERT_CHOICES, MoefyOptions, TopK, parse_top_k
+from moe._quality import (
+    QUALITY_TOKENS,
+    QUALITY_WINDOW,
+    Quality,
+    dense_reference,
+    measure_quality,
+    quality_of,
+)
 from moe._registry import BUILTIN_MODELS, ModelSource, resolve_model
 from moe._stages import ExpertStage, LayerOutput, LayerStage, StageLoader, run_staged
 
 __all__ = [
     "BUILTIN_MODELS",
+    "Corpus",
     "EXPERT_CHOICES",
-    "TOP_K_CHOICES",
     "ExpertBank",
     "ExpertStage",
     "LayerFit",
@@ -27,19 +45,32 @@ __all__ = [
     "Manifest",
     "ModelSource",
     "MoEModel",
+    "MoefyOptions",
+    "QUALITY_TOKENS",
+    "QUALITY_WINDOW",
+    "Quality",
     "Router",
+    "SharedExpert",
     "StageEntry",
     "StageLoader",
+    "TopK",
     "build_model",
     "default_cache_dir",
+    "dense_reference",
+    "describe_model",
     "expert_ffn",
     "expert_key",
-    "describe_model",
     "export_model",
     "gather_shards",
     "layer_key",
+    "load_corpus",
     "load_exported",
     "load_model",
+    "make_windows",
+    "measure_quality",
+    "moefy_options",
+    "parse_top_k",
+    "quality_of",
     "resolve_model",
     "routing_shards",
     "run_staged",

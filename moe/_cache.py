@@ -3,9 +3,11 @@
 MoEfying MiniLM takes about 8 s and SmolLM2 over a minute (GGUF de-quantisation, 30 router fits).
 The converted model is stored as a weight export (the same layout the functions read) under a key
 that covers everything the conversion depends on: the source weights (path, size and modification
-time of every file), E, k, the seed, the fit size and the versions of moelambda and the export
-format. Loading it back rebuilds the model from those files, so every cache hit also exercises the
-export/load round trip the serving path relies on.
+time of every file), every MoEfication option (`moe.MoefyOptions`: E, k, the seed, the fit size
+and the quality-recovery options) and the versions of moelambda and the export format. The export
+carries the model's quality against the dense model, measured when it was converted. Loading it
+back rebuilds the model from those files, so every cache hit also exercises the export/load round
+trip the serving path relies on.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from ground.manifest import MANIFEST_VERSION
 from moe._experts import ExpertBank
 from moe._export import export_model
 from moe._families import NATIVE_MOE_TYPES
-from moe._model import MoEModel, build_model
+from moe._model import MoEModel, build_model, moefy_options
 from moe._moefy import LayerFit
+from moe._options import MoefyOptions
+from moe._quality import QUALITY_TOKENS
 from moe._registry import ModelSource, resolve_model
 from moe._stages import StageLoader
 
@@ -42,28 +46,35 @@ def default_cache_dir() -> Path:
     return Path(base) / "moelambda"
 
 
-def _key(source: ModelSource, experts: int, top_k: int, seed: int, fit_tokens: int) -> str:
+def _key(source: ModelSource, options: MoefyOptions) -> str:
     files = sorted(p for p in source.path.rglob("*") if p.is_file())
     stamp = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
     blob = json.dumps(
-        [source.name, stamp, experts, top_k, seed, fit_tokens, __version__, MANIFEST_VERSION]
+        [source.name, stamp, options.describe(), __version__, MANIFEST_VERSION], sort_keys=True
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def _entry(source: ModelSource, experts: int, top_k: int, seed: int, fit_tokens: int) -> Path:
-    return default_cache_dir() / "models" / _key(source, experts, top_k, seed, fit_tokens)
+def _entry(source: ModelSource, options: MoefyOptions) -> Path:
+    return default_cache_dir() / "models" / _key(source, options)
 
 
 def cached_export_dir(
-    model: str, *, experts: int, top_k: int, seed: int = 0, fit_tokens: int = 8192
+    model: str,
+    *,
+    experts: int,
+    top_k: int | str,
+    seed: int = 0,
+    fit_tokens: int = 8192,
+    options: MoefyOptions | None = None,
 ) -> Path | None:
     """The weight export `load_model` cached for these arguments, or None if there is none.
 
     Lets a caller that runs stages in other processes (`gpu.run`) hand them the export's path, so
     each loads only its own stages' files instead of the whole model.
     """
-    entry = _entry(resolve_model(model), experts, top_k, seed, fit_tokens)
+    options = options or moefy_options(experts, top_k, seed=seed, fit_tokens=fit_tokens)
+    entry = _entry(resolve_model(model), options)
     return entry if (entry / "manifest.json").is_file() else None
 
 
@@ -79,6 +90,7 @@ def load_exported(root: str | Path) -> MoEModel:
     for layer in range(m.num_layers):
         experts = [loader.expert(layer, e) for e in range(m.experts)]
         b_in = None if experts[0].b_in is None else torch.stack([x.b_in for x in experts])  # type: ignore[misc]
+        b_out = None if experts[0].b_out is None else torch.stack([x.b_out for x in experts])  # type: ignore[misc]
         banks.append(
             ExpertBank(
                 torch.stack([x.w_in for x in experts]),
@@ -86,6 +98,7 @@ def load_exported(root: str | Path) -> MoEModel:
                 torch.stack([x.w_out for x in experts]),
                 kind=m.expert_kind,  # type: ignore[arg-type]
                 act=m.activation,
+                b_out=b_out,
             )
         )
     combines = [stage.combine for stage in layers[1:]] + [tail.combine]
@@ -104,6 +117,9 @@ def load_exported(root: str | Path) -> MoEModel:
         tail=tail.tail,
         tokenizer=AutoTokenizer.from_pretrained(Path(root) / "config"),
         fits=[LayerFit(**fit) for fit in m.router_fit],
+        shared=[stage.shared for stage in layers] if any(s.shared for s in layers) else [],
+        options=None if m.moefy is None else MoefyOptions.from_description(m.moefy),
+        quality=m.quality,
     )
 
 
@@ -111,35 +127,41 @@ def load_model(
     model: str,
     *,
     experts: int | None = 4,
-    top_k: int | None = 2,
+    top_k: int | str | None = 2,
     seed: int = 0,
     fit_tokens: int = 8192,
+    options: MoefyOptions | None = None,
     cache: bool = True,
+    quality_tokens: int = QUALITY_TOKENS,
     progress: Callable[[str], None] | None = None,
 ) -> MoEModel:
     """Load `model` as an MoE model, from the cache when it was MoEfied before.
 
     Arguments are those of `build_model`; `cache=False` always converts afresh and stores nothing.
-    Native MoE models are never cached: they need no conversion.
+    Native MoE models are never cached: they need no conversion. The cache key covers the source
+    files and every MoEfication option, so each option is converted once.
     """
     source = resolve_model(model)
-    if not cache or source.model_type in NATIVE_MOE_TYPES or experts is None or top_k is None:
+    native = source.model_type in NATIVE_MOE_TYPES
+    if not native and options is None and experts is not None and top_k is not None:
+        options = moefy_options(experts, top_k, seed=seed, fit_tokens=fit_tokens)
+    if not cache or native or options is None:
         return build_model(
             model,
             experts=experts,
             top_k=top_k,
             seed=seed,
             fit_tokens=fit_tokens,
+            options=options,
+            quality_tokens=quality_tokens,
             progress=progress,
         )
-    entry = _entry(source, experts, top_k, seed, fit_tokens)
+    entry = _entry(source, options)
     if (entry / "manifest.json").is_file():
         if progress:
             progress(f"loading MoEfied {source.name} from the cache")
         return load_exported(entry)
-    built = build_model(
-        model, experts=experts, top_k=top_k, seed=seed, fit_tokens=fit_tokens, progress=progress
-    )
+    built = build_model(model, options=options, quality_tokens=quality_tokens, progress=progress)
     try:
         export_model(built, entry, force=True)
     except OSError as err:  # a full or read-only disk must not fail the command

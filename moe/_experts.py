@@ -8,7 +8,12 @@ Two expert shapes cover every model we load:
   ``W_g`` and ``W_u`` stacked, as Hugging Face stores ``gate_up_proj``.
 
 Weights are stacked over experts, ``w_in`` (E, f_in, h) and ``w_out`` (E, h, f), so exporting one
-expert is a slice and the grouped forward can index them.
+expert is a slice and the grouped forward can index them. An expert may add an output bias
+``b_out`` (h,): the least-squares output correction gives each expert one.
+
+Routing is an (n, k) tensor of expert indices. With adaptive k a token may take fewer than k
+experts: its unused slots hold the index E (one past the last expert) with weight 0, so every
+consumer drops them by the same rule (`routing_shards`, the trace's counts, the gate's scatter).
 """
 
 from __future__ import annotations
@@ -19,11 +24,16 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
+from moe._options import TopK
+
 __all__ = [
     "ExpertBank",
     "ExpertKind",
     "Router",
+    "SharedExpert",
     "Weighting",
+    "activations",
+    "adaptive_keep",
     "expert_ffn",
     "gather_shards",
     "routing_shards",
@@ -40,15 +50,21 @@ def expert_ffn(
     w_out: torch.Tensor,
     kind: ExpertKind,
     act: str,
+    b_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One expert on a (n, h) block of tokens; the single definition every path calls."""
+    return nn.functional.linear(activations(x, w_in, b_in, kind, act), w_out, b_out)
+
+
+def activations(
+    x: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor | None, kind: ExpertKind, act: str
+) -> torch.Tensor:
+    """The (n, f) intermediate activations of an FFN (or of one expert's neurons)."""
     hidden = nn.functional.linear(x, w_in, b_in)
     if kind == "glu":
         gate, up = hidden.chunk(2, dim=-1)
-        hidden = ACT2FN[act](gate) * up
-    else:
-        hidden = ACT2FN[act](hidden)
-    return nn.functional.linear(hidden, w_out)
+        return ACT2FN[act](gate) * up
+    return ACT2FN[act](hidden)
 
 
 class ExpertBank(nn.Module):
@@ -62,11 +78,13 @@ class ExpertBank(nn.Module):
         *,
         kind: ExpertKind,
         act: str,
+        b_out: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         self.w_in = nn.Parameter(w_in, requires_grad=False)
         self.b_in = None if b_in is None else nn.Parameter(b_in, requires_grad=False)
         self.w_out = nn.Parameter(w_out, requires_grad=False)
+        self.b_out = None if b_out is None else nn.Parameter(b_out, requires_grad=False)
         self.kind: ExpertKind = kind
         self.act = act
 
@@ -79,11 +97,14 @@ class ExpertBank(nn.Module):
         tensors = {"w_in": self.w_in[i], "w_out": self.w_out[i]}
         if self.b_in is not None:
             tensors["b_in"] = self.b_in[i]
+        if self.b_out is not None:
+            tensors["b_out"] = self.b_out[i]
         return tensors
 
     def expert(self, i: int, x: torch.Tensor) -> torch.Tensor:
         b_in = None if self.b_in is None else self.b_in[i]
-        return expert_ffn(x, self.w_in[i], b_in, self.w_out[i], self.kind, self.act)
+        b_out = None if self.b_out is None else self.b_out[i]
+        return expert_ffn(x, self.w_in[i], b_in, self.w_out[i], self.kind, self.act, b_out)
 
     def sparse(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Each token through its top-k experts only: the fast path the profiler runs."""
@@ -101,10 +122,48 @@ class ExpertBank(nn.Module):
         It shares no gather/scatter code with `sparse` or the staged path, which is what makes it a
         useful reference for both.
         """
-        combine = torch.zeros(x.shape[0], self.num_experts, dtype=x.dtype)
+        # One column more for the unused slots of adaptive routing, dropped after the scatter.
+        combine = torch.zeros(x.shape[0], self.num_experts + 1, dtype=x.dtype)
         combine.scatter_(1, idx, weights.to(x.dtype))
         outs = torch.stack([self.expert(i, x) for i in range(self.num_experts)], dim=1)
-        return (outs * combine[:, :, None]).sum(dim=1)
+        return (outs * combine[:, :-1, None]).sum(dim=1)
+
+
+class SharedExpert(nn.Module):
+    """The always-on part of a layer, run in the layer function on every token.
+
+    Holds the shared expert's neurons (possibly none) and the layer's output-correction bias
+    (possibly zero). Its output is added to the residual the layer function hands on, so the
+    gather and combine downstream are unchanged.
+    """
+
+    def __init__(
+        self,
+        w_in: torch.Tensor,
+        b_in: torch.Tensor | None,
+        w_out: torch.Tensor,
+        b_out: torch.Tensor,
+        *,
+        kind: ExpertKind,
+        act: str,
+    ) -> None:
+        super().__init__()
+        self.w_in = nn.Parameter(w_in, requires_grad=False)
+        self.b_in = None if b_in is None else nn.Parameter(b_in, requires_grad=False)
+        self.w_out = nn.Parameter(w_out, requires_grad=False)
+        self.b_out = nn.Parameter(b_out, requires_grad=False)
+        self.kind: ExpertKind = kind
+        self.act = act
+
+    @property
+    def width(self) -> int:
+        """Neurons of the shared expert (0 when it holds only a correction bias)."""
+        return int(self.w_out.shape[1])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.width == 0:
+            return self.b_out.to(x.dtype).expand(x.shape[0], -1)
+        return expert_ffn(x, self.w_in, self.b_in, self.w_out, self.kind, self.act, self.b_out)
 
 
 class Router(nn.Module):
@@ -114,20 +173,37 @@ class Router(nn.Module):
     (MoEfied models: the experts partition one FFN, so the sum over all experts is the dense FFN),
     ``"softmax"`` scales by the gate probability (OLMoE), and ``"softmax_renorm"`` by the
     probability renormalised over the top-k (Mixtral).
+
+    ``rule`` decides how many experts a token takes (`moe.TopK`): always k, or adaptively, in
+    which case a token's unused slots hold the index E with weight and probability 0.
     """
 
-    def __init__(self, linear: nn.Linear, *, top_k: int, weighting: Weighting) -> None:
+    def __init__(self, linear: nn.Linear, *, top_k: int | TopK, weighting: Weighting) -> None:
         super().__init__()
         self.linear = linear
-        self.top_k = top_k
+        self.rule = top_k if isinstance(top_k, TopK) else TopK(k=top_k)
         self.weighting: Weighting = weighting
+
+    @property
+    def top_k(self) -> int:
+        """The most experts a token takes (the width of the routing tensor)."""
+        return self.rule.k
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.linear.weight.shape[0])
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Route (n, h) tokens: top-k expert indices, combine weights and gate probabilities."""
         probs = torch.softmax(self.linear(x).float(), dim=-1)
         top_p, idx = torch.topk(probs, self.top_k, dim=-1)
+        keep = None
+        if self.rule.adaptive:
+            keep = adaptive_keep(top_p, self.rule)
+            idx = torch.where(keep, idx, self.num_experts)
+            top_p = top_p * keep
         if self.weighting == "unit":
-            weights = torch.ones_like(top_p)
+            weights = torch.ones_like(top_p) if keep is None else keep.to(top_p.dtype)
         elif self.weighting == "softmax_renorm":
             weights = top_p / top_p.sum(dim=-1, keepdim=True)
         else:
@@ -135,19 +211,35 @@ class Router(nn.Module):
         return idx, weights.to(x.dtype), top_p
 
 
+def adaptive_keep(top_p: torch.Tensor, rule: TopK) -> torch.Tensor:
+    """(n, k) which of each token's top-k (probabilities in descending order) it takes.
+
+    The first expert is always taken. ``gap``: the second too when p1 - p2 <= threshold.
+    ``mass``: each next one while the probability of those before it is below the threshold.
+    """
+    assert rule.threshold is not None
+    if rule.rule == "gap":
+        keep = torch.ones_like(top_p, dtype=torch.bool)
+        keep[:, 1:] = (top_p[:, :1] - top_p[:, 1:]) <= rule.threshold
+        return keep
+    before = top_p.cumsum(dim=-1) - top_p
+    return before < rule.threshold
+
+
 def routing_shards(
     idx: torch.Tensor, weights: torch.Tensor, num_experts: int
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Split routed tokens per expert: for expert i, its token positions and combine weights.
 
-    This is the gate's scatter: one argsort instead of a mask per expert.
+    This is the gate's scatter: one argsort instead of a mask per expert. Unused slots (index
+    `num_experts`, adaptive routing) sort last and are dropped.
     """
     flat_expert = idx.reshape(-1)
     order = torch.argsort(flat_expert, stable=True)
     tokens = order // idx.shape[1]
     w = weights.reshape(-1)[order]
-    counts = torch.bincount(flat_expert, minlength=num_experts).tolist()
-    return list(zip(tokens.split(counts), w.split(counts), strict=True))
+    counts = torch.bincount(flat_expert, minlength=num_experts + 1).tolist()
+    return list(zip(tokens.split(counts), w.split(counts), strict=True))[:num_experts]
 
 
 def gather_shards(

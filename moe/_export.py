@@ -10,7 +10,8 @@ Layout under the export directory (the same relative keys go under the weights p
     tail.safetensors               the last layer's combine, final norm and task head
 
 A layer function runs the previous layer's combine because it is the one that gathers the expert
-outputs of that layer; the tail does the same for the last layer.
+outputs of that layer; the tail does the same for the last layer. A layer's shared expert (and
+its correction bias) sits in its layer file: the layer function runs it on every token.
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ def _stage_tensors(model: MoEModel) -> dict[str, dict[str, torch.Tensor]]:
         tensors = _prefixed("block", model.blocks[layer]) | _prefixed(
             "router", model.routers[layer]
         )
+        shared = model.shared_expert(layer)
+        if shared is not None:
+            tensors |= _prefixed("shared", shared)
         if layer > 0:
             tensors |= _prefixed("combine", model.combines[layer - 1])
         files[layer_key(layer)] = tensors
@@ -97,6 +101,8 @@ def _manifest(model: MoEModel, entries: list[StageEntry]) -> Manifest:
         token_bytes_out=model.hidden_size * dtype_bytes,
         stages=entries,
         router_fit=[asdict(fit) for fit in model.fits],
+        moefy=None if model.options is None else model.options.describe(),
+        quality=model.quality,
     )
 
 

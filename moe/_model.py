@@ -18,21 +18,22 @@ import torch
 from torch import nn
 
 from ground.errors import ModelError, UsageError
-from moe._experts import ExpertBank, Router, expert_ffn
+from moe._experts import ExpertBank, Router, SharedExpert, expert_ffn
 from moe._families import NATIVE_MOE_TYPES, Family, family_for
-from moe._moefy import LayerFit, moefy_ffn
+from moe._moefy import LayerFit, MoefiedLayer, moefy_layer
+from moe._options import EXPERT_CHOICES, MAX_SHARED, MoefyOptions, TopK, parse_top_k
+from moe._quality import QUALITY_TOKENS
 from moe._registry import ModelSource, resolve_model
 
 __all__ = [
     "EXPERT_CHOICES",
-    "TOP_K_CHOICES",
     "LayerRouting",
     "MoEModel",
     "build_model",
+    "load_hf",
+    "moefy_options",
 ]
 
-EXPERT_CHOICES = (2, 4, 8, 16)
-TOP_K_CHOICES = (1, 2)
 FIT_WINDOW = 128
 
 
@@ -59,6 +60,11 @@ class MoEModel:
         head, blocks, routers, banks, combines, tail: The stage modules.
         tokenizer: The model's tokenizer.
         fits: Per-layer quality of the fitted routers (empty for native MoE models).
+        shared: Per layer, the always-on part run in the layer function (shared expert and
+            correction bias), or None; empty when no layer has one.
+        options: The MoEfication that made the experts (None for native MoE models).
+        quality: The served model against the dense one on held-out text (`moe.Quality` as a
+            dict), measured when the model was MoEfied; None if never measured.
     """
 
     name: str
@@ -75,6 +81,12 @@ class MoEModel:
     tail: nn.Module
     tokenizer: Any
     fits: list[LayerFit] = field(default_factory=list)
+    shared: list[SharedExpert | None] = field(default_factory=list)
+    options: MoefyOptions | None = None
+    quality: dict[str, Any] | None = None
+
+    def shared_expert(self, layer: int) -> SharedExpert | None:
+        return self.shared[layer] if self.shared else None
 
     @property
     def num_layers(self) -> int:
@@ -101,13 +113,16 @@ class MoEModel:
         """
         batch, length = input_ids.shape
         hidden = self.head(input_ids)
-        for block, router, bank, combine in zip(
-            self.blocks, self.routers, self.banks, self.combines, strict=True
+        for layer, (block, router, bank, combine) in enumerate(
+            zip(self.blocks, self.routers, self.banks, self.combines, strict=True)
         ):
             out = block(hidden)
             x = out.ffn_in.reshape(batch * length, -1)
             idx, weights, probs = router(x)
             y = bank.dense_masked(x, idx, weights) if reference else bank.sparse(x, idx, weights)
+            shared = self.shared_expert(layer)
+            if shared is not None:
+                y = y + shared(x)
             hidden = combine(out.residual, y.view(batch, length, -1))
             if routing is not None:
                 most_attended = out.attention.sum(dim=1).argmax(dim=-1)
@@ -117,22 +132,49 @@ class MoEModel:
         return self.tail(hidden) if tail else hidden
 
 
-def _check_choices(experts: int | None, top_k: int | None) -> None:
-    if experts is not None and top_k is not None and top_k > experts:
+def moefy_options(
+    experts: int | None,
+    top_k: int | str | TopK | None,
+    *,
+    seed: int = 0,
+    fit_tokens: int = 8192,
+    **recovery: Any,
+) -> MoefyOptions:
+    """The `MoefyOptions` of the CLI's flags; `recovery` holds the quality-recovery options.
+
+    Without recovery options only k = 1 or 2 is offered, MoEfication as it always was.
+
+    Raises:
+        UsageError: A value is out of range, or top-k exceeds the number of experts.
+    """
+    if experts is None or top_k is None:
         raise UsageError(
-            f"--top-k {top_k} is larger than --experts {experts}.",
+            "MoEfying a dense model needs --experts and --top-k.",
+            "pass --experts (2, 4, 8 or 16) and --top-k (e.g. 2).",
+        )
+    rule = top_k if isinstance(top_k, TopK) else parse_top_k(top_k, experts)
+    if rule.k > experts:
+        raise UsageError(
+            f"--top-k {rule.label()} is larger than --experts {experts}.",
             "pick top-k no larger than the number of experts.",
         )
-    if experts is not None and experts not in EXPERT_CHOICES:
+    if experts not in EXPERT_CHOICES:
         raise UsageError(
             f"--experts {experts} is not supported for MoEfication.",
             f"use one of {', '.join(map(str, EXPERT_CHOICES))}.",
         )
-    if top_k is not None and top_k not in TOP_K_CHOICES:
+    if not 0.0 <= recovery.get("shared", 0.0) <= MAX_SHARED:
         raise UsageError(
-            f"--top-k {top_k} is not supported.",
-            f"use one of {', '.join(map(str, TOP_K_CHOICES))}.",
+            f"--shared {recovery['shared']:g} is not a fraction of the FFN width in "
+            f"[0, {MAX_SHARED:g}].",
+            f"pass --shared between 0 and {MAX_SHARED:g} (0.25 is a common choice).",
         )
+    if recovery.get("distil_steps", 0) < 0 or fit_tokens < 128:
+        raise UsageError(
+            "--distil-steps must be 0 or more and --fit-tokens 128 or more.",
+            "pass e.g. --distil-steps 200 --fit-tokens 8192.",
+        )
+    return MoefyOptions(experts=experts, top_k=rule, seed=seed, fit_tokens=fit_tokens, **recovery)
 
 
 def load_hf(source: ModelSource) -> tuple[nn.Module, Any]:
@@ -211,6 +253,38 @@ def _collect_ffn_inputs(
     return [torch.cat(chunks) for chunks in per_layer]
 
 
+@torch.no_grad()
+def _fit_sequential(
+    parts: dict[str, Any],
+    family: Family,
+    windows: torch.Tensor,
+    options: MoefyOptions,
+    say: Callable[[str], None],
+    batch: int = 16,
+) -> list[MoefiedLayer]:
+    """MoEfy layer by layer, each fitted on the inputs the MoEfied layers before it produce.
+
+    Fitting on the dense model's inputs (as the original MoEfication does) leaves every layer
+    blind to the error of the layers before it; here the target is still the dense FFN's output,
+    but at the input the served model will really give it.
+    """
+    h = family.hidden_size
+    hidden = [parts["head"](windows[s : s + batch]) for s in range(0, windows.shape[0], batch)]
+    layers: list[MoefiedLayer] = []
+    for index, module in enumerate(parts["ffns"]):
+        say(f"MoEfying layer {index + 1}/{len(parts['ffns'])}")
+        outs = [parts["blocks"][index](state) for state in hidden]
+        x = [out.ffn_in.reshape(-1, h) for out in outs]
+        layer = moefy_layer(family.dense_ffn(module), torch.cat(x), options)
+        layers.append(layer)
+        combine = parts["combines"][index]
+        hidden = [
+            combine(out.residual, layer(xs).view_as(out.residual))
+            for out, xs in zip(outs, x, strict=True)
+        ]
+    return layers
+
+
 def _assemble(
     name: str,
     family: Family,
@@ -224,6 +298,8 @@ def _assemble(
     moefied: bool,
     seed: int,
     fits: list[LayerFit] | None = None,
+    shared: list[SharedExpert | None] | None = None,
+    options: MoefyOptions | None = None,
 ) -> MoEModel:
     """The model from the Hugging Face parts plus the MoE parts (native or MoEfied)."""
     return MoEModel(
@@ -241,31 +317,57 @@ def _assemble(
         tail=parts["tail"],
         tokenizer=tokenizer,
         fits=fits or [],
+        shared=shared if shared and any(s is not None for s in shared) else [],
+        options=options,
     )
+
+
+def _check_width(options: MoefyOptions, width: int, name: str) -> None:
+    if options.shared == 0.0 and width % options.experts:
+        raise UsageError(
+            f"--experts {options.experts} does not divide the FFN width {width} of {name}.",
+            f"use a number of experts that divides {width}: "
+            + ", ".join(str(e) for e in EXPERT_CHOICES if width % e == 0)
+            + ", or give part of the width to a shared expert (--shared).",
+        )
+    routed = options.experts * int((width - round(options.shared * width)) // options.experts)
+    if routed < options.experts:
+        raise UsageError(
+            f"--shared {options.shared:g} leaves no neurons for {options.experts} experts.",
+            "lower --shared.",
+        )
 
 
 def build_model(
     model: str,
     *,
     experts: int | None = 4,
-    top_k: int | None = 2,
+    top_k: int | str | TopK | None = 2,
     seed: int = 0,
     fit_tokens: int = 8192,
+    options: MoefyOptions | None = None,
+    quality_tokens: int = QUALITY_TOKENS,
     progress: Callable[[str], None] | None = None,
 ) -> MoEModel:
     """Build `model` as an MoE model from its Hugging Face weights (no cache; see `load_model`).
 
     A dense model (BERT, Llama, Mistral, Qwen2) is MoEfied into `experts` experts with top-`top_k`
     routing, fitting the routers on `fit_tokens` tokens of the embedded Wikipedia corpus (its "fit"
-    split). A native MoE model (Mixtral, OLMoE) keeps its own experts and router; `experts` and
-    `top_k` must then be None or equal to the model's.
+    split), and its quality against the dense model is measured on held-out text
+    (`MoEModel.quality`). A native MoE model (Mixtral, OLMoE) keeps its own experts and router;
+    `experts` and `top_k` must then be None or equal to the model's.
 
     Args:
         model: "minilm" (default), "smollm2", or a local Hugging Face model directory.
         experts: Experts per layer for MoEfication, one of 2, 4, 8, 16. Defaults to 4.
-        top_k: Experts per token, 1 or 2. Defaults to 2.
+        top_k: Experts per token: an integer, or an adaptive rule ("adaptive:0.1",
+            "mass:0.6"). Defaults to 2.
         seed: Seeds MoEfication. Defaults to 0.
         fit_tokens: Tokens to fit the routers on. Defaults to 8,192.
+        options: The whole MoEfication, quality recovery included; replaces `experts`, `top_k`,
+            `seed` and `fit_tokens` when given.
+        quality_tokens: Held-out tokens the quality is measured on (0: not measured). Defaults
+            to 16,384.
         progress: Called with a short description before each slow step.
 
     Raises:
@@ -274,8 +376,8 @@ def build_model(
     """
     source = resolve_model(model)
     native = source.model_type in NATIVE_MOE_TYPES
-    if not native:
-        _check_choices(experts, top_k)
+    if not native and options is None:
+        options = moefy_options(experts, top_k, seed=seed, fit_tokens=fit_tokens)
     say = progress or (lambda _msg: None)
     say(f"loading {source.name}")
     hf, tokenizer = load_hf(source)
@@ -283,63 +385,76 @@ def build_model(
     parts = family.parts_from_hf(hf)
 
     if native:
-        banks, routers, n_experts, n_top_k = _native_parts(hf, family)
-        for asked, actual, flag in (
-            (experts, n_experts, "--experts"),
-            (top_k, n_top_k, "--top-k"),
-        ):
-            if asked is not None and asked != actual:
-                raise UsageError(
-                    f"{source.name} is a native MoE model with {flag} {actual}, not {asked}.",
-                    f"omit {flag} or pass {flag} {actual}.",
-                )
-        return _assemble(
-            source.name,
-            family,
-            parts,
+        return _native_model(source, family, parts, hf, tokenizer, experts, top_k, seed)
+    assert options is not None
+    _check_width(options, int(family.config.intermediate_size), source.name)
+    from moe._corpus import load_corpus, make_windows
+    from moe._quality import DenseRunner, measure_quality
+
+    say(f"fitting routers on {options.fit_tokens} tokens")
+    corpus = load_corpus("wiki")
+    windows = torch.from_numpy(
+        make_windows(
+            corpus,
             tokenizer,
-            banks,
-            routers,
-            n_experts,
-            n_top_k,
-            moefied=False,
-            seed=seed,
+            tokens=options.fit_tokens,
+            window=FIT_WINDOW,
+            seed=options.seed,
+            split="fit",
         )
-
-    if experts is None or top_k is None:
-        raise UsageError(
-            f"{source.name} is a dense model: MoEfying it needs --experts and --top-k.",
-            "pass --experts (2, 4, 8 or 16) and --top-k (1 or 2).",
-        )
-    width = int(family.config.intermediate_size)
-    if width % experts:
-        raise UsageError(
-            f"--experts {experts} does not divide the FFN width {width} of {source.name}.",
-            f"use a number of experts that divides {width}: "
-            + ", ".join(str(e) for e in EXPERT_CHOICES if width % e == 0)
-            + ".",
-        )
-    from moelambda.corpus import load_corpus, make_windows
-
-    say(f"fitting routers on {fit_tokens} tokens")
-    windows = make_windows(
-        load_corpus("wiki"),
-        tokenizer,
-        tokens=fit_tokens,
-        window=FIT_WINDOW,
-        seed=seed,
-        split="fit",
     )
-    inputs = _collect_ffn_inputs(parts, family, torch.from_numpy(windows), batch=16)
-    banks, routers, fits = [], [], []
-    for layer, x in enumerate(inputs):
-        say(f"MoEfying layer {layer + 1}/{len(inputs)}")
-        bank, router, fit = moefy_ffn(
-            family.dense_ffn(parts["ffns"][layer]), x, experts=experts, top_k=top_k, seed=seed
-        )
-        banks.append(bank)
-        routers.append(router)
-        fits.append(fit)
+    if options.is_original:
+        inputs = _collect_ffn_inputs(parts, family, windows, batch=16)
+        layers = []
+        for index, x in enumerate(inputs):
+            say(f"MoEfying layer {index + 1}/{len(inputs)}")
+            layers.append(moefy_layer(family.dense_ffn(parts["ffns"][index]), x, options))
+    else:
+        layers = _fit_sequential(parts, family, windows, options, say)
+    built = _assemble(
+        source.name,
+        family,
+        parts,
+        tokenizer,
+        [layer.bank for layer in layers],
+        [layer.router for layer in layers],
+        options.experts,
+        options.top_k.k,
+        moefied=True,
+        seed=options.seed,
+        fits=[layer.fit for layer in layers],
+        shared=[layer.shared for layer in layers],
+        options=options,
+    )
+    if options.distil_steps:
+        from moe._distil import distil
+
+        distil(built, parts, windows, steps=options.distil_steps, progress=say)
+    if quality_tokens:
+        say("measuring quality against the dense model")
+        dense = DenseRunner(family, parts)
+        built.quality = measure_quality(built, dense, corpus, tokens=quality_tokens).model_dump()
+    return built
+
+
+def _native_model(
+    source: ModelSource,
+    family: Family,
+    parts: dict[str, Any],
+    hf: nn.Module,
+    tokenizer: Any,
+    experts: int | None,
+    top_k: int | str | TopK | None,
+    seed: int,
+) -> MoEModel:
+    banks, routers, n_experts, n_top_k = _native_parts(hf, family)
+    asked_k = top_k.k if isinstance(top_k, TopK) else top_k
+    for asked, actual, flag in ((experts, n_experts, "--experts"), (asked_k, n_top_k, "--top-k")):
+        if asked is not None and str(asked) != str(actual):
+            raise UsageError(
+                f"{source.name} is a native MoE model with {flag} {actual}, not {asked}.",
+                f"omit {flag} or pass {flag} {actual}.",
+            )
     return _assemble(
         source.name,
         family,
@@ -347,9 +462,8 @@ def build_model(
         tokenizer,
         banks,
         routers,
-        experts,
-        top_k,
-        moefied=True,
+        n_experts,
+        n_top_k,
+        moefied=False,
         seed=seed,
-        fits=fits,
     )

@@ -18,8 +18,9 @@ from torch import nn
 
 from ground.errors import ModelError
 from ground.manifest import HEAD_KEY, MANIFEST_VERSION, TAIL_KEY, Manifest, expert_key, layer_key
-from moe._experts import Router, expert_ffn, gather_shards, routing_shards
+from moe._experts import Router, SharedExpert, expert_ffn, gather_shards, routing_shards
 from moe._families import Family
+from moe._options import TopK, parse_top_k
 
 __all__ = ["ExpertStage", "LayerOutput", "LayerStage", "StageLoader", "run_staged"]
 
@@ -50,12 +51,24 @@ class HeadStage:
 
 
 class LayerStage:
-    """The previous layer's combine (absent for layer 0), this layer's block and its gate."""
+    """The previous layer's combine (absent for layer 0), this layer's block and its gate.
 
-    def __init__(self, combine: nn.Module | None, block: nn.Module, router: Router) -> None:
+    A layer with a shared expert (or a correction bias) runs it here on every token and hands on
+    the residual with its output added: the experts' sum is added to that residual downstream,
+    exactly as the monolithic forward adds shared and routed outputs.
+    """
+
+    def __init__(
+        self,
+        combine: nn.Module | None,
+        block: nn.Module,
+        router: Router,
+        shared: SharedExpert | None = None,
+    ) -> None:
         self.combine = combine
         self.block = block
         self.router = router
+        self.shared = shared
 
     @torch.inference_mode()
     def run(self, hidden: torch.Tensor, expert_sum: torch.Tensor | None = None) -> LayerOutput:
@@ -67,7 +80,10 @@ class LayerStage:
         out = self.block(hidden)
         x = out.ffn_in.reshape(-1, out.ffn_in.shape[-1])
         experts, weights, probs = self.router(x)
-        return LayerOutput(out.residual, x, experts, weights, probs)
+        residual = out.residual
+        if self.shared is not None:
+            residual = residual + self.shared(x).view_as(residual)
+        return LayerOutput(residual, x, experts, weights, probs)
 
 
 class ExpertStage:
@@ -75,12 +91,13 @@ class ExpertStage:
         self.w_in = tensors["w_in"]
         self.b_in = tensors.get("b_in")
         self.w_out = tensors["w_out"]
+        self.b_out = tensors.get("b_out")
         self.kind = kind
         self.act = act
 
     @torch.inference_mode()
     def run(self, x: torch.Tensor) -> torch.Tensor:
-        return expert_ffn(x, self.w_in, self.b_in, self.w_out, self.kind, self.act)  # type: ignore[arg-type]
+        return expert_ffn(x, self.w_in, self.b_in, self.w_out, self.kind, self.act, self.b_out)  # type: ignore[arg-type]
 
 
 class TailStage:
@@ -140,8 +157,28 @@ class StageLoader:
         weight = tensors["linear.weight"]
         linear = nn.Linear(weight.shape[1], weight.shape[0], bias="linear.bias" in tensors)
         self._filled(linear, _sub(tensors, "linear"))
+        return Router(linear, top_k=self.routing_rule, weighting=self.manifest.weighting)  # type: ignore[arg-type]
+
+    @property
+    def routing_rule(self) -> TopK:
+        """How many experts a token takes: the MoEfication's rule, else the manifest's k."""
         m = self.manifest
-        return Router(linear, top_k=m.top_k, weighting=m.weighting)  # type: ignore[arg-type]
+        if m.moefy is not None:
+            return parse_top_k(m.moefy["top_k"], m.experts)
+        return TopK(k=m.top_k)
+
+    def _shared(self, tensors: dict[str, torch.Tensor]) -> SharedExpert | None:
+        if "w_out" not in tensors:
+            return None
+        m = self.manifest
+        return SharedExpert(
+            tensors["w_in"],
+            tensors.get("b_in"),
+            tensors["w_out"],
+            tensors["b_out"],
+            kind=m.expert_kind,  # type: ignore[arg-type]
+            act=m.activation,
+        ).eval()
 
     def head(self) -> HeadStage:
         return HeadStage(
@@ -154,7 +191,8 @@ class StageLoader:
         if layer > 0:
             combine = self._filled(self.family.new_combine(), _sub(tensors, "combine"))
         block = self._filled(self.family.new_block(layer), _sub(tensors, "block"))
-        return LayerStage(combine, block, self._router(_sub(tensors, "router")))
+        router = self._router(_sub(tensors, "router"))
+        return LayerStage(combine, block, router, self._shared(_sub(tensors, "shared")))
 
     def expert(self, layer: int, expert: int) -> ExpertStage:
         m = self.manifest

@@ -18,6 +18,7 @@ policy with no plan within the SLO for a batch misses it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -189,6 +190,16 @@ def backtest(
                 swept[q].append(_served(plan, real, slo_s))
         truth = with_counts(predicted, real)
         oracle = solve_exact(truth, slo_s)
+        if oracle is None and index == 0:
+            # Even the batch's real counts have no plan: the SLO is below what any deployment
+            # of this model reaches, and every policy would fail every batch.
+            fastest = solve_frontier(truth).min_latency()
+            raise InfeasibleError(
+                f"no deployment meets the SLO of {slo_s:.3f} s, even planned from a held-out "
+                f"batch's real counts: the fastest takes {fastest:.3f} s.",
+                f"pass --slo {math.ceil(fastest * 1000) / 1000:.3f} or more, or leave --slo out "
+                "(the midpoint of the fastest and the cheapest deployment).",
+            )
         plans["oracle"] = None if oracle is None else (truth, oracle)
         baseline = lambdaml(predicted, slo_s)
         plans["lambdaml"] = None if baseline is None else (predicted, baseline)

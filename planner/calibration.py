@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from ground.errors import CalibrationError, did_you_mean
+from ground.kinds import refuse_other_kind
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -242,6 +243,8 @@ def load_calibration(path: str | Path | None = None) -> Calibration:
             misses, misnames or holds an out-of-range value; names each field and the file.
     """
     file_path = default_calibration_path() if path is None else Path(path)
+    if path is not None:
+        refuse_other_kind(file_path, "calibration", "--calibration")
     try:
         raw = json.loads(file_path.read_text(encoding="utf-8"))
     except OSError as exc:

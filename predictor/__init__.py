@@ -24,6 +24,7 @@ from predictor._methods import (
     Prediction,
     Predictor,
     make_predictor,
+    predict_batch,
 )
 from predictor._plot import plot_counts
 from predictor._profile import ProfileResult, profile_windows
@@ -57,6 +58,7 @@ __all__ = [
     "evaluate_methods",
     "make_predictor",
     "plot_counts",
+    "predict_batch",
     "profile_windows",
     "sample_batches",
     "score",

@@ -175,5 +175,5 @@ class AdjustableBatch:
                 posterior = position_posterior(rows, backoff, p.smoothing)
             else:
                 posterior = backoff
-            out.append(_counts(posterior, self.n.astype(float), p.k, soft=p.soft))
+            out.append(_counts(posterior, self.n.astype(float), p.entries[i], soft=p.soft))
         return np.stack(out)

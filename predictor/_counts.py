@@ -11,13 +11,14 @@ each count's q-quantile, which a plan at a confidence level sizes for.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ground.errors import TraceError
 from ground.files import read_document, write_file_atomically
+from ground.kinds import refuse_other_kind
 
 __all__ = ["COUNTS_VERSION", "PredictedCounts"]
 
@@ -34,6 +35,9 @@ class PredictedCounts(BaseModel):
     experts: int = Field(ge=1)
     top_k: int = Field(ge=1)
     seed: int = Field(default=0, ge=0, description="The seed the model was MoEfied with.")
+    moefy: dict[str, Any] | None = Field(
+        default=None, description="The MoEfication options (`moe.MoefyOptions.describe()`)."
+    )
     tokens: int = Field(ge=1, description="Tokens in the predicted batch.")
     method: str
     counts: list[list[float]] = Field(description="(layers, experts) predicted tokens.")
@@ -109,7 +113,9 @@ class PredictedCounts(BaseModel):
 
         Raises:
             TraceError: The file is missing, not JSON, or not a valid counts document.
+            UsageError: The file is another kind of document (a plan, a GPU plan, ...).
         """
+        refuse_other_kind(path, "counts", "--counts")
         return read_document(
             cls,
             path,

@@ -82,18 +82,21 @@ def _top(posterior: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-posterior, axis=1, kind="stable")[:, :k]
 
 
-def _counts(posterior: np.ndarray, n: np.ndarray, k: int, soft: bool) -> np.ndarray:
+def _counts(posterior: np.ndarray, n: np.ndarray, k: float, soft: bool) -> np.ndarray:
     """Popularity from per-unique-token posteriors weighted by how often each token occurs.
 
-    Hard: every token adds one to each of its MAP top-k experts. Soft: every token adds k times
-    its posterior (a token's k entries are distinct experts, so k*P(i|f) <= 1 is the chance i is
-    among them).
+    `k` is the entries a token makes: k, or the profiled mean of adaptive routing. Hard: every
+    token adds one to each of its MAP top-round(k) experts, scaled so that a token adds k in all.
+    Soft: every token adds k times its posterior (a token's entries are distinct experts, so
+    k*P(i|f) <= 1 is the chance i is among them).
     """
     experts = posterior.shape[1]
     if soft:
         return k * (n @ posterior)
-    top = _top(posterior, k)
-    return np.bincount(top.ravel(), weights=np.repeat(n, k), minlength=experts).astype(float)
+    whole = max(1, round(k))
+    top = _top(posterior, whole)
+    weights = np.repeat(n * (k / whole), whole)
+    return np.bincount(top.ravel(), weights=weights, minlength=experts).astype(float)
 
 
 def _normalise(rows: np.ndarray, prior: np.ndarray, smoothing: float) -> np.ndarray:
@@ -112,8 +115,10 @@ class Predictor(ABC):
     def fit(self, tables: CountTable, trace: RoutingTrace | None) -> Predictor:
         """Learn from the count tables (and, for path methods, the profiling trace itself)."""
         self.tables = tables
-        self.k = int(tables.meta["top_k"])
+        self.k = int(tables.meta["top_k"])  # the width of a token's routing (its top-k)
         self.experts = int(tables.meta["experts"])
+        # entries a token makes per layer: k, or the profiled mean k of adaptive routing
+        self.entries = np.array([layer.top_k for layer in tables.layers], dtype=float)
         return self
 
     @abstractmethod
@@ -132,9 +137,10 @@ class HistoryPredictor(Predictor):
         n = batch.num_tokens
         priors = np.stack([layer.prior for layer in self.tables.layers])
         top = np.stack([_top(p[None], self.k)[0] for p in priors])
-        q = np.clip(self.k * priors, 0.0, 1.0)
+        entries = self.entries[:, None]
+        q = np.clip(entries * priors, 0.0, 1.0)
         return Prediction(
-            n * self.k * priors, np.repeat(top[:, None, :], n, axis=1), n * q * (1.0 - q)
+            n * entries * priors, np.repeat(top[:, None, :], n, axis=1), n * q * (1.0 - q)
         )
 
 
@@ -228,9 +234,14 @@ class BayesPredictor(Predictor):
     def predict(self, batch: RoutingTrace) -> Prediction:
         inverse, n, posteriors = self.posteriors(batch)
         weights = n.astype(float)
-        counts = [_counts(p, weights, self.k, soft=self.soft) for p in posteriors]
+        counts = [
+            _counts(p, weights, k, soft=self.soft)
+            for p, k in zip(posteriors, self.entries, strict=True)
+        ]
         tops = [_top(p, self.k)[inverse] for p in posteriors]
-        variance = [_draw_variance(self.k * p, weights) for p in posteriors]
+        variance = [
+            _draw_variance(k * p, weights) for p, k in zip(posteriors, self.entries, strict=True)
+        ]
         return Prediction(np.stack(counts), np.stack(tops), np.stack(variance))
 
     def _with_position(
@@ -291,7 +302,8 @@ class LinaPathPredictor(Predictor):
             by_length = []
             for length in range(min(self.path_length, layer) + 1):
                 path = self._paths(trace, layer, length)
-                entries = (path[:, None] * e + trace.experts[layer]).ravel()
+                routed = trace.experts[layer]
+                entries = (path[:, None] * e + routed)[routed < e]  # adaptive: unused slots out
                 table = np.bincount(entries, minlength=e**length * e).reshape(e**length, e)
                 by_length.append(table.astype(float))
             self.psi.append(by_length)
@@ -304,9 +316,10 @@ class LinaPathPredictor(Predictor):
         return path
 
     def predict(self, batch: RoutingTrace) -> Prediction:
-        k, n = self.k, batch.num_tokens
+        n = batch.num_tokens
         counts, tops, variance = [], [], []
         for layer, by_length in enumerate(self.psi):
+            k = self.entries[layer]
             dist = np.zeros((n, self.experts))
             found = np.zeros(n, dtype=bool)
             for length in range(len(by_length) - 1, -1, -1):
@@ -315,7 +328,7 @@ class LinaPathPredictor(Predictor):
                 use = ~found & (total > 0)
                 dist[use] = rows[use] / (total[use, None] / k)  # Psi sums to k per path
                 found |= use
-            top = _top(dist, k)
+            top = _top(dist, self.k)
             kept = np.take_along_axis(dist, top, axis=1)
             counts.append(np.bincount(top.ravel(), weights=kept.ravel(), minlength=self.experts))
             tops.append(top)
@@ -387,3 +400,20 @@ def make_predictor(name: str) -> Predictor:
             f"choose one of: {', '.join(METHODS)}.",
         )
     return METHODS[name].make()
+
+
+def predict_batch(trace: RoutingTrace, tokens: int, *, seed: int = 0) -> tuple[np.ndarray, int]:
+    """(L, E) counts the default predictor expects for a batch of `tokens` tokens, and the size
+    of the held-out batch they were predicted on (whole windows, profiled on the rest).
+
+    What `moelambda plan --traces` plans for: the predictor fitted on the trace's other windows
+    predicts a held-out batch of the planned size, scaled to exactly `tokens`.
+    """
+    from predictor._evaluate import split_windows
+    from predictor._tables import build_tables
+
+    window = int(trace.meta.get("window", 128))
+    batch = max(window, tokens // window * window)
+    split = split_windows(trace, eval_tokens=batch, repeats=1, seed=seed)[0]
+    predictor = make_predictor(DEFAULT_METHOD).fit(build_tables(split.profile), split.profile)
+    return predictor.predict(split.held_out).counts * tokens / batch, batch

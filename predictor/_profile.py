@@ -76,6 +76,7 @@ def profile_windows(
             "model_type": model.family.config.model_type,
             "moefied": model.moefied,
             "moefy_seed": model.seed,
+            "moefy": None if model.options is None else model.options.describe(),
             "layers": model.num_layers,
             "experts": model.experts,
             "top_k": model.top_k,

@@ -19,6 +19,7 @@ import numpy as np
 
 from ground.errors import TraceError
 from ground.files import write_atomically
+from ground.kinds import refuse_other_kind
 from predictor._trace import RoutingTrace
 
 __all__ = ["TABLE_FILE", "TABLE_VERSION", "CountTable", "LayerTable", "build_tables"]
@@ -36,7 +37,7 @@ class LayerTable:
     vocab: int
     positions: int
     experts: int
-    top_k: int
+    top_k: float  # entries per token: k, or the mean k of adaptive routing
 
     @cached_property
     def expert(self) -> np.ndarray:
@@ -120,18 +121,21 @@ def build_tables(trace: RoutingTrace, *, positions: int | None = None) -> CountT
     positions = positions or int(trace.meta.get("window", int(trace.position_ids.max()) + 1))
     experts = trace.num_experts
     k = trace.top_k
+    entries = trace.entries_per_token()
     base = (trace.token_ids.astype(np.int64) * positions + trace.position_ids) * vocab
     layers = []
     for layer in range(trace.num_layers):
         token_part = (base + trace.attention_ids[layer]) * experts
-        keys = (token_part[:, None] + trace.experts[layer]).reshape(-1)
+        routed = trace.experts[layer]
+        keys = (token_part[:, None] + routed)[routed < experts]  # adaptive: unused slots out
         unique, counts = _count_keys(keys)
-        layers.append(LayerTable(unique, counts, vocab, positions, experts, k))
+        layers.append(LayerTable(unique, counts, vocab, positions, experts, float(entries[layer])))
     meta = {
         "format_version": TABLE_VERSION,
         "model": trace.meta["model"],
         "experts": experts,
         "top_k": k,
+        "entries_per_token": [round(float(e), 6) for e in entries],
         "layers": trace.num_layers,
         "vocab_size": vocab,
         "positions": positions,
@@ -171,6 +175,7 @@ class CountTable:
 
     @classmethod
     def load(cls, directory: str | Path) -> CountTable:
+        refuse_other_kind(directory, "tables", "--tables")
         path = Path(directory)
         if path.is_dir():
             path = path / TABLE_FILE
@@ -190,7 +195,7 @@ class CountTable:
                         meta["vocab_size"],
                         meta["positions"],
                         meta["experts"],
-                        meta["top_k"],
+                        meta.get("entries_per_token", [meta["top_k"]] * meta["layers"])[i],
                     )
                     for i in range(meta["layers"])
                 ]

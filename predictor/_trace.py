@@ -7,8 +7,8 @@ One file, `trace.npz` in the trace directory, holds flat numpy arrays plus a JSO
     position_ids   (N,)       int16    position in its window (f2)
     window_ids     (N,)       int32    which window (request) the token came from
     attention_ids  (L, N)     int32    token ID of the most-attended key in that layer (f3)
-    experts        (L, N, k)  uint8    top-k experts
-    probs          (L, N, k)  float16  their gate probabilities
+    experts        (L, N, k)  uint8    top-k experts (adaptive k: unused slots hold E)
+    probs          (L, N, k)  float16  their gate probabilities (0 in unused slots)
 
 About 12 + 7k bytes per token and layer: 10,240 tokens of a 6-layer top-2 model take 1.3 MB.
 """
@@ -25,6 +25,7 @@ import numpy as np
 
 from ground.errors import TraceError
 from ground.files import write_atomically
+from ground.kinds import refuse_other_kind
 
 __all__ = ["TRACE_FILE", "TRACE_VERSION", "RoutingTrace"]
 
@@ -79,12 +80,19 @@ class RoutingTrace:
         return self.take(np.isin(self.window_ids, windows))
 
     def popularity(self) -> np.ndarray:
-        """(L, E) tokens routed to each expert; a token counts once for each of its k experts."""
+        """(L, E) tokens routed to each expert; a token counts once for each of its experts."""
         layers, n, k = self.experts.shape
-        offsets = (np.arange(layers, dtype=np.int64) * self.num_experts)[:, None]
+        slots = self.num_experts + 1  # the last column counts adaptive routing's unused slots
+        offsets = (np.arange(layers, dtype=np.int64) * slots)[:, None]
         flat = (self.experts.reshape(layers, n * k).astype(np.int64) + offsets).ravel()
-        counts = np.bincount(flat, minlength=layers * self.num_experts)
-        return counts.reshape(layers, self.num_experts)
+        counts = np.bincount(flat, minlength=layers * slots)
+        return counts.reshape(layers, slots)[:, :-1]
+
+    def entries_per_token(self) -> np.ndarray:
+        """(L,) mean experts a token takes per layer: k, or less with adaptive routing."""
+        if self.num_tokens == 0:
+            return np.full(self.num_layers, float(self.top_k))
+        return (self.experts < self.num_experts).sum(axis=2).mean(axis=1)
 
     def save(self, directory: str | Path, *, force: bool = False) -> Path:
         """Write `trace.npz` into `directory` atomically; refuse to overwrite unless `force`."""
@@ -102,7 +110,9 @@ class RoutingTrace:
 
         Raises:
             TraceError: The file is missing, not a trace, or of another format version.
+            UsageError: The path is another kind of file (a plan, counts, ...).
         """
+        refuse_other_kind(directory, "trace", "--traces")
         path = Path(directory)
         if path.is_dir():
             path = path / TRACE_FILE

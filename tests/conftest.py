@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from moe import MoEModel, load_model, resolve_model
-from moelambda.corpus import load_corpus, make_windows
+from moe import MoEModel, load_corpus, load_model, make_windows, resolve_model
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from ground.errors import CorpusError
-from moe import MoEModel
-from moelambda.corpus import load_corpus, make_windows
+from moe import MoEModel, load_corpus, make_windows
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from ground.errors import MoelambdaError
+from ground.errors import MoelambdaError, UsageError
 
 app = typer.Typer(
     help="Serve Mixture-of-Experts models on serverless functions at the lowest bill.",
@@ -44,10 +44,51 @@ ExpertsOpt = Annotated[
         "keep their own; leave it out for them."
     ),
 ]
-TopKOpt = Annotated[int | None, typer.Option("--top-k", help="Experts per token (1 or 2).")]
+TopKOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--top-k",
+        help="Experts per token: an integer (default 2), adaptive:T (a second expert when the "
+        "top two gate probabilities are within T) or mass:P (experts until their gate "
+        "probabilities add up to P).",
+    ),
+]
+SharedOpt = Annotated[
+    float,
+    typer.Option(
+        help="Fraction of the FFN width in an always-on shared expert run in the layer "
+        "function (0 = none)."
+    ),
+]
+RouterOpt = Annotated[
+    str,
+    typer.Option(
+        help="'mass': route to the groups of largest activation mass (MoEfication); 'output': "
+        "to the experts whose outputs best reproduce the dense FFN."
+    ),
+]
+CorrectionOpt = Annotated[
+    bool,
+    typer.Option(
+        help="Refit the experts' output projections and biases by least squares so the routed "
+        "FFN matches the dense one on the fit text."
+    ),
+]
+DistilOpt = Annotated[
+    int, typer.Option(help="Steps of end-to-end distillation of the experts (0 = none).")
+]
+FitTokensOpt = Annotated[
+    int, typer.Option(help="Tokens of the fit text the routers and corrections are fitted on.")
+]
 SeedOpt = Annotated[int, typer.Option(help="Seeds the corpus shuffle and the MoEfication.")]
+TracesOpt = Annotated[
+    Path, typer.Option(help="Routing-trace directory written by `moelambda profile`.")
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
-ForceOpt = Annotated[bool, typer.Option(help="Replace a non-empty --out directory.")]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(help="Replace the files this command writes (--out, --plot, ...) if they exist."),
+]
 CacheOpt = Annotated[
     bool,
     typer.Option(
@@ -55,6 +96,17 @@ CacheOpt = Annotated[
         "~/.cache/moelambda)."
     ),
 ]
+
+
+def renamed(old: str, new: str, old_value: Any, new_value: Any) -> Any:
+    """The value of an option given under its old spelling (`old`, kept for one release with a
+    deprecation note) or its new one (`new`); both at once is refused."""
+    if old_value is None or old_value is False:
+        return new_value
+    if new_value not in (None, False):
+        raise UsageError(f"{old} and {new} are the same option.", f"pass only {new}.")
+    err.print(f"[yellow]note:[/] {old} is now {new}; {old} will be removed in the next release.")
+    return old_value
 
 
 def user_errors(fn: F) -> F:
@@ -73,7 +125,9 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _defaults(model: str, experts: int | None, top_k: int | None) -> tuple[int | None, int | None]:
+def _defaults(
+    model: str, experts: int | None, top_k: str | int | None
+) -> tuple[int | None, str | int | None]:
     """Built-in dense models default to E=4, k=2; a local directory may be native MoE."""
     from moe import resolve_model
     from moe._families import NATIVE_MOE_TYPES
@@ -83,11 +137,63 @@ def _defaults(model: str, experts: int | None, top_k: int | None) -> tuple[int |
     return (4 if experts is None else experts), (2 if top_k is None else top_k)
 
 
-def load_with_status(
-    model: str, experts: int | None, top_k: int | None, seed: int, cache: bool
+def moefy_flags(
+    model: str,
+    experts: int | None,
+    top_k: str | int | None,
+    seed: int,
+    *,
+    shared: float = 0.0,
+    router: str = "mass",
+    correction: bool = False,
+    distil_steps: int = 0,
+    fit_tokens: int = 8192,
 ) -> Any:
-    from moe import load_model
+    """The `moe.MoefyOptions` of a command's flags, or None for a native MoE model.
 
+    Checks every value before any model is loaded.
+    """
+    from moe import moefy_options, resolve_model
+    from moe._families import NATIVE_MOE_TYPES
+
+    if resolve_model(model).model_type in NATIVE_MOE_TYPES:
+        recovery = shared or router != "mass" or correction or distil_steps
+        if recovery:
+            raise UsageError(
+                f"{model} is a native MoE model: it is served as it is, and the MoEfication "
+                "options (--shared, --router, --correction, --distil-steps) do not apply.",
+                "leave them out for this model.",
+            )
+        return None
+    if router not in ("mass", "output"):
+        raise UsageError(f"--router '{router}' is not known.", "use mass or output.")
+    experts, top_k = _defaults(model, experts, top_k)
+    return moefy_options(
+        experts,
+        top_k,
+        seed=seed,
+        fit_tokens=fit_tokens,
+        shared=shared,
+        router=router,
+        correction=correction,
+        distil_steps=distil_steps,
+    )
+
+
+def load_with_status(
+    model: str,
+    experts: int | None,
+    top_k: str | int | None,
+    seed: int,
+    cache: bool,
+    moefy: Any = None,
+) -> Any:
+    """Load (MoEfying on first use) the model; `moefy` is a `MoefyOptions` or its description
+    as traces, counts and plans record it, and wins over `experts`/`top_k`/`seed`."""
+    from moe import MoefyOptions, load_model
+
+    if isinstance(moefy, dict):
+        moefy = MoefyOptions.from_description(moefy)
     experts, top_k = _defaults(model, experts, top_k)
     with err.status("loading the model") as status:
         return load_model(
@@ -95,6 +201,7 @@ def load_with_status(
             experts=experts,
             top_k=top_k,
             seed=seed,
+            options=moefy,
             cache=cache,
             progress=lambda msg: status.update(msg),
         )
@@ -120,5 +227,6 @@ def manifest_of_trace(trace: Any) -> Any:
         trace.top_k,
         int(trace.meta.get("moefy_seed", 0)),
         True,
+        trace.meta.get("moefy"),
     )
     return describe_model(model)

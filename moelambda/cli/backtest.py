@@ -12,7 +12,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from ground.errors import UsageError
-from moelambda.cli._app import ForceOpt, JsonOpt, app, err, manifest_of_trace, user_errors
+from moelambda.cli._app import (
+    ForceOpt,
+    JsonOpt,
+    TracesOpt,
+    app,
+    err,
+    manifest_of_trace,
+    user_errors,
+)
 
 SWEEP = (0.0, 0.5, 0.9, 0.95, 0.99, 0.999)  # the levels Q that --plot draws
 
@@ -20,9 +28,7 @@ SWEEP = (0.0, 0.5, 0.9, 0.95, 0.99, 0.999)  # the levels Q that --plot draws
 @app.command()
 @user_errors
 def backtest(
-    traces: Annotated[
-        Path, typer.Option(help="Trace directory written by `moelambda profile`.")
-    ] = Path("out/profile"),
+    traces: TracesOpt = Path("out/profile"),
     slo: Annotated[
         float | None,
         typer.Option(

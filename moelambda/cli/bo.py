@@ -12,7 +12,18 @@ from rich.console import Console
 from rich.table import Table
 
 from ground.errors import UsageError
-from moelambda.cli._app import ForceOpt, JsonOpt, app, err, manifest_of_trace, user_errors
+from moelambda.cli._app import (
+    ForceOpt,
+    JsonOpt,
+    TracesOpt,
+    app,
+    err,
+    manifest_of_trace,
+    renamed,
+    user_errors,
+)
+
+_ALL_STRATEGIES = "multi-eps,single-eps,random,tpe,none"
 
 
 def _plot(path: Path, report: dict[str, Any], searches: dict[str, Any], force: bool) -> None:
@@ -130,7 +141,7 @@ def _print_seeds(report: dict[str, Any]) -> None:
 @app.command()
 @user_errors
 def bo(
-    traces: Annotated[Path, typer.Option(help="Routing-trace directory (`moelambda profile`).")],
+    traces: TracesOpt = Path("out/profile"),
     slo: Annotated[
         float | None,
         typer.Option(
@@ -145,9 +156,14 @@ def bo(
     predictor: Annotated[
         str, typer.Option(help="Predictor to tune: bayes-pos-soft, bayes-token-soft, lina-token.")
     ] = "bayes-pos-soft",
-    methods: Annotated[
-        str, typer.Option(help="Comma-separated: multi-eps, single-eps, random, tpe, none.")
-    ] = "multi-eps,single-eps,random,tpe,none",
+    strategies: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated search strategies: multi-eps, single-eps, random, tpe, none "
+            "[default: all five]."
+        ),
+    ] = None,
+    methods: Annotated[str | None, typer.Option("--methods", hidden=True)] = None,
     q: Annotated[int, typer.Option("--q", help="Key-value pairs per trial (Q).")] = 1000,
     epsilon0: Annotated[float, typer.Option(help="Initial ε.")] = 0.2,
     rho: Annotated[float, typer.Option(help="Decay ρ of ε.")] = 0.05,
@@ -225,7 +241,13 @@ def bo(
         slo_s=slo,
         predictor=predictor,
         seed=seed,
-        methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
+        methods=tuple(
+            m.strip()
+            for m in (
+                renamed("--methods", "--strategies", methods, strategies) or _ALL_STRATEGIES
+            ).split(",")
+            if m.strip()
+        ),
         config=config,
     )
     trace = RoutingTrace.load(traces)

@@ -13,6 +13,7 @@ from rich.table import Table
 from moelambda.cli._app import (
     JsonOpt,
     app,
+    renamed,
     user_errors,
 )
 
@@ -20,15 +21,16 @@ from moelambda.cli._app import (
 @app.command()
 @user_errors
 def calibration(
-    file: Annotated[
+    calibration: Annotated[
         Path | None, typer.Option(help="Calibration JSON to check (default: the packaged one).")
     ] = None,
+    file: Annotated[Path | None, typer.Option("--file", hidden=True)] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Show (and validate) the platform parameters the planner uses, with units and sources."""
     from planner import load_calibration
 
-    cal = load_calibration(file)
+    cal = load_calibration(renamed("--file", "--calibration", file, calibration))
     rows = cal.describe()
     if as_json:
         print(

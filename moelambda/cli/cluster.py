@@ -23,7 +23,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from ground.errors import UsageError
-from moelambda.cli._app import JsonOpt, app, bench_app, err, user_errors
+from moelambda.cli._app import ForceOpt, JsonOpt, app, bench_app, err, user_errors
 
 if TYPE_CHECKING:
     from cluster.artifact import EventLog
@@ -340,9 +340,12 @@ def compare(
     plot: Annotated[
         Path | None, typer.Option(help="Write a bar chart of the deadline ratios (PNG).")
     ] = None,
+    force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Several schedulers on one trace: a table (and a plot) of their metrics."""
+    if plot is not None and plot.exists() and not force:
+        raise UsageError(f"'{plot}' already exists.", "pick another --plot or pass --force.")
     names = [n.strip() for n in schedulers.split(",") if n.strip()]
     if not names:
         raise UsageError("--schedulers is empty.", f"pass e.g. {','.join(SCHEDULERS)}.")

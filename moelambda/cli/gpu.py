@@ -15,6 +15,7 @@ from ground.errors import UsageError
 from moelambda.cli._app import (
     ForceOpt,
     JsonOpt,
+    TracesOpt,
     app,
     bench_app,
     err,
@@ -62,8 +63,8 @@ def _layer_rows(plan: Any) -> list[dict[str, Any]]:
 @app.command("gpu-plan")
 @user_errors
 def gpu_plan(
-    traces: Annotated[Path, typer.Option(help="Trace directory from `moelambda profile`.")],
     gpus: Annotated[int, typer.Option(help="GPUs (ranks) to plan for.")],
+    traces: TracesOpt = Path("out/profile"),
     cluster: ClusterOpt = None,
     scheduler: Annotated[
         str,
@@ -108,6 +109,13 @@ def gpu_plan(
             f"Aurora places one expert per GPU: the trace's model has {trace.num_experts} "
             f"experts, --gpus is {gpus}.",
             f"pass --gpus {trace.num_experts}, or --scheduler lina or vanilla to pack experts.",
+        )
+    if (trace.experts >= trace.num_experts).any():
+        raise UsageError(
+            f"the trace in {traces} routes tokens to a variable number of experts (adaptive "
+            "top-k); the GPU backend dispatches a fixed top-k.",
+            "profile the model with an integer --top-k for gpu-plan; adaptive routing is "
+            "planned and served on Lambda (`moelambda plan`).",
         )
     manifest = manifest_of_trace(trace)
     with err.status(f"planning {trace.num_layers} MoE layers on {gpus} GPUs ({scheduler})"):
@@ -256,6 +264,13 @@ def compare(
     plot: Annotated[
         Path | None, typer.Option(help="PNG of cost per million tokens against the rate.")
     ] = None,
+    confidence: Annotated[
+        float | None,
+        typer.Option(
+            help="Plan Lambda to meet the SLO with this probability under the counts' "
+            "distribution (default 0.99 when the file has one, else 0), as `plan` does."
+        ),
+    ] = None,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -268,12 +283,14 @@ def compare(
 
     if rps <= 0 or slo <= 0:
         raise UsageError("--rps and --slo must be positive.", "pass e.g. --rps 1 --slo 30.")
+    if confidence is not None and not 0 <= confidence < 1:
+        raise UsageError(f"--confidence {confidence} is not in [0, 1).", "pass e.g. 0.99 or 0.")
     if plot is not None and plot.exists() and not force:
         raise UsageError(f"'{plot}' already exists.", "pick another --plot or pass --force.")
     predicted = PredictedCounts.load(counts).array()
     catalogue = load_catalogue()
     with err.status("the cheapest Lambda plan"):
-        manifest, solution, tokens = serverless_best(counts, slo)
+        manifest, solution, tokens = serverless_best(counts, slo, confidence)
     lambda_per_million = solution.cost / tokens * 1e6
     options = [o for o in gpu_options(predicted, manifest, catalogue) if o.latency_s <= slo]
     if not options:

@@ -15,17 +15,23 @@ from ground.errors import UsageError
 from moelambda.cli._app import (
     DEFAULT_BATCH,
     CacheOpt,
+    CorrectionOpt,
+    DistilOpt,
     ExpertsOpt,
+    FitTokensOpt,
     ForceOpt,
     JsonOpt,
     ModelOpt,
+    RouterOpt,
     SeedOpt,
+    SharedOpt,
     TopKOpt,
     app,
     bench_app,
     check_out,
     err,
     load_with_status,
+    moefy_flags,
     user_errors,
 )
 
@@ -37,17 +43,18 @@ def run_profile(
     *,
     model: str,
     experts: int | None,
-    top_k: int | None,
+    top_k: str | int | None,
     corpus: str,
     tokens: int,
     window: int,
     seed: int,
     batch_size: int,
     cache: bool = True,
+    moefy: Any = None,
 ) -> tuple[Any, Any, float]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from moelambda.corpus import load_corpus, make_windows
+    from moe import load_corpus, make_windows
     from predictor import profile_windows
 
     if tokens < 1:
@@ -60,7 +67,7 @@ def run_profile(
         )
     text = load_corpus(corpus)
     started = time.perf_counter()
-    moe_model = load_with_status(model, experts, top_k, seed, cache)
+    moe_model = load_with_status(model, experts, top_k, seed, cache, moefy)
     load_s = time.perf_counter() - started
     windows = make_windows(text, moe_model.tokenizer, tokens=tokens, window=window, seed=seed)
     with Progress(
@@ -96,6 +103,11 @@ def profile(
     tokens: Annotated[int, typer.Option(help="Tokens to profile.")] = 10240,
     window: Annotated[int, typer.Option(help="Tokens per window (request).")] = 128,
     seed: SeedOpt = 0,
+    shared: SharedOpt = 0.0,
+    router: RouterOpt = "mass",
+    correction: CorrectionOpt = False,
+    distil_steps: DistilOpt = 0,
+    fit_tokens: FitTokensOpt = 8192,
     batch_size: Annotated[int, typer.Option(help="Windows per forward pass.")] = DEFAULT_BATCH,
     force: ForceOpt = False,
     cache: CacheOpt = True,
@@ -103,6 +115,17 @@ def profile(
 ) -> None:
     """Record which experts every token picks (routing trace) on real text."""
     check_out(out, force)
+    options = moefy_flags(
+        model,
+        experts,
+        top_k,
+        seed,
+        shared=shared,
+        router=router,
+        correction=correction,
+        distil_steps=distil_steps,
+        fit_tokens=fit_tokens,
+    )
     moe_model, result, load_s = run_profile(
         model=model,
         experts=experts,
@@ -113,6 +136,7 @@ def profile(
         seed=seed,
         batch_size=batch_size,
         cache=cache,
+        moefy=options,
     )
     trace = result.trace
     path = trace.save(out, force=force)
@@ -138,6 +162,8 @@ def profile(
             }
             for f in moe_model.fits
         ],
+        "moefy": None if moe_model.options is None else moe_model.options.describe(),
+        "quality": moe_model.quality,
     }
     if as_json:
         print(json.dumps(summary))
@@ -169,6 +195,11 @@ def _print_popularity(summary: dict[str, Any]) -> None:
         f"{summary['tokens_per_s']:,.0f} tokens/s profiling (model load and MoEfication "
         f"{summary['load_s']:.1f} s). Trace: {summary['trace']}"
     )
+    if summary["quality"]:
+        from moe import Quality
+
+        headline = Quality(**summary["quality"]).headline()
+        out.print(f"Served model against the dense one: {headline}")
 
 
 @app.command()
@@ -181,6 +212,11 @@ def export(
     experts: ExpertsOpt = None,
     top_k: TopKOpt = None,
     seed: SeedOpt = 0,
+    shared: SharedOpt = 0.0,
+    router: RouterOpt = "mass",
+    correction: CorrectionOpt = False,
+    distil_steps: DistilOpt = 0,
+    fit_tokens: FitTokensOpt = 8192,
     force: ForceOpt = False,
     cache: CacheOpt = True,
     as_json: JsonOpt = False,
@@ -189,7 +225,19 @@ def export(
     from moe import export_model
 
     check_out(out, force)
-    manifest = export_model(load_with_status(model, experts, top_k, seed, cache), out, force=force)
+    options = moefy_flags(
+        model,
+        experts,
+        top_k,
+        seed,
+        shared=shared,
+        router=router,
+        correction=correction,
+        distil_steps=distil_steps,
+        fit_tokens=fit_tokens,
+    )
+    loaded = load_with_status(model, experts, top_k, seed, cache, options)
+    manifest = export_model(loaded, out, force=force)
     sizes = manifest.expert_bytes()
     summary = {
         "model": manifest.model,
@@ -225,7 +273,7 @@ def bench_profiler(
 
     import torch
 
-    from moelambda.corpus import load_corpus, make_windows
+    from moe import load_corpus, make_windows
     from predictor import profile_windows
 
     if repeats < 1:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -24,6 +22,7 @@ from moelambda.cli._app import (
     load_with_status,
     user_errors,
 )
+from planner.deploy import pack_sizes, plan_packed
 
 SOLVERS = ("exact", "ods", "milp")
 
@@ -34,14 +33,7 @@ def _counts(
     """Predicted counts scaled to `tokens`, the model identity, where the counts came from, and
     their predictive distribution at `tokens` (None: the counts file carries none)."""
     from planner.confidence import CountDistribution
-    from predictor import (
-        DEFAULT_METHOD,
-        PredictedCounts,
-        RoutingTrace,
-        build_tables,
-        make_predictor,
-        split_windows,
-    )
+    from predictor import DEFAULT_METHOD, PredictedCounts, RoutingTrace, predict_batch
 
     if (traces is None) == (counts is None):
         raise UsageError(
@@ -50,7 +42,13 @@ def _counts(
         )
     if counts is not None:
         doc = PredictedCounts.load(counts)
-        model = {"model": doc.model, "experts": doc.experts, "top_k": doc.top_k, "seed": doc.seed}
+        model = {
+            "model": doc.model,
+            "experts": doc.experts,
+            "top_k": doc.top_k,
+            "seed": doc.seed,
+            "moefy": doc.moefy,
+        }
         source = {"counts": str(counts), "method": doc.method, "tokens": doc.tokens}
         dist = None
         if doc.std is not None:
@@ -60,19 +58,16 @@ def _counts(
         return doc.array() * tokens / doc.tokens, model, source, dist
     assert traces is not None
     trace = RoutingTrace.load(traces)
-    window = int(trace.meta.get("window", 128))
-    batch = max(window, tokens // window * window)
-    split = split_windows(trace, eval_tokens=batch, repeats=1, seed=seed)[0]
-    predictor = make_predictor(DEFAULT_METHOD).fit(build_tables(split.profile), split.profile)
-    predicted = predictor.predict(split.held_out).counts
+    predicted, batch = predict_batch(trace, tokens, seed=seed)
     model = {
         "model": trace.meta["model"],
         "experts": trace.num_experts,
         "top_k": trace.top_k,
         "seed": int(trace.meta.get("moefy_seed", 0)),
+        "moefy": trace.meta.get("moefy"),
     }
     source = {"traces": str(traces), "method": DEFAULT_METHOD, "tokens": batch, "seed": seed}
-    return predicted * tokens / batch, model, source, None
+    return predicted, model, source, None
 
 
 DEFAULT_CONFIDENCE = 0.99
@@ -96,84 +91,12 @@ def _shape_counts(
     return described.manifest(), predicted, {"shape": described.name, **label}
 
 
-def _plan_instance(
-    inst: Any,
-    dist: Any,
-    confidence: float,
-    slo_s: float | None,
-    solver: str,
-    methods: tuple[Any, ...],
-    whole: bool,
-    choose_workflow: bool,
-    cal: Any,
-) -> tuple[Any, Any, Any, Any]:
-    """(instance, confident plan or None, solution, curve): the plan `moelambda plan` makes."""
-    confident = None
-    if confidence > 0:
-        inst, confident = _confident(inst, dist, confidence, slo_s, solver, methods)
-    solution, frontier = _solve(inst, solver, methods, slo_s, whole)
-    if choose_workflow and solution.latency > cal.express_max_duration_s:
-        # The request does not fit an Express execution: plan it as a Standard workflow.
-        inst = dataclasses.replace(inst, workflow="standard")
-        if confident is not None:
-            inst, confident = _confident(inst, dist, confidence, slo_s, solver, methods)
-        solution, frontier = _solve(inst, solver, methods, slo_s, whole)
-    return inst, confident, solution, frontier
-
-
-def _pack_sizes(pack: str, experts: int) -> list[int]:
-    """Experts per function `--pack` asks for: every divisor of `experts` for auto."""
-    from planner.packing import group_sizes
-
-    sizes = group_sizes(experts)
-    if pack == "auto":
-        return sizes
-    if not pack.isdigit() or int(pack) not in sizes:
-        raise UsageError(
-            f"--pack {pack!r} is not 'auto' or a number of experts per function that divides "
-            f"the model's {experts} experts.",
-            f"pass --pack auto, or one of {', '.join(map(str, sizes))} (1: one expert per "
-            "function).",
-        )
-    return [int(pack)]
-
-
-def _plan_packed(
-    inst: Any, sizes: list[int], *args: Any
-) -> tuple[Any, Any, Any, Any, list[dict[str, Any]]]:
-    """`_plan_instance` for each number of experts per function in `sizes` (groups balanced
-    by predicted tokens), the cheapest kept; ties keep the fewer experts per function.
-
-    Returns its result and, per size, the cost or why there was no plan. With no plan at any
-    size, the first size's reason is raised.
-    """
-    from planner.packing import balanced_groups, pack
-
-    best, tried, first_error = None, [], None
-    for size in sizes:
-        candidate = inst if size == 1 else pack(inst, balanced_groups(inst.counts, size))
-        label = f"{size} expert{'s' if size > 1 else ''} per function"
-        try:
-            with err.status(f"planning {label}"):
-                result = _plan_instance(candidate, *args)
-        except InfeasibleError as error:
-            first_error = first_error or error
-            tried.append({"experts_per_function": size, "cost_usd": None, "why": str(error)})
-            continue
-        cost = result[2].cost
-        tried.append({"experts_per_function": size, "cost_usd": cost, "why": None})
-        if best is None or cost < best[2].cost * (1 - 1e-12):
-            best = result
-    if best is None:
-        assert first_error is not None
-        raise first_error
-    return (*best, tried)
-
-
-def serverless_best(counts: Path, slo_s: float) -> tuple[Any, Any, int]:
+def serverless_best(
+    counts: Path, slo_s: float, confidence: float | None = None
+) -> tuple[Any, Any, int]:
     """(manifest, solution, tokens per batch): the plan `moelambda plan --counts FILE --slo S`
     makes with its defaults (full bill, exact solver, packing auto, the default confidence when
-    the file has a distribution), for commands that compare against it."""
+    the file has a distribution, else `confidence`), for commands that compare against it."""
     from moe import describe_model
     from planner import load_calibration
     from planner.build import instance_for
@@ -183,14 +106,22 @@ def serverless_best(counts: Path, slo_s: float) -> tuple[Any, Any, int]:
     tokens = PredictedCounts.load(counts).tokens
     predicted, model, _, dist = _counts(None, counts, tokens, 0)
     manifest = describe_model(
-        load_with_status(model["model"], model["experts"], model["top_k"], model["seed"], True)
+        load_with_status(
+            model["model"], model["experts"], model["top_k"], model["seed"], True, model["moefy"]
+        )
     )
     cal = load_calibration(None)
     inst = instance_for(manifest, predicted, cal, tokens=tokens, workflow="express")
-    confidence = DEFAULT_CONFIDENCE if dist is not None else 0.0
-    solution = _plan_packed(
+    if confidence is None:
+        confidence = DEFAULT_CONFIDENCE if dist is not None else 0.0
+    elif confidence > 0 and dist is None:
+        raise UsageError(
+            f"--confidence needs the predicted counts' distribution; {counts} holds none.",
+            "write the counts with `moelambda predict --counts-out FILE`, or pass --confidence 0.",
+        )
+    solution = plan_packed(
         inst,
-        _pack_sizes("auto", inst.experts),
+        pack_sizes("auto", inst.experts),
         dist,
         confidence,
         slo_s,
@@ -203,30 +134,6 @@ def serverless_best(counts: Path, slo_s: float) -> tuple[Any, Any, int]:
     return manifest, solution, tokens
 
 
-def _confident(
-    inst: Any,
-    dist: Any,
-    confidence: float,
-    slo_s: float | None,
-    solver: str,
-    methods: tuple[Any, ...],
-) -> tuple[Any, Any]:
-    """The instance at the quantile counts the confident plan chose, and that plan."""
-    from planner.confidence import plan_with_confidence, with_counts
-
-    def solve(candidate: Any) -> Any:
-        try:
-            return _solve(candidate, solver, methods, slo_s, False)[0]
-        except InfeasibleError:
-            return None
-
-    with err.status(f"planning for the SLO with probability {confidence:g}"):
-        confident = plan_with_confidence(
-            dist, confidence, slo_s, lambda counts: with_counts(inst, counts), solve
-        )
-    return confident.inst, confident
-
-
 def _slo(slo: float | None, throughput: float | None, tokens: int) -> float | None:
     if slo is not None and throughput is not None:
         raise UsageError("--slo and --throughput both set the SLO.", "pass only one of them.")
@@ -234,120 +141,6 @@ def _slo(slo: float | None, throughput: float | None, tokens: int) -> float | No
         if value is not None and not value > 0:
             raise UsageError(f"{name} {value} is not positive.", f"pass a positive {name}.")
     return tokens / throughput if throughput is not None else slo
-
-
-def _why_empty(inst: Any, methods: tuple[Any, ...]) -> InfeasibleError:
-    """No option at all: name the payload limit if only direct was allowed, else memory."""
-    from planner.instance import MB, Method
-
-    wide = inst.experts > inst.map_max_concurrency  # a Map would queue: only direct fans out
-    if wide and Method.DIRECT not in methods:
-        return InfeasibleError(
-            f"{inst.experts} experts per layer exceed an inline Map's "
-            f"{inst.map_max_concurrency:g} concurrent iterations, so only direct fans out.",
-            "allow --method direct (or leave --method out).",
-        )
-    if methods == (Method.DIRECT,) or wide:
-        because = (
-            f" ({inst.experts} experts per layer exceed an inline Map's "
-            f"{inst.map_max_concurrency:g} concurrent iterations, so only direct fans out)"
-            if wide and methods != (Method.DIRECT,)
-            else ""
-        )
-        shard = math.ceil(float(inst.counts.max()) / inst.max_replicas)
-        payload = shard * max(inst.token_bytes_in, inst.token_bytes_out)
-        return InfeasibleError(
-            f"direct transfer cannot carry this batch{because}: the busiest expert's shard of "
-            f"{shard:,} tokens ({payload:,.0f} bytes, split over {inst.max_replicas} replicas) "
-            f"exceeds the {inst.direct_payload_bytes:,}-byte payload limit.",
-            "plan for fewer --tokens"
-            + (
-                "."
-                if because
-                else ", or drop --method direct (the S3 methods have no payload limit)."
-            ),
-        )
-    timeout = _timeout_binds(inst, methods)
-    if timeout is not None:
-        return timeout
-    need = inst.expert_bytes.max() / MB + inst.runtime_mb
-    return InfeasibleError(
-        f"no memory option holds the largest expert ({need:,.0f} MB with the runtime, before "
-        f"tokens) with its tokens, even over {inst.max_replicas} replicas (largest option "
-        f"{inst.memory_mb.max():,.0f} MB).",
-        "add a larger memory option or raise max_replicas in the calibration file, or plan "
-        "for fewer --tokens.",
-    )
-
-
-def _timeout_binds(inst: Any, methods: tuple[Any, ...]) -> InfeasibleError | None:
-    """The error naming Lambda's timeout when it alone leaves some layer without a plan."""
-    from planner.costmodel import option_grid
-
-    relaxed = dataclasses.replace(inst, max_timeout_s=math.inf)
-
-    def plannable(candidate: Any, layer: int) -> bool:
-        for method in methods:
-            betas = np.asarray(candidate.betas if method.label == "pipelined" else (1,))
-            feasible = option_grid(candidate, layer, method, betas)[2]
-            if feasible.any(axis=(2, 3)).all(axis=1).any():  # some beta serves every expert
-                return True
-        return False
-
-    for layer in range(inst.layers):
-        if plannable(relaxed, layer) and not plannable(inst, layer):
-            busiest = int(np.argmax(inst.counts[layer]))
-            return InfeasibleError(
-                f"no plan of layer {layer} fits Lambda's {inst.max_timeout_s:g} s timeout: its "
-                f"busiest expert ({inst.counts[layer, busiest]:,.0f} tokens) runs longer even "
-                f"over {inst.max_replicas} replicas at every memory size.",
-                "plan for fewer --tokens per batch, or raise max_replicas in the calibration "
-                "file.",
-            )
-    return None
-
-
-def _infeasible(
-    inst: Any, frontier: Any, slo_s: float | None, methods: tuple[Any, ...]
-) -> InfeasibleError:
-    """Name the binding constraint and the smallest SLO that can be met."""
-    if not math.isfinite(frontier.min_latency()):
-        return _why_empty(inst, methods)
-    fastest = frontier.min_latency()
-    return InfeasibleError(
-        f"no plan meets the SLO of {slo_s:.3f} s: the binding constraint is latency. The "
-        f"fastest plan takes {fastest:.3f} s, of which {inst.fixed_s():.3f} s are the head, "
-        "tail and non-MoE layer functions that no MoE decision changes.",
-        f"pass --slo {math.ceil(fastest * 1000) / 1000:.3f} or more (or a --throughput of at "
-        f"most {inst.tokens / fastest:,.0f} tokens/s), or plan for fewer --tokens.",
-    )
-
-
-def _solve(
-    inst: Any, solver: str, methods: tuple[Any, ...], slo_s: float | None, whole: bool
-) -> Any:
-    """The solution and the curve: the whole curve when `whole` (for --pareto), else only the
-    part that can hold the optimum at this SLO, which is much faster on large instances."""
-    from planner.exact import solve_bounded, solve_frontier
-    from planner.milp import solve_milp, solve_milp_mixed
-    from planner.ods import solve_ods
-
-    frontier = solve_frontier(inst, methods) if whole else solve_bounded(inst, slo_s, methods)
-    if solver == "exact":
-        solution = frontier.best(slo_s)
-    elif solver == "milp":
-        solution = (
-            solve_milp(inst, methods[0], slo_s)
-            if len(methods) == 1
-            else solve_milp_mixed(inst, slo_s)
-        )
-    else:
-        solution = (
-            solve_milp(inst, methods[0], slo_s) if len(methods) == 1 else solve_ods(inst, slo_s)
-        )
-    if solution is None:
-        raise _infeasible(inst, frontier, slo_s, methods)
-    return solution, frontier
 
 
 def _write_pareto(path: Path, frontier: Any, title: str, force: bool) -> list[str]:
@@ -510,7 +303,14 @@ def plan(
         )
     if shape is None:
         manifest = describe_model(
-            load_with_status(model["model"], model["experts"], model["top_k"], model["seed"], True)
+            load_with_status(
+                model["model"],
+                model["experts"],
+                model["top_k"],
+                model["seed"],
+                True,
+                model["moefy"],
+            )
         )
     if workflow not in (None, "express", "standard"):
         raise UsageError(f"unknown --workflow '{workflow}'.", "use express or standard.")
@@ -521,19 +321,21 @@ def plan(
     inst = instance_for(
         manifest, predicted, cal, tokens=tokens, arch=arch, workflow=chosen, objective=objective
     )
-    sizes = _pack_sizes(pack, inst.experts)
-    inst, confident, solution, frontier, packings = _plan_packed(
-        inst,
-        sizes,
-        dist,
-        confidence,
-        slo_s,
-        solver,
-        methods,
-        pareto is not None,
-        workflow is None,
-        cal,
-    )
+    sizes = pack_sizes(pack, inst.experts)
+    with err.status("planning") as status:
+        inst, confident, solution, frontier, packings = plan_packed(
+            inst,
+            sizes,
+            dist,
+            confidence,
+            slo_s,
+            solver,
+            methods,
+            pareto is not None,
+            workflow is None,
+            cal,
+            progress=status.update,
+        )
     if confident is not None:
         source = source | {"confidence": confident.describe()}
     if inst.workflow == "express" and solution.latency > cal.express_max_duration_s:
@@ -566,6 +368,8 @@ def plan(
         "functions": sum(len(layer.experts) for layer in document.layers),
         "packing": packings,
         "confidence": None if confident is None else confident.describe(),
+        "moefy": manifest.moefy,
+        "quality": manifest.quality,
         "layers": [
             {
                 "method": layer.method,
@@ -619,6 +423,11 @@ def _print_plan(summary: dict[str, Any]) -> None:
         + f"Wrote {summary['plan']}"
         + (f", {', '.join(summary['pareto'])}" if "pareto" in summary else "")
     )
+    if summary["quality"]:
+        from moe import Quality
+
+        headline = Quality(**summary["quality"]).headline()
+        out.print(f"The served model against the dense one (held-out text): {headline}")
 
 
 def _packing_line(summary: dict[str, Any]) -> str:

@@ -14,11 +14,22 @@ from rich.console import Console
 from rich.table import Table
 
 from ground.errors import UsageError
-from moelambda.cli._app import ForceOpt, JsonOpt, app, bench_app, err, user_errors
+from moelambda.cli._app import (
+    ForceOpt,
+    JsonOpt,
+    TracesOpt,
+    app,
+    bench_app,
+    err,
+    renamed,
+    user_errors,
+)
 
-MethodsOpt = Annotated[
+PredictorsOpt = Annotated[
     str | None,
-    typer.Option(help="Comma-separated methods to evaluate (default: all; see --list-methods)."),
+    typer.Option(
+        help="Comma-separated predictors to evaluate (default: all; see --list-predictors)."
+    ),
 ]
 
 
@@ -30,7 +41,7 @@ def _method_list(methods: str | None, with_tables: bool) -> list[str]:
         return [n for n in names if n != "lina-path"] if with_tables else names
     names = [m.strip() for m in methods.split(",") if m.strip()]
     if not names:
-        raise UsageError("--methods is empty.", f"name one or more of: {', '.join(METHODS)}.")
+        raise UsageError("--predictors is empty.", f"name one or more of: {', '.join(METHODS)}.")
     for name in names:
         make_predictor(name)  # an unknown name fails here, before any work
     return names
@@ -39,18 +50,18 @@ def _method_list(methods: str | None, with_tables: bool) -> list[str]:
 @app.command()
 @user_errors
 def predict(
-    traces: Annotated[
-        Path, typer.Option(help="Trace directory written by `moelambda profile`.")
-    ] = Path("out/profile"),
+    traces: TracesOpt = Path("out/profile"),
     eval_tokens: Annotated[
         int, typer.Option(help="Tokens per held-out batch (whole windows).")
     ] = 10240,
     repeats: Annotated[int, typer.Option(help="Held-out batches, each drawn with the seed.")] = 5,
     seed: Annotated[int, typer.Option(help="Seeds the choice of held-out batches.")] = 0,
-    methods: MethodsOpt = None,
-    method: Annotated[
-        str | None, typer.Option(help="Method for --counts-out (default: the planner's).")
+    predictors: PredictorsOpt = None,
+    predictor: Annotated[
+        str | None, typer.Option(help="Predictor for --counts-out (default: the planner's).")
     ] = None,
+    methods: Annotated[str | None, typer.Option("--methods", hidden=True)] = None,
+    method: Annotated[str | None, typer.Option("--method", hidden=True)] = None,
     profile_tokens: Annotated[
         int | None,
         typer.Option(help="Profile on only this many of the remaining tokens (default: all)."),
@@ -74,9 +85,10 @@ def predict(
         typer.Option(help="Directory to save the count tables of the whole trace into."),
     ] = None,
     force: ForceOpt = False,
-    list_methods: Annotated[
-        bool, typer.Option("--list-methods", help="List the methods and exit.")
+    list_predictors: Annotated[
+        bool, typer.Option("--list-predictors", help="List the predictors and exit.")
     ] = False,
+    list_methods: Annotated[bool, typer.Option("--list-methods", hidden=True)] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate the expert-selection predictors on held-out batches of a routing trace.
@@ -98,14 +110,16 @@ def predict(
         split_windows,
     )
 
-    if list_methods:
+    predictors = renamed("--methods", "--predictors", methods, predictors)
+    predictor = renamed("--method", "--predictor", method, predictor)
+    if renamed("--list-methods", "--list-predictors", list_methods, list_predictors):
         for name, spec in METHODS.items():
             mark = " (default)" if name == DEFAULT_METHOD else ""
             Console().print(f"[bold]{name}[/]{mark}: {spec.description}", highlight=False)
         return
-    chosen = method or DEFAULT_METHOD
+    chosen = predictor or DEFAULT_METHOD
     make_predictor(chosen)
-    names = _method_list(methods, tables is not None)
+    names = _method_list(predictors, tables is not None)
     if counts_out is not None and chosen not in names:
         names.append(chosen)
     for path in (plot, counts_out):  # fail before the work, not after it
@@ -163,6 +177,7 @@ def predict(
             experts=trace.num_experts,
             top_k=trace.top_k,
             seed=int(trace.meta.get("moefy_seed", 0)),
+            moefy=trace.meta.get("moefy"),
             tokens=batch.num_tokens,
             method=chosen,
             counts=first.counts.round(4).tolist(),

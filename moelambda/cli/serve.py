@@ -63,20 +63,16 @@ def run_local(
     execution is metered (functions warm, as the plan prices them): its billed requests,
     transitions and GB-seconds are set against the plan's, and both are priced.
     """
-    from cdk.app import DEFAULT_STACK, build_app
     from ground.plan import Plan
-    from moe import export_model
     from pipeline.faults import Faults
-    from pipeline.local import run_workflow
-    from pipeline.stacks import flat_template
-    from planner import function_seconds, instance_of, planned_usage, price_usage
-    from planner.replay import runtime_choice
 
-    if requests < 1 or max_tokens < 2 or (tokens is not None and tokens < 1):
-        raise UsageError(
-            "--requests and --tokens must be >= 1, and --max-tokens >= 2.",
-            "pass sensible values.",
-        )
+    for flag, value, least in (
+        ("--requests", requests, 1),
+        ("--max-tokens", max_tokens, 2),
+        ("--tokens", 1 if tokens is None else tokens, 1),
+    ):
+        if value < least:
+            raise UsageError(f"{flag} {value} is below {least}.", f"pass {flag} {least} or more.")
     if text is not None and (tokens is not None or corpus is not None):
         raise UsageError(
             "--text runs one window of your text; --tokens and --corpus make a corpus batch.",
@@ -93,7 +89,15 @@ def run_local(
             "run-local runs real weights: plan a model you have (--traces or --counts); "
             "`moelambda synth` works for shapes.",
         )
-    model = load_with_status(ref.model, ref.experts, ref.top_k, ref.seed, True)
+    # Every argument is checked: only now start the model, moto and (through the CDK) Node.
+    from cdk.app import DEFAULT_STACK, build_app
+    from moe import export_model
+    from pipeline.local import run_workflow
+    from pipeline.stacks import flat_template
+    from planner import function_seconds, instance_of, planned_usage, price_usage
+    from planner.replay import runtime_choice
+
+    model = load_with_status(ref.model, ref.experts, ref.top_k, ref.seed, True, ref.moefy)
     ids = _batch(model.tokenizer, text, tokens or document.totals.tokens, corpus, seed, max_tokens)
     with err.status(f"running the monolithic model on {ids.size:,} tokens"):
         reference, counts = _reference(model, ids, ref.experts)
@@ -174,7 +178,7 @@ def _batch(
     if text is not None:
         encoded = tokenizer([text], return_tensors="np", truncation=True, max_length=max_tokens)
         return encoded["input_ids"]
-    from moelambda.corpus import load_corpus, make_windows
+    from moe import load_corpus, make_windows
 
     with err.status("cutting the corpus into windows"):
         source = load_corpus(corpus or "wiki")
@@ -194,7 +198,9 @@ def _reference(model: Any, ids: np.ndarray, experts: int) -> tuple[np.ndarray, n
         routing: list = []
         chunk = torch.from_numpy(ids[start : start + DEFAULT_BATCH])
         outputs.append(model.forward(chunk, reference=True, routing=routing).numpy())
-        counts.append([np.bincount(r.experts.reshape(-1), minlength=experts) for r in routing])
+        counts.append(
+            [np.bincount(r.experts.reshape(-1), minlength=experts + 1)[:experts] for r in routing]
+        )
     return np.concatenate(outputs), np.sum(counts, axis=0)
 
 

@@ -192,7 +192,7 @@ def synth(
             f"re-plan with `moelambda plan --workflow {workflow}`, then synthesise that plan.",
         )
     if reserve_concurrency:
-        document.check_concurrency_quota(concurrency_quota)
+        document.check_concurrency_quota(concurrency_quota, synthesising=True)
     from cdk._functions import DEFAULT_BASE_IMAGE, FunctionOptions
     from cdk.app import build_app
 

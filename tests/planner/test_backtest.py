@@ -72,3 +72,14 @@ def test_bad_input_exits_2(traces: Path, extra: list[str], message: str) -> None
     result = runner.invoke(app, ["backtest", "--traces", str(traces), *extra])
     assert result.exit_code == 2
     assert re.search(message, result.output), result.output
+
+
+def test_an_slo_no_deployment_meets_exits_2_naming_the_fastest(
+    traces: Path, tmp_path: Path
+) -> None:
+    plot = tmp_path / "b.png"
+    args = ["backtest", "--traces", str(traces), "--tokens", "512", "--batches", "2"]
+    result = runner.invoke(app, [*args, "--slo", "0.001", "--plot", str(plot)])
+    assert result.exit_code == 2, result.output
+    assert "the fastest takes" in result.output and "--slo" in result.output
+    assert "Traceback" not in result.output and not plot.exists()

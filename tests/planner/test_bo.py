@@ -183,7 +183,7 @@ def minilm_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_bo_command_end_to_end(minilm_trace: Path, tmp_path: Path) -> None:
     plot = tmp_path / "bo.png"
     args = ["bo", "--traces", str(minilm_trace), "--tokens", "1280", "--test-batches", "4"]
-    args += ["--iterations", "5", "--q", "64", "--methods", "multi-eps,tpe,none", "--json"]
+    args += ["--iterations", "5", "--q", "64", "--strategies", "multi-eps,tpe,none", "--json"]
     result = runner.invoke(app, [*args, "--plot", str(plot)])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
@@ -230,7 +230,7 @@ def test_bo_over_seeds_reports_mean_spread_and_claims(minilm_trace: Path) -> Non
     [
         (["--seeds", "0"], "--seeds 0 is not positive"),
         (["--tokens", "12800"], "too few"),
-        (["--methods", "multi-eps,annealing"], "unknown BO method"),
+        (["--strategies", "multi-eps,annealing"], "unknown BO method"),
         (["--rho1", "0.2"], "ρ3 < ρ2 < ρ1 < ρ"),
         (["--predictor", "lina-path"], "cannot be tuned"),
         (["--tokens", "1000"], "whole number"),

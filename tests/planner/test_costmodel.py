@@ -191,20 +191,20 @@ def test_lambda_timeout_is_a_constraint_of_every_option() -> None:
 
 
 def test_an_infeasible_timeout_is_named_with_its_fix() -> None:
-    from moelambda.cli.plan import _why_empty
+    from planner.deploy import why_empty
 
-    error = _why_empty(_instance(max_timeout_s=0.1), tuple(Method))
+    error = why_empty(_instance(max_timeout_s=0.1), tuple(Method))
     assert "fits Lambda's 0.1 s timeout" in error.problem and "--tokens" in error.fix
-    memory = _why_empty(_instance(runtime_mb=5000.0), tuple(Method))
+    memory = why_empty(_instance(runtime_mb=5000.0), tuple(Method))
     assert "no memory option holds the largest expert" in memory.problem
 
 
 def test_more_experts_than_a_map_runs_at_once_leaves_only_direct() -> None:
-    from moelambda.cli.plan import _why_empty
+    from planner.deploy import why_empty
 
     inst = _instance(map_max_concurrency=1.0)  # 2 experts, a Map of 1
     for method in (Method.S3, Method.PIPELINED):
         assert not expert_options(inst, 0, method, 30).feasible.any()
     assert expert_options(inst, 0, Method.DIRECT).feasible.any()
-    error = _why_empty(inst, (Method.S3,))
+    error = why_empty(inst, (Method.S3,))
     assert "exceed an inline Map's 1 concurrent iterations" in error.problem

@@ -102,14 +102,16 @@ def test_bad_input_exits_2(traces: Path, tmp_path: Path) -> None:
         (["--traces", str(traces), "--eval-tokens", "200"], "not a whole number"),
         (["--traces", str(traces), "--eval-tokens", "0"], "less than one"),
         (["--traces", str(tmp_path / "none")], "no routing trace"),
-        (["--traces", str(traces), "--methods", "lina"], "no prediction method 'lina'"),
+        (["--traces", str(traces), "--predictors", "lina"], "no prediction method 'lina'"),
+        (["--traces", str(traces), "--methods", "lina"], "--methods is now --predictors"),
+        (["--traces", str(traces), "--predictors", "x", "--methods", "y"], "the same option"),
         (
             [
                 "--traces",
                 str(tmp_path / "e8"),
                 "--tables",
                 str(tables),
-                "--methods",
+                "--predictors",
                 "lina-path",
                 "--eval-tokens",
                 "256",

@@ -25,9 +25,8 @@ from ground.manifest import Manifest
 from ground.method import Method
 from ground.plan import Plan
 from ground.semantics import USAGE_KEYS, max_direct_tokens, request_counts, runtime_replicas
-from moe import MoEModel
+from moe import MoEModel, load_corpus, make_windows
 from moelambda.cli import app
-from moelambda.corpus import load_corpus, make_windows
 from pipeline.local import atomic_s3, run_workflow
 from pipeline.meter import Meter
 from pipeline.stacks import flat_template

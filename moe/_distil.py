@@ -1,0 +1,135 @@
+"""A short end-to-end distillation of a MoEfied model's experts against the dense model.
+
+What the closed-form recovery (shared expert, output-fitted routers, least-squares correction)
+cannot reach is the part of the dense FFN that no linear function of the routed neurons
+reproduces. Distillation lets the experts' input weights move too. The gate is not trained (its
+top-k choice has no gradient); the attention, norms, embeddings and task head stay the dense
+model's, so the served model is still the user's everywhere but the FFN.
+
+Loss, on windows of the fit split (never the held-out quality windows):
+
+* encoders: mean squared error of the last hidden states (over the teacher's variance) plus
+  ``1 - cosine`` of the sentence embeddings, the task output;
+* decoders: KL(dense || MoE) of the next-token distributions.
+
+Adam, a fixed number of steps of `batch` windows drawn with replacement (seeded).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from moe._quality import DenseRunner
+
+if TYPE_CHECKING:
+    from moe._model import MoEModel
+
+__all__ = ["distil"]
+
+LEARNING_RATE = 3e-4
+BATCH_WINDOWS = 8
+
+
+def _student(model: MoEModel, ids: torch.Tensor) -> torch.Tensor:
+    """The MoE forward with gradients through the experts (the tail's input)."""
+    batch, length = ids.shape
+    with torch.no_grad():
+        hidden = model.head(ids)
+    for layer, (block, router, bank, combine) in enumerate(
+        zip(model.blocks, model.routers, model.banks, model.combines, strict=True)
+    ):
+        out = block(hidden)
+        x = out.ffn_in.reshape(batch * length, -1)
+        with torch.no_grad():
+            idx, weights, _ = router(x)
+        y = bank.sparse(x, idx, weights)
+        shared = model.shared_expert(layer)
+        if shared is not None:
+            y = y + shared(x)
+        hidden = combine(out.residual, y.view(batch, length, -1))
+    return hidden
+
+
+def _loss(model: MoEModel, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    if model.family.name == "bert":
+        mse = (student - teacher).pow(2).mean() / teacher.var().clamp_min(1e-12)
+        cos = nn.functional.cosine_similarity(model.tail(student), model.tail(teacher), dim=-1)
+        return mse + (1.0 - cos).mean()
+    logp_s = torch.log_softmax(model.tail(student)[:, :-1].float(), dim=-1)
+    with torch.no_grad():
+        logp_t = torch.log_softmax(model.tail(teacher)[:, :-1].float(), dim=-1)
+    return nn.functional.kl_div(logp_s, logp_t, log_target=True, reduction="batchmean") / (
+        student.shape[1] - 1
+    )
+
+
+def _trainable(model: MoEModel) -> list[nn.Parameter]:
+    params: list[Any] = []
+    for layer, bank in enumerate(model.banks):
+        params += [p for p in (bank.w_in, bank.b_in, bank.w_out, bank.b_out) if p is not None]
+        shared = model.shared_expert(layer)
+        if shared is not None:
+            params += [p for p in shared.parameters() if p.numel()]
+    return params
+
+
+def distil(
+    model: MoEModel,
+    parts: dict[str, Any],
+    windows: torch.Tensor,
+    *,
+    steps: int,
+    seed: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[float]:
+    """Train `model`'s experts for `steps` steps against the dense `parts`; returns the losses.
+
+    Args:
+        model: The MoEfied model; its expert (and shared-expert) weights change in place.
+        parts: The dense model's stage modules (`Family.parts_from_hf`).
+        windows: (n, T) token windows of the fit split.
+        steps: Optimiser steps.
+        seed: Seeds the draw of windows. Defaults to the model's seed.
+        progress: Called every 10 steps with the step and the loss.
+    """
+    from moe._families import Family
+
+    family: Family = model.family
+    dense = DenseRunner(family, parts)
+    params = _trainable(model)
+    for p in params:
+        p.requires_grad_(True)
+    frozen = [
+        p
+        for module in (*model.blocks, *model.combines, model.tail)
+        for p in module.parameters()
+        if p.requires_grad
+    ]
+    for p in frozen:
+        p.requires_grad_(False)
+    optimizer = torch.optim.Adam(params, lr=LEARNING_RATE)
+    generator = torch.Generator().manual_seed(model.seed if seed is None else seed)
+    losses = []
+    try:
+        with torch.enable_grad():
+            for step in range(steps):
+                ids = windows[
+                    torch.randint(0, windows.shape[0], (BATCH_WINDOWS,), generator=generator)
+                ]
+                loss = _loss(model, _student(model, ids), dense.hidden(ids))
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                losses.append(loss.item())
+                if progress is not None and (step % 10 == 0 or step == steps - 1):
+                    progress(f"distilling: step {step + 1}/{steps}, loss {losses[-1]:.4f}")
+    finally:
+        for p in params:
+            p.requires_grad_(False)
+        for p in frozen:
+            p.requires_grad_(True)
+    return losses

@@ -1,0 +1,309 @@
+"""How far the served MoE model is from the dense model the user brought, on held-out text.
+
+Every bill and latency moelambda reports is of the MoE model; this module says what that model
+is worth against the user's own. Both models run the same windows of real text that no router
+was fitted on (the corpus's "profile" split; routers fit on the other end of the shuffle), and
+the task outputs are compared:
+
+* encoders (sentence embeddings): cosine of each window's embedding to the dense one (mean, 5th
+  percentile, minimum) and ``neighbour_overlap_10``, the mean share of each window's 10 nearest
+  neighbours (by cosine, among the other windows) that are also its neighbours under the dense
+  model: what a search or clustering system built on the embeddings would notice;
+* decoders (next-token logits): perplexity of both models on the windows, their ratio, the share
+  of positions where both predict the same next token, and the mean KL divergence
+  KL(dense || MoE) of the next-token distributions;
+* both: ``expert_flops_share``, the FFN FLOPs a token really spends (shared expert plus the
+  experts it is routed to, with its own k) over the dense FFN's, averaged over layers and
+  tokens. Every neuron costs the same (its input row(s) and output column), so this is a ratio
+  of neuron counts; the gate and the correction biases (E + 2 vectors of h) are left out.
+
+The dense model is the user's own FFN weights run through the same stage modules
+(`DenseRunner`), so the comparison holds whatever MoEfication changed, corrections included.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from moe._experts import expert_ffn
+
+if TYPE_CHECKING:
+    from moe._corpus import Corpus
+    from moe._families import Family
+    from moe._model import LayerRouting, MoEModel
+
+__all__ = [
+    "QUALITY_TOKENS",
+    "QUALITY_WINDOW",
+    "DenseRunner",
+    "Quality",
+    "dense_reference",
+    "flops_share",
+    "measure_quality",
+    "native_model_error",
+    "quality_of",
+]
+
+QUALITY_TOKENS = 16384
+QUALITY_WINDOW = 64
+NEIGHBOURS = 10
+
+
+class Quality(BaseModel):
+    """The served model against the dense one on held-out windows (None: not this kind)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["encoder", "decoder"]
+    corpus: str
+    tokens: int
+    windows: int
+    window: int
+    seed: int
+    expert_flops_share: float
+    flops_share_per_layer: list[float]
+    cosine_mean: float | None = None
+    cosine_p05: float | None = None
+    cosine_min: float | None = None
+    neighbour_overlap_10: float | None = None
+    perplexity_dense: float | None = None
+    perplexity_moe: float | None = None
+    ppl_ratio: float | None = None
+    next_token_agreement: float | None = None
+    kl_mean: float | None = None
+    wall_s: float = 0.0
+
+    def headline(self) -> str:
+        """One line for reports."""
+        share = f"FFN FLOPs {self.expert_flops_share:.0%} of dense"
+        if self.kind == "encoder":
+            return (
+                f"cosine to dense {self.cosine_mean:.3f} (p5 {self.cosine_p05:.3f}), "
+                f"{self.neighbour_overlap_10:.0%} of 10 nearest neighbours kept, {share}"
+            )
+        return (
+            f"perplexity {self.perplexity_moe:.2f} vs dense {self.perplexity_dense:.2f} "
+            f"(x{self.ppl_ratio:.3f}), next token as dense {self.next_token_agreement:.0%}, "
+            f"{share}"
+        )
+
+
+class DenseRunner:
+    """The user's dense model, run through the same stage modules as the MoE model."""
+
+    def __init__(self, family: Family, parts: dict[str, Any]) -> None:
+        self.family = family
+        self.parts = parts
+        self.ffns = [family.dense_ffn(m) for m in parts["ffns"]]
+
+    @torch.no_grad()
+    def hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The last hidden states (the task head's input)."""
+        hidden = self.parts["head"](input_ids)
+        for layer, ffn in enumerate(self.ffns):
+            out = self.parts["blocks"][layer](hidden)
+            y = expert_ffn(out.ffn_in, ffn.w_in, ffn.b_in, ffn.w_out, ffn.kind, ffn.act)
+            hidden = self.parts["combines"][layer](out.residual, y)
+        return hidden
+
+    @torch.inference_mode()
+    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.parts["tail"](self.hidden(input_ids))
+
+
+def dense_reference(model: str) -> DenseRunner:
+    """Load the dense model `model` names (the source a MoEfied model was made from)."""
+    from moe._families import family_for
+    from moe._model import load_hf
+    from moe._registry import resolve_model
+
+    hf, _ = load_hf(resolve_model(model))
+    family = family_for(hf)
+    return DenseRunner(family, family.parts_from_hf(hf))
+
+
+def flops_share(model: MoEModel, routing: list[LayerRouting]) -> list[float]:
+    """Per layer: FFN neurons a token really runs (shared + routed) over the dense FFN's."""
+    shares = []
+    for layer, route in enumerate(routing):
+        bank = model.banks[layer]
+        expert_width = int(bank.w_out.shape[2])
+        shared = model.shared_expert(layer)
+        shared_width = 0 if shared is None else shared.width
+        dense_width = bank.num_experts * expert_width + shared_width
+        per_token = (route.experts < bank.num_experts).sum(dim=1).double().mean().item()
+        shares.append((shared_width + per_token * expert_width) / dense_width)
+    return shares
+
+
+def _neighbour_overlap(dense: torch.Tensor, moe: torch.Tensor, k: int) -> float:
+    """Mean share of each row's k nearest rows (cosine, itself excluded) kept by the MoE."""
+    k = min(k, dense.shape[0] - 1)
+    if k < 1:
+        return 1.0
+
+    def nearest(x: torch.Tensor) -> np.ndarray:
+        unit = torch.nn.functional.normalize(x.double(), dim=-1)
+        sims = unit @ unit.T
+        sims.fill_diagonal_(-torch.inf)
+        return sims.topk(k, dim=1).indices.numpy()
+
+    a, b = nearest(dense), nearest(moe)
+    same = (a[:, :, None] == b[:, None, :]).any(axis=2)
+    return float(same.mean())
+
+
+@torch.inference_mode()
+def measure_quality(
+    model: MoEModel,
+    dense: DenseRunner,
+    corpus: Corpus,
+    *,
+    tokens: int = QUALITY_TOKENS,
+    window: int = QUALITY_WINDOW,
+    seed: int | None = None,
+    batch: int = 32,
+) -> Quality:
+    """Compare `model` with `dense` on `tokens` held-out tokens of `corpus` in `window`s.
+
+    Args:
+        model: The MoE model (MoEfied from `dense`).
+        dense: The dense model it was made from.
+        corpus: The text; windows come from its "profile" split, never the routers' "fit" split.
+        tokens: Tokens to compare on. Defaults to 16,384.
+        window: Tokens per window. Defaults to 64.
+        seed: Seeds the windows' shuffle. Defaults to the MoEfication's seed.
+        batch: Windows per forward pass.
+    """
+    from moe._corpus import make_windows
+
+    started = time.perf_counter()
+    seed = model.seed if seed is None else seed
+    windows = torch.from_numpy(
+        make_windows(corpus, model.tokenizer, tokens=tokens, window=window, seed=seed)
+    )
+    decoder = model.family.name != "bert"
+    if decoder:
+        batch = max(1, batch // 4)  # (B, T, vocab) logits twice per batch
+    layer_shares: list[list[float]] = []
+    weights: list[int] = []
+    out_dense: list[torch.Tensor] = []
+    out_moe: list[torch.Tensor] = []
+    nll_dense = nll_moe = kl = agree = 0.0
+    positions = 0
+    for start in range(0, windows.shape[0], batch):
+        ids = windows[start : start + batch]
+        routing: list[LayerRouting] = []
+        moe_out = model.forward(ids, routing=routing)
+        dense_out = dense(ids)
+        layer_shares.append(flops_share(model, routing))
+        weights.append(int(ids.numel()))
+        if not decoder:
+            out_dense.append(dense_out)
+            out_moe.append(moe_out)
+            continue
+        target = ids[:, 1:]
+        logp_d = torch.log_softmax(dense_out[:, :-1].float(), dim=-1)
+        logp_m = torch.log_softmax(moe_out[:, :-1].float(), dim=-1)
+        nll_dense -= logp_d.gather(-1, target[..., None]).double().sum().item()
+        nll_moe -= logp_m.gather(-1, target[..., None]).double().sum().item()
+        kl += (
+            torch.nn.functional.kl_div(logp_m, logp_d, log_target=True, reduction="none")
+            .sum(-1)
+            .double()
+            .sum()
+            .item()
+        )
+        agree += (logp_d.argmax(-1) == logp_m.argmax(-1)).sum().item()
+        positions += target.numel()
+    per_layer = np.average(np.array(layer_shares), axis=0, weights=weights)
+    common: dict[str, Any] = {
+        "kind": "decoder" if decoder else "encoder",
+        "corpus": corpus.name,
+        "tokens": int(windows.numel()),
+        "windows": int(windows.shape[0]),
+        "window": window,
+        "seed": seed,
+        "expert_flops_share": round(float(per_layer.mean()), 6),
+        "flops_share_per_layer": [round(float(s), 6) for s in per_layer],
+    }
+    if decoder:
+        ppl_dense = float(np.exp(nll_dense / positions))
+        ppl_moe = float(np.exp(nll_moe / positions))
+        metrics = {
+            "perplexity_dense": round(ppl_dense, 4),
+            "perplexity_moe": round(ppl_moe, 4),
+            "ppl_ratio": round(ppl_moe / ppl_dense, 6),
+            "next_token_agreement": round(agree / positions, 6),
+            "kl_mean": round(kl / positions, 6),
+        }
+    else:
+        d, m = torch.cat(out_dense), torch.cat(out_moe)
+        cos = torch.nn.functional.cosine_similarity(d.double(), m.double(), dim=-1).numpy()
+        metrics = {
+            "cosine_mean": round(float(cos.mean()), 6),
+            "cosine_p05": round(float(np.percentile(cos, 5)), 6),
+            "cosine_min": round(float(cos.min()), 6),
+            "neighbour_overlap_10": round(_neighbour_overlap(d, m, NEIGHBOURS), 6),
+        }
+    return Quality(**common, **metrics, wall_s=round(time.perf_counter() - started, 3))
+
+
+def native_model_error(name: str) -> Exception:
+    """Why a native MoE model has no quality to measure (it is the model itself)."""
+    from ground.errors import UsageError
+
+    return UsageError(
+        f"{name} is a native MoE model: it is served exactly as it was trained, and there is "
+        "no dense model to compare it with.",
+        "measure quality for a dense model that moelambda MoEfies (minilm, smollm2, or a dense "
+        "Hugging Face directory).",
+    )
+
+
+def quality_of(
+    model: MoEModel,
+    *,
+    corpus: str = "wiki",
+    tokens: int = QUALITY_TOKENS,
+    window: int = QUALITY_WINDOW,
+    seed: int | None = None,
+) -> tuple[Quality, bool]:
+    """The quality of a MoEfied model on `corpus`, and whether it was measured just now.
+
+    The block measured at conversion (held-out wiki windows) is reused when it answers the same
+    question; any other corpus, size or seed is measured now against the dense model.
+
+    Raises:
+        UsageError: The model is a native MoE model (it has no dense counterpart), or `tokens`
+            or `window` is out of range.
+        CorpusError: The corpus is missing, unreadable or too small.
+    """
+    from ground.errors import UsageError
+    from moe._corpus import load_corpus
+
+    if not model.moefied:
+        raise native_model_error(model.name)
+    if tokens < 1 or window < 2:
+        raise UsageError(
+            f"--tokens {tokens} / --window {window} leave nothing to compare.",
+            "pass --tokens 1 or more and --window 2 or more.",
+        )
+    seed = model.seed if seed is None else seed
+    stored = model.quality
+    windows = -(-tokens // window)
+    if (
+        stored is not None
+        and corpus == stored["corpus"] == "wiki"
+        and (stored["windows"], stored["window"], stored["seed"]) == (windows, window, seed)
+    ):
+        return Quality(**stored), False
+    text = load_corpus(corpus)
+    return measure_quality(
+        model, dense_reference(model.name), text, tokens=tokens, window=window, seed=seed
+    ), True

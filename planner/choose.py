@@ -1,0 +1,233 @@
+"""Choose the MoEfication to serve: the cheapest option whose quality meets a floor.
+
+MoEfication trades quality for cost: fewer experts per token (smaller k, more experts) spend
+fewer FFN FLOPs and bill less, and serve a model further from the user's dense one. For each
+option of a grid, this module measures the served model's quality against the dense model on
+held-out text (`moe.quality_of`), profiles its routing on the user's corpus, predicts a batch's
+expert popularity with the default predictor, and plans that batch with the exact solver (the
+plan `moelambda plan --traces` makes). The answer is the cheapest option whose quality meets the
+floor; the quality-vs-bill frontier shows what a stricter or looser floor would cost.
+
+Every option is an independent measurement, so the choice is the minimum over the grid by
+construction: a test checks it against a brute force of separate `quality` and `plan` runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from ground.errors import InfeasibleError, UsageError
+
+__all__ = ["Floor", "OptionResult", "Selection", "choose", "pareto_front"]
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The quality the served model must keep: a least mean cosine (encoders) or a largest
+    perplexity ratio (decoders), both against the dense model on held-out text."""
+
+    metric: Literal["cosine_mean", "ppl_ratio"]
+    value: float
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.metric == "cosine_mean"
+
+    def met(self, quality: dict[str, Any]) -> bool:
+        got = quality.get(self.metric)
+        if got is None:
+            return False
+        return got >= self.value if self.higher_is_better else got <= self.value
+
+    def describe(self) -> str:
+        sign = ">=" if self.higher_is_better else "<="
+        return f"{self.metric} {sign} {self.value:g}"
+
+
+@dataclass
+class OptionResult:
+    """One MoEfication of the grid: its quality, and the plan of its batch (if feasible)."""
+
+    options: Any  # moe.MoefyOptions
+    quality: dict[str, Any]
+    bill_usd: float | None = None
+    latency_s: float | None = None
+    functions: int | None = None
+    why: str | None = None  # why no plan meets the SLO
+    plan: Any = None  # ground.plan.Plan
+    meets_floor: bool = False
+
+    @property
+    def feasible(self) -> bool:
+        return self.bill_usd is not None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "label": self.options.label(),
+            "moefy": self.options.describe(),
+            "quality": self.quality,
+            "expert_flops_share": self.quality["expert_flops_share"],
+            "bill_usd": self.bill_usd,
+            "latency_s": self.latency_s,
+            "functions": self.functions,
+            "feasible": self.feasible,
+            "meets_floor": self.meets_floor,
+            "why": self.why,
+        }
+
+
+@dataclass
+class Selection:
+    """Every option's result, the frontier (indices, by bill) and the chosen one (or None)."""
+
+    results: list[OptionResult]
+    floor: Floor
+    frontier: list[int] = field(default_factory=list)
+    chosen: int | None = None
+
+    def best_quality(self) -> OptionResult:
+        """The option of best quality, whatever its bill."""
+        sign = 1.0 if self.floor.higher_is_better else -1.0
+        return max(self.results, key=lambda r: sign * float(r.quality[self.floor.metric]))
+
+
+def pareto_front(bills: np.ndarray, quality: np.ndarray) -> list[int]:
+    """Indices of the options no other option beats on both bill (lower) and quality (higher),
+    in order of bill; NaN bills (no plan) are never on it."""
+    ranked = np.lexsort((-np.asarray(quality, dtype=float), np.asarray(bills, dtype=float)))
+    order = [int(i) for i in ranked if np.isfinite(bills[i])]
+    front: list[int] = []
+    best = -np.inf
+    for i in order:
+        if quality[i] > best:
+            front.append(i)
+            best = float(quality[i])
+    return front
+
+
+def _plan_option(
+    model: Any,
+    trace: Any,
+    tokens: int,
+    slo_s: float | None,
+    calibration: Any,
+    seed: int,
+) -> tuple[Any, Any]:
+    """(Plan, Solution) of the option's batch, as `moelambda plan --traces` makes it."""
+    from ground.method import Method
+    from moe import describe_model
+    from planner.build import instance_for, make_plan
+    from planner.deploy import pack_sizes, plan_packed
+    from predictor import DEFAULT_METHOD, predict_batch
+
+    manifest = describe_model(model)
+    counts, batch = predict_batch(trace, tokens, seed=seed)
+    inst = instance_for(manifest, counts, calibration, tokens=tokens, workflow="express")
+    inst, _, solution, _, _ = plan_packed(
+        inst,
+        pack_sizes("auto", inst.experts),
+        None,
+        0.0,
+        slo_s,
+        "exact",
+        tuple(Method),
+        False,
+        True,
+        calibration,
+    )
+    source = {"choose": True, "method": DEFAULT_METHOD, "tokens": batch, "seed": seed}
+    plan = make_plan(inst, solution, manifest, calibration, slo_s=slo_s, counts_source=source)
+    return plan, solution
+
+
+def choose(
+    model: str,
+    grid: list[Any],
+    floor: Floor,
+    *,
+    corpus: str = "wiki",
+    tokens: int = 10240,
+    profile_tokens: int | None = None,
+    quality_tokens: int = 16384,
+    slo_s: float | None = None,
+    calibration: Any = None,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> Selection:
+    """Measure and plan every MoEfication of `grid`; choose the cheapest meeting `floor`.
+
+    Args:
+        model: The dense model ("minilm", "smollm2" or a Hugging Face directory).
+        grid: The `moe.MoefyOptions` to compare.
+        floor: The quality the chosen option must keep.
+        corpus: "wiki" or a text/JSONL file: the text quality and routing are measured on.
+        tokens: Tokens per batch to plan for. Defaults to 10,240.
+        profile_tokens: Tokens profiled for each option's popularity. Defaults to 4 x `tokens`.
+        quality_tokens: Held-out tokens quality is measured on. Defaults to 16,384.
+        slo_s: Latency SLO of one batch (None: the cheapest plan).
+        calibration: A `planner.Calibration` (None: the packaged one).
+        seed: Seeds the windows and the held-out batch.
+        progress: Called with a short description before each slow step.
+
+    Raises:
+        UsageError: An empty grid, a model that is not MoEfied, or a floor of the wrong kind.
+    """
+    from moe import load_corpus, load_model, make_windows, quality_of
+    from planner.calibration import load_calibration
+    from predictor import profile_windows
+
+    if not grid:
+        raise UsageError("the grid of options is empty.", "give at least one option.")
+    say = progress or (lambda _msg: None)
+    calibration = calibration or load_calibration(None)
+    text = load_corpus(corpus)
+    profile_tokens = profile_tokens or 4 * tokens
+    results = []
+    for number, options in enumerate(grid, start=1):
+        label = f"[{number}/{len(grid)}] {options.label()}"
+        say(f"{label}: MoEfying (cached after the first time)")
+        moe_model = load_model(
+            model, options=options, progress=lambda m, lb=label: say(f"{lb}: {m}")
+        )
+        say(f"{label}: quality against the dense model")
+        quality, _ = quality_of(moe_model, corpus=corpus, tokens=quality_tokens, seed=seed)
+        if getattr(quality, floor.metric) is None:
+            kind = "an encoder" if quality.kind == "encoder" else "a decoder"
+            raise UsageError(
+                f"{model} is {kind}: {floor.metric} is not measured for it.",
+                "use --min-cosine for encoders and --max-ppl-ratio for decoders.",
+            )
+        say(f"{label}: profiling {profile_tokens:,} tokens")
+        windows = make_windows(
+            text, moe_model.tokenizer, tokens=profile_tokens, window=128, seed=seed
+        )
+        trace = profile_windows(
+            moe_model, windows, tokens=profile_tokens, meta={"window": 128}
+        ).trace
+        result = OptionResult(options, quality.model_dump())
+        result.meets_floor = floor.met(result.quality)
+        say(f"{label}: planning")
+        try:
+            plan, solution = _plan_option(moe_model, trace, tokens, slo_s, calibration, seed)
+        except InfeasibleError as error:
+            result.why = error.problem
+        else:
+            result.plan = plan
+            result.bill_usd = float(plan.totals.bill_usd["total_usd"])
+            result.latency_s = float(solution.latency)
+            result.functions = sum(len(layer.experts) for layer in plan.layers)
+        results.append(result)
+    sign = 1.0 if floor.higher_is_better else -1.0
+    bills = np.array([r.bill_usd if r.feasible else np.nan for r in results], dtype=float)
+    scores = np.array([sign * float(r.quality[floor.metric]) for r in results])
+    selection = Selection(results, floor, frontier=pareto_front(bills, scores))
+    eligible = [i for i, r in enumerate(results) if r.feasible and r.meets_floor]
+    if eligible:
+        selection.chosen = min(eligible, key=lambda i: (bills[i], -scores[i]))
+    return selection

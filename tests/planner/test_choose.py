@@ -1,0 +1,149 @@
+"""`moelambda choose` against a brute force of separate `profile`, `plan` and quality runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from ground.plan import Plan
+from moe import load_model, moefy_options
+from moelambda.cli import app
+from planner.choose import pareto_front
+
+runner = CliRunner()
+TOKENS = 256  # per planned batch; choose profiles 4x as many
+QUALITY_TOKENS = 512
+
+
+def _grid() -> list:
+    return [
+        moefy_options(4, k, correction=c, shared=s)
+        for k in (1, 2)
+        for c in (False, True)
+        for s in (0.0,)
+    ]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tiny_dirs: dict[str, Path]) -> str:
+    """The tiny decoder with every option of the grid MoEfied in the test cache (quality on
+    512 held-out tokens, as choose asks for below)."""
+    path = str(tiny_dirs["llama"])
+    for options in _grid():
+        load_model(path, options=options, quality_tokens=QUALITY_TOKENS)
+    return path
+
+
+def _brute_force(path: str, tmp: Path) -> list[tuple[str, float, float]]:
+    """(label, ppl ratio, bill) of every option from the separate commands."""
+    rows = []
+    for number, options in enumerate(_grid()):
+        flags = ["--model", path, "--experts", "4", "--top-k", options.top_k.label()]
+        flags += ["--correction"] if options.correction else []
+        trace = tmp / f"trace{number}"
+        result = runner.invoke(
+            app,
+            [
+                "profile",
+                *flags,
+                "--tokens",
+                str(4 * TOKENS),
+                "--window",
+                "128",
+                "--out",
+                str(trace),
+                "--json",
+            ],
+        )
+        assert result.exit_code == 0, result.output
+        quality = json.loads(result.stdout)["quality"]
+        result = runner.invoke(
+            app,
+            [
+                "plan",
+                "--traces",
+                str(trace),
+                "--tokens",
+                str(TOKENS),
+                "--out",
+                str(tmp / f"p{number}.json"),
+                "--json",
+            ],
+        )
+        assert result.exit_code == 0, result.output
+        bill = json.loads(result.stdout)["bill_usd"]["total_usd"]
+        rows.append((options.label(), quality["ppl_ratio"], bill))
+    return rows
+
+
+def test_choose_is_the_cheapest_option_meeting_the_floor(tiny_llama: str, tmp_path: Path) -> None:
+    rows = _brute_force(tiny_llama, tmp_path)
+    ratios = sorted({r[1] for r in rows})
+    assert len(ratios) > 1  # the options really differ in quality
+    floor = (ratios[0] + ratios[1]) / 2  # only the best-quality option(s) meet it
+    expected = min((r for r in rows if r[1] <= floor), key=lambda r: r[2])
+    out = tmp_path / "chosen"
+    common = ["choose", "--model", tiny_llama, "--experts", "4", "--top-k", "1,2", "--shared", "0"]
+    common += ["--tokens", str(TOKENS), "--quality-tokens", str(QUALITY_TOKENS)]
+    common += ["--fit-tokens", "8192"]  # the models the fixture built
+    result = runner.invoke(
+        app, [*common, "--max-ppl-ratio", str(floor), "--out", str(out), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert len(summary["options"]) == 4
+    chosen = summary["chosen"]
+    assert chosen["label"] == expected[0]
+    assert chosen["bill_usd"] == pytest.approx(expected[2], rel=1e-9)
+    by_label = {o["label"]: o for o in summary["options"]}
+    for label, ratio, bill in rows:
+        assert by_label[label]["quality"]["ppl_ratio"] == ratio
+        assert by_label[label]["bill_usd"] == pytest.approx(bill, rel=1e-9)
+        assert by_label[label]["meets_floor"] == (ratio <= floor)
+    assert Plan.load(out / "plan.json").totals.bill_usd["total_usd"] == pytest.approx(expected[2])
+    assert (out / "choose.png").stat().st_size > 0 and (out / "choose.json").is_file()
+
+    # No option meets an impossible floor: exit 2, the best reached named, nothing written.
+    strict = tmp_path / "strict"
+    result = runner.invoke(app, [*common, "--max-ppl-ratio", "0.5", "--out", str(strict)])
+    assert result.exit_code == 2
+    assert f"{ratios[0]:.4f}" in result.output and not strict.exists()
+
+
+def test_pareto_front_against_brute_force() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        bills = rng.choice([1.0, 2.0, 3.0, 4.0, np.nan], size=7)
+        quality = rng.choice([0.1, 0.5, 0.9], size=7)
+        front = pareto_front(bills, quality)
+        expected = [
+            i
+            for i in range(7)
+            if np.isfinite(bills[i])
+            and not any(
+                np.isfinite(bills[j])
+                and bills[j] <= bills[i]
+                and quality[j] >= quality[i]
+                and (bills[j] < bills[i] or quality[j] > quality[i] or j < i)
+                for j in range(7)
+                if j != i
+            )
+        ]
+        assert sorted(front) == sorted(expected)
+
+
+def test_choose_refuses_bad_floors() -> None:
+    for args, message in (
+        ([], "exactly one quality floor"),
+        (["--min-cosine", "0.9", "--max-ppl-ratio", "1.1"], "exactly one quality floor"),
+        (["--min-cosine", "2"], "is not a cosine"),
+        (["--min-cosine", "0.9", "--top-k", "two"], "not a number of experts"),
+        (["--min-cosine", "0.9", "--correction", "maybe"], "on, off or both"),
+    ):
+        result = runner.invoke(app, ["choose", *args])
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output and "Traceback" not in result.output
