@@ -111,7 +111,7 @@ class EDF:
     ) -> Result:
         """`simulate`'s rounds for EDF over arrays (see the module doc); the same result,
         round for round (tests/cluster/test_edf_replay.py)."""
-        started_at = time.perf_counter()
+        started_at = time.perf_counter(), time.process_time()
         arrivals, submits, after = arrival_order(jobs)
         rank = {j.id: k for k, j in enumerate(arrivals)}  # the generic loop's `active` order
         keys: list[tuple[float, float, int]] = []  # deadline order, as `schedule` sorts

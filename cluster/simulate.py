@@ -128,6 +128,9 @@ class Result:
     gpu_utilisation: float
     wall_s: float
     finish: dict[int, float] = field(default_factory=dict, repr=False)
+    # this process's CPU seconds for the replay: on a shared machine the wall time also
+    # counts other work, and `bench cluster` reports both
+    cpu_s: float | None = field(default=None, repr=False)
     dropped: list[int] = field(default_factory=list, repr=False)
     met: set[int] = field(default_factory=set, repr=False)
 
@@ -209,7 +212,7 @@ def simulate(
     replay = getattr(policy, "replay", None)
     if replay is not None and not reference:
         return replay(jobs, cluster, slot_s=slot_s, progress=progress, on_round=on_round)
-    started_at = time.perf_counter()
+    started_at = time.perf_counter(), time.process_time()
     arrivals, submits, after = arrival_order(jobs)
     active: list[Running] = []
     finish: dict[int, float] = {}
@@ -301,10 +304,11 @@ def summarise(
     dropped: list[int],
     busy_gpu_s: float,
     preemptions: int,
-    started_at: float,
+    started_at: tuple[float, float],
 ) -> Result:
     """A replay's result from what it recorded (shared by `simulate` and the policies' own
-    replays, so both report alike)."""
+    replays, so both report alike); `started_at` is (perf_counter, process_time) at the
+    start."""
     first_submit = min((j.submit for j in jobs), default=0.0)
     jct = np.array([finish[j.id] - j.submit for j in jobs if j.id in finish])
     with_deadline = [j for j in jobs if math.isfinite(j.deadline)]
@@ -320,8 +324,9 @@ def summarise(
         makespan_s=makespan,
         preemptions=preemptions,
         gpu_utilisation=busy_gpu_s / (cluster.gpus * makespan) if makespan else 0.0,
-        wall_s=time.perf_counter() - started_at,
+        wall_s=time.perf_counter() - started_at[0],
         finish=finish,
         dropped=dropped,
         met=met,
+        cpu_s=time.process_time() - started_at[1],
     )

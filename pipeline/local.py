@@ -4,18 +4,20 @@ The state machine definition and every function's environment come from the Clou
 template the CDK app synthesises for the plan, so what runs here is what `cdk deploy` would
 deploy. moto's Step Functions interpreter executes the definition; its Lambda invoke would start a
 Docker container, so `InProcessLambdas` replaces that one method with a call of the function's
-handler in this process, under that function's own environment (`functions.config.local`)
-and its own identity, whose IAM policy from the template every S3 request and direct Invoke
-is checked against (`pipeline.iam`).
+handler in this process, under that function's own environment and its own identity, whose IAM
+policy from the template every S3 request and direct Invoke is checked against (`pipeline.iam`).
 
 A metered run (`pipeline.meter`) first warms every function, as the plan prices steady state,
 then counts what AWS would bill for the executions alone.
+
+The runner does not import the handlers it runs: the caller passes them in as `Handlers`
+(`functions.local.LocalHandlers`, which `functions.local.run_workflow` passes for you), so
+the imports point one way: functions/ imports pipeline/, never back.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import io
 import json
 import logging
@@ -24,9 +26,10 @@ import time
 import uuid
 import zipfile
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -36,7 +39,48 @@ from pipeline.iam import Policies, s3_request
 from pipeline.meter import Meter, entered_states
 from pipeline.tensorio import decode, encode
 
-__all__ = ["InProcessLambdas", "atomic_s3", "concrete", "function_label", "run_workflow"]
+__all__ = [
+    "Handlers",
+    "InProcessLambdas",
+    "atomic_s3",
+    "concrete",
+    "function_label",
+    "run_workflow",
+]
+
+Invoker = Callable[[str, dict[str, Any]], Any]
+
+
+class Handlers(Protocol):
+    """What the runner needs of the Lambda handlers it runs, passed in by its caller.
+
+    `functions.local.LocalHandlers` is the implementation for the project's own handlers.
+    """
+
+    def resolve(self, handler: str) -> Callable[[dict[str, Any], Any], Any]:
+        """The handler function of a template's `Handler` (module.attribute)."""
+        ...
+
+    def environment(
+        self, env: Mapping[str, str], invoker: Invoker | None = None
+    ) -> AbstractContextManager[None]:
+        """A block in which a handler sees `env` as its environment and invokes other
+        functions through `invoker`."""
+        ...
+
+    def retry_throttled(self, invoke: Invoker) -> Invoker:
+        """`invoke`, retrying Lambda's throttling as a direct gate does."""
+        ...
+
+    def warm(self, role: str, env: Mapping[str, str]) -> None:
+        """Load the weights of a function of `role` (head, layer, expert, tail, cleanup) with
+        environment `env` into the process-wide cache, as a warm container holds them."""
+        ...
+
+    def drop_clients(self) -> None:
+        """Forget the S3 clients made for the run's identities."""
+        ...
+
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
@@ -66,7 +110,8 @@ def concrete(value: Any, names: dict[str, str]) -> Any:
 class InProcessLambdas:
     """The one adapter between moto's Lambda and our handlers; records each call's wall time."""
 
-    def __init__(self, faults: Faults | None = None) -> None:
+    def __init__(self, handlers: Handlers, faults: Faults | None = None) -> None:
+        self.handlers = handlers
         self.faults = faults or Faults()
         self.functions: dict[str, tuple[str, dict[str, str]]] = {}
         self.memory_mb: dict[str, int] = {}
@@ -84,12 +129,9 @@ class InProcessLambdas:
 
     def call(self, name: str, event: dict[str, Any]) -> Any:
         """Run function `name`'s handler on `event`, with any faults drawn for this call."""
-        from functions.config import local, retry_throttled
-
         handler_path, env = self.functions[name]
-        module, _, attr = handler_path.rpartition(".")
-        handler = getattr(importlib.import_module(module), attr)
-        invoker = retry_throttled(
+        handler = self.handlers.resolve(handler_path)
+        invoker = self.handlers.retry_throttled(
             lambda target, payload: self._invoke_direct(target, payload, caller=name)
         )
         with self._idle:
@@ -97,7 +139,7 @@ class InProcessLambdas:
         started = time.perf_counter()
         response = None
         try:
-            with local(env, invoker=invoker):
+            with self.handlers.environment(env, invoker):
                 response = handler(event, None)
                 if self.faults.draw("duplicate"):  # at-least-once: the same event once more
                     again = handler(event, None)
@@ -136,24 +178,8 @@ class InProcessLambdas:
         The plan prices steady state, where a warm invocation reads no weights from S3; the
         cleanup function loads none.
         """
-        from functions import weights
-        from functions.common import s3_client
-        from functions.config import current, local
-
         for handler, env in self.functions.values():
-            role = _role(handler)
-            with local(env):
-                cfg = current()
-                where = (s3_client(), cfg.bucket, cfg.weights_prefix)
-                if role == "head":
-                    weights.head(*where)
-                elif role == "layer":
-                    weights.layer(*where, cfg.layer)
-                elif role == "expert":
-                    for number in cfg.hosted:
-                        weights.expert(*where, cfg.layer, number)
-                elif role == "tail":
-                    weights.tail(*where)
+            self.handlers.warm(_role(handler), env)
 
     @contextlib.contextmanager
     def metered(self, meter: Meter) -> Iterator[None]:
@@ -382,14 +408,12 @@ def _deploy(
 
 
 @contextlib.contextmanager
-def _own_clients() -> Iterator[None]:
+def _own_clients(handlers: Handlers) -> Iterator[None]:
     """The functions' S3 clients live as long as the run whose identities they sign with."""
-    from functions.common import drop_local_clients
-
     try:
         yield
     finally:
-        drop_local_clients()
+        handlers.drop_clients()
 
 
 def _wait(sfn: Any, execution_arns: list[str], deadline: float) -> list[dict[str, Any]]:
@@ -413,6 +437,7 @@ def run_workflow(
     weights_dir: Path,
     requests: list[np.ndarray],
     *,
+    handlers: Handlers,
     timeout_s: float = 600.0,
     metered: bool = False,
     faults: Faults | None = None,
@@ -431,6 +456,8 @@ def run_workflow(
     `metered` warms every function first and adds "usage": what AWS would bill for the
     executions (`pipeline.meter.USAGE_KEYS`), summed over them; the upload of the inputs and
     the reading of the results are the client's, not the workflow's, and do not count.
+
+    `handlers` runs the template's functions (`functions.local.LocalHandlers`).
     """
     import boto3
     from moto import mock_aws
@@ -450,10 +477,10 @@ def run_workflow(
             names[logical] = f"fn-{run}-{logical}"[:64]
     if metered and faults is not None and faults.any:
         raise ValueError("a metered run injects no faults: retries would be billed")
-    lambdas = InProcessLambdas(faults)
+    lambdas = InProcessLambdas(handlers, faults)
     meter = Meter(bucket)
     config = {"stepfunctions": {"execute_state_machine": True}}
-    with mock_aws(config=config), lambdas.installed(), _own_clients():
+    with mock_aws(config=config), lambdas.installed(), _own_clients(handlers):
         s3 = boto3.client("s3", region_name=REGION)
         s3.create_bucket(Bucket=bucket)
         for path in sorted(p for p in weights_dir.rglob("*") if p.is_file()):

@@ -3,6 +3,7 @@ the Bayesian posterior with its variants, the Lina and history baselines, and th
 
 from __future__ import annotations
 
+from predictor._bench import bench_profiler, bench_tables
 from predictor._counts import COUNTS_VERSION, PredictedCounts
 from predictor._evaluate import (
     Evaluation,
@@ -54,6 +55,8 @@ __all__ = [
     "ProfileResult",
     "RoutingTrace",
     "Split",
+    "bench_profiler",
+    "bench_tables",
     "build_tables",
     "evaluate_methods",
     "make_predictor",

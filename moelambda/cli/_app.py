@@ -1,4 +1,7 @@
-"""What every command shares: the Typer apps, common options, error handling, model loading."""
+"""What every command shares: the Typer apps, common options, error handling, model loading.
+
+The consoles (`err`, `stdout`, `progress`) are `moelambda.cli._console`'s, imported from here.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +12,9 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
 
 from ground.errors import MoelambdaError, UsageError
+from moelambda.cli._console import err, progress, stdout  # noqa: F401  (re-exported)
 
 app = typer.Typer(
     help="Serve Mixture-of-Experts models on serverless functions at the lowest bill.",
@@ -21,8 +24,6 @@ app = typer.Typer(
 )
 bench_app = typer.Typer(help="Benchmarks that print measured numbers.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
-
-err = Console(stderr=True)
 
 
 def _show_warning(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:

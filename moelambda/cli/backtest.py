@@ -7,18 +7,18 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 from rich.table import Table
 
-from ground.errors import UsageError
+from ground.errors import InfeasibleError, UsageError
 from moelambda.cli._app import (
     ForceOpt,
     JsonOpt,
     TracesOpt,
     app,
-    err,
     manifest_of_trace,
+    progress,
+    stdout,
     user_errors,
 )
 
@@ -85,14 +85,12 @@ def backtest(
         return instance_for(manifest, counts, cal, tokens=batch_tokens)
 
     sweep = tuple(sorted({*SWEEP, confidence})) if plot is not None else ()
-    with Progress(
-        TextColumn("serving held-out batches"),
+    with progress(
+        TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        console=err,
-        transient=True,
-    ) as progress:
-        task = progress.add_task("batches", total=batches)
+    ) as bar:
+        task = bar.add_task("serving held-out batches", total=batches)
         result = run(
             trace,
             instance,
@@ -103,7 +101,7 @@ def backtest(
             method=method,
             sweep=sweep,
             seed=seed,
-            on_batch=lambda done: progress.update(task, completed=done),
+            on_batch=lambda done: bar.update(task, completed=done),
         )
     summary = result.summary()
     summary["predictor"] = method
@@ -128,6 +126,12 @@ def _plot(path: Path, summary: dict[str, Any], force: bool) -> Path:
     levels = [float(q) for q in sweep]
     attained = [sweep[q]["slo_attainment"] for q in sweep]
     cost = [sweep[q]["cost_vs_oracle"] for q in sweep]
+    if all(c is None for c in cost):
+        raise InfeasibleError(
+            f"no confidence level of the sweep has a plan at the SLO of {summary['slo_s']:.3f} "
+            "s: the plot would show nothing.",
+            "pass a larger --slo (or leave it out), or leave --plot out.",
+        )
     fig, left = plt.subplots(figsize=(7, 4))
     xs = range(len(levels))
     left.plot(xs, attained, "o-", color="tab:blue", label="SLO attainment")
@@ -163,6 +167,6 @@ def _print(summary: dict[str, Any]) -> None:
             "-" if row["cost_vs_oracle"] is None else f"{row['cost_vs_oracle']:.3f}",
             "-" if row["p99_latency_s"] is None else f"{row['p99_latency_s']:.3f}",
         )
-    Console().print(table)
+    stdout().print(table)
     if "plot" in summary:
-        Console().print(f"Wrote {summary['plot']}")
+        stdout().print(f"Wrote {summary['plot']}")

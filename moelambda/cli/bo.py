@@ -8,18 +8,18 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from ground.errors import UsageError
+from ground.errors import InfeasibleError, UsageError
 from moelambda.cli._app import (
     ForceOpt,
     JsonOpt,
     TracesOpt,
     app,
-    err,
     manifest_of_trace,
+    progress,
     renamed,
+    stdout,
     user_errors,
 )
 
@@ -35,6 +35,12 @@ def _plot(path: Path, report: dict[str, Any], searches: dict[str, Any], force: b
 
     from ground.files import write_file_atomically
 
+    if not any(search.best for search in searches.values()):
+        raise InfeasibleError(
+            f"no search found a feasible plan at the SLO of {report['slo_s']:.2f} s: the plot "
+            "would show nothing.",
+            "pass a larger --slo, or leave --plot out.",
+        )
     oracle = report["learn_oracle_cost_usd"]
     fig, (by_iter, by_time) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for name, search in searches.items():
@@ -64,7 +70,7 @@ def _plot(path: Path, report: dict[str, Any], searches: dict[str, Any], force: b
 
 
 def _print(report: dict[str, Any]) -> None:
-    out = Console()
+    out = stdout()
     setup = report["setup"]
     table = Table(
         title=f"BO of {setup['predictor']}: {setup['test_batches']} held-out batches of "
@@ -104,7 +110,7 @@ def _print(report: dict[str, Any]) -> None:
 
 
 def _print_seeds(report: dict[str, Any]) -> None:
-    out = Console()
+    out = stdout()
     first = report["per_seed"][0]
     setup = first["setup"]
     table = Table(
@@ -252,21 +258,19 @@ def bo(
     )
     trace = RoutingTrace.load(traces)
     manifest = manifest_of_trace(trace)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 
-    with Progress(
+    with progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        console=err,
-        transient=True,
-    ) as progress:
+    ) as bar:
         tasks: dict[str, Any] = {}
 
         def on_trial(method: str, done: int, best: float) -> None:
             if method not in tasks:
-                tasks[method] = progress.add_task(method, total=iterations)
-            progress.update(
+                tasks[method] = bar.add_task(method, total=iterations)
+            bar.update(
                 tasks[method], completed=done, description=f"{method}: best ${best * 1e6:.3f} µ"
             )
 

@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from ground.errors import UsageError
-from moelambda.cli._app import JsonOpt, app, err, user_errors
+from moelambda.cli._app import JsonOpt, app, err, stdout, user_errors
 
 if TYPE_CHECKING:
     from planner import Calibration
@@ -66,7 +65,7 @@ def _summary(
 
 
 def _print_table(summary: dict[str, Any]) -> None:
-    console = Console()
+    console = stdout()
     console.print(
         f"Reference expert: hidden {summary['hidden']}, width {summary['width']}, "
         f"{summary['flops_per_token']:,} FLOP/token, batch {summary['batch_tokens']} tokens, "

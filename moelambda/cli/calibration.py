@@ -7,15 +7,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from moelambda.cli._app import (
-    JsonOpt,
-    app,
-    renamed,
-    user_errors,
-)
+from moelambda.cli._app import JsonOpt, app, renamed, stdout, user_errors
 
 
 @app.command()
@@ -50,4 +44,4 @@ def calibration(
         table.add_column(column, overflow="fold")
     for name, value, unit, source in rows:
         table.add_row(name, json.dumps(value), unit, source)
-    Console().print(table)
+    stdout().print(table)

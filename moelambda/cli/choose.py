@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from ground.errors import InfeasibleError, UsageError
@@ -20,6 +19,7 @@ from moelambda.cli._app import (
     app,
     check_out,
     err,
+    stdout,
     user_errors,
 )
 
@@ -294,7 +294,7 @@ def _print(summary: dict[str, Any]) -> None:
             "" if row["functions"] is None else str(row["functions"]),
             mark,
         )
-    out = Console()
+    out = stdout()
     out.print(table)
     if summary.get("out"):
         out.print(f"Wrote {summary['out']}/plan.json (the chosen option), choose.json, choose.png")

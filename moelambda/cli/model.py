@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from ground.errors import UsageError
+from moelambda.cli import _render
 from moelambda.cli._app import (
     DEFAULT_BATCH,
     CacheOpt,
@@ -32,6 +32,8 @@ from moelambda.cli._app import (
     err,
     load_with_status,
     moefy_flags,
+    progress,
+    stdout,
     user_errors,
 )
 
@@ -52,7 +54,7 @@ def run_profile(
     cache: bool = True,
     moefy: Any = None,
 ) -> tuple[Any, Any, float]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TimeRemainingColumn
 
     from moe import load_corpus, make_windows
     from predictor import profile_windows
@@ -70,13 +72,11 @@ def run_profile(
     moe_model = load_with_status(model, experts, top_k, seed, cache, moefy)
     load_s = time.perf_counter() - started
     windows = make_windows(text, moe_model.tokenizer, tokens=tokens, window=window, seed=seed)
-    with Progress(
+    with progress(
         "[progress.description]{task.description}",
         BarColumn(),
         MofNCompleteColumn(),
         TimeRemainingColumn(),
-        console=err,
-        transient=True,
     ) as bar:
         task = bar.add_task("profiling tokens", total=windows.size)
         result = profile_windows(
@@ -172,7 +172,7 @@ def profile(
 
 
 def _print_popularity(summary: dict[str, Any]) -> None:
-    out = Console()
+    out = stdout()
     table = Table(
         title=f"Expert popularity: {summary['model']}, E={summary['experts']}, "
         f"top-{summary['top_k']}, {summary['tokens']:,} tokens of '{summary['corpus']}'"
@@ -250,7 +250,7 @@ def export(
     if as_json:
         print(json.dumps(summary))
         return
-    Console().print(
+    stdout().print(
         f"Exported {summary['stages']} stages ({summary['total_bytes'] / 1e6:.1f} MB) to {out}; "
         f"each expert is {sizes[0][0] / 1e6:.2f} MB (layer 0)."
     )
@@ -267,41 +267,23 @@ def bench_profiler(
     """Profiler throughput of MiniLM on the embedded corpus (target: >= 5,000 tokens/s).
 
     One untimed warm-up pass, then `repeats` timed passes over the same windows; the median is
-    the result, and every pass is printed.
+    the result, and every pass is printed (`predictor.bench_profiler`).
     """
-    import statistics
-
-    import torch
-
-    from moe import load_corpus, make_windows
-    from predictor import profile_windows
+    from predictor import bench_profiler as run
 
     if repeats < 1:
         raise UsageError(f"--repeats {repeats} is not positive.", "pass --repeats 1 or more.")
     started = time.perf_counter()
     model = load_with_status("minilm", experts, 2, 0, True)
     load_s = time.perf_counter() - started
-    windows = make_windows(load_corpus("wiki"), model.tokenizer, tokens=tokens, window=128, seed=0)
-    profile_windows(model, windows[:DEFAULT_BATCH], tokens=DEFAULT_BATCH * 128)
-    rates = [profile_windows(model, windows, tokens=tokens).tokens_per_s for _ in range(repeats)]
-    median = statistics.median(rates)
-    summary = {
-        "model": "minilm",
-        "experts": experts,
-        "top_k": 2,
-        "tokens": tokens,
-        "batch_windows": DEFAULT_BATCH,
-        "tokens_per_s": round(median, 1),
-        "tokens_per_s_runs": [round(r, 1) for r in rates],
-        "target_tokens_per_s": 5000,
-        "meets_target": median >= 5000,
-        "load_s": round(load_s, 2),
-        "torch_threads": torch.get_num_threads(),
-    }
+    with err.status(f"profiling {tokens:,} tokens {repeats + 1} times"):
+        result = run(model, tokens=tokens, repeats=repeats, batch_windows=DEFAULT_BATCH)
+    summary = {"model": "minilm", "experts": experts, "top_k": 2, **result}
+    summary["load_s"] = round(load_s, 2)
     if as_json:
         print(json.dumps(summary))
     else:
-        Console().print_json(json.dumps(summary))
+        _render.bench_profiler(stdout(), summary)
 
 
 def bench_trace(traces: Path | None, *, experts: int) -> RoutingTrace:

@@ -9,10 +9,10 @@ from typing import Annotated, Any
 
 import numpy as np
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from ground.errors import InfeasibleError, UsageError
+from moelambda.cli import _render
 from moelambda.cli._app import (
     ForceOpt,
     JsonOpt,
@@ -20,6 +20,7 @@ from moelambda.cli._app import (
     bench_app,
     err,
     load_with_status,
+    stdout,
     user_errors,
 )
 from planner.deploy import pack_sizes, plan_packed
@@ -143,8 +144,16 @@ def _slo(slo: float | None, throughput: float | None, tokens: int) -> float | No
     return tokens / throughput if throughput is not None else slo
 
 
-def _write_pareto(path: Path, frontier: Any, title: str, force: bool) -> list[str]:
-    """The cost-vs-SLO curve as CSV and, beside it, as a PNG."""
+def _write_pareto(
+    path: Path, frontier: Any, title: str, force: bool, chosen: Any = None, slo_s: Any = None
+) -> list[str]:
+    """The cost-vs-SLO curve as CSV and, beside it, as a PNG with the chosen plan (`chosen`,
+    a solution) and the SLO marked; refused when the curve has no feasible point."""
+    if frontier.latency_s.size == 0:
+        raise InfeasibleError(
+            "no plan is feasible at any SLO: the cost-vs-SLO curve would be empty.",
+            "leave --pareto out, or plan for fewer --tokens.",
+        )
     import matplotlib
 
     matplotlib.use("Agg")
@@ -159,7 +168,20 @@ def _write_pareto(path: Path, frontier: Any, title: str, force: bool) -> list[st
     write_file_atomically(path, lambda tmp: tmp.write_text(rows), force=force)
     png = path.with_suffix(".png")
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.step(latency, cost * 1e6, where="post")
+    ax.step(latency, cost * 1e6, where="post", label="cheapest plan within the SLO")
+    if slo_s is not None:
+        ax.axvline(slo_s, color="grey", linestyle=":", label=f"SLO {slo_s:.3g} s")
+    if chosen is not None:
+        ax.scatter(
+            [chosen.latency],
+            [chosen.cost * 1e6],
+            marker="*",
+            s=200,
+            color="tab:orange",
+            zorder=3,
+            label=f"chosen: {chosen.latency:.3g} s, {chosen.cost * 1e6:.3g} µ$",
+        )
+        ax.legend(fontsize=8)
     ax.set_xlabel("SLO (s)")
     ax.set_ylabel("cost per batch (µ$, the plan's objective)")
     ax.set_yscale("log")  # the cost rises steeply near the smallest feasible SLO
@@ -431,7 +453,12 @@ def plan(
     }
     if pareto is not None:
         summary["pareto"] = _write_pareto(
-            pareto, frontier, f"{manifest.model}, E={manifest.experts}, {tokens:,} tokens", force
+            pareto,
+            frontier,
+            f"{manifest.model}, E={manifest.experts}, {tokens:,} tokens",
+            force,
+            solution,
+            slo_s,
         )
     if as_json:
         print(json.dumps(summary))
@@ -440,7 +467,7 @@ def plan(
 
 
 def _print_plan(summary: dict[str, Any]) -> None:
-    out = Console()
+    out = stdout()
     slo = "no SLO (cheapest)" if summary["slo_s"] is None else f"SLO {summary['slo_s']:.3f} s"
     table = Table(
         title=f"Plan for {summary['model']}: {summary['tokens']:,} tokens per batch, {slo}"
@@ -725,4 +752,4 @@ def bench_planner(
     if as_json:
         print(json.dumps(summary))
     else:
-        Console().print_json(json.dumps(summary))
+        _render.bench_planner(stdout(), summary)

@@ -4,16 +4,15 @@ benchmark table building and prediction."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from ground.errors import UsageError
+from moelambda.cli import _render
 from moelambda.cli._app import (
     ForceOpt,
     JsonOpt,
@@ -22,6 +21,7 @@ from moelambda.cli._app import (
     bench_app,
     err,
     renamed,
+    stdout,
     user_errors,
 )
 
@@ -115,7 +115,7 @@ def predict(
     if renamed("--list-methods", "--list-predictors", list_methods, list_predictors):
         for name, spec in METHODS.items():
             mark = " (default)" if name == DEFAULT_METHOD else ""
-            Console().print(f"[bold]{name}[/]{mark}: {spec.description}", highlight=False)
+            stdout().print(f"[bold]{name}[/]{mark}: {spec.description}", highlight=False)
         return
     chosen = predictor or DEFAULT_METHOD
     make_predictor(chosen)
@@ -208,7 +208,7 @@ def predict(
 
 
 def _print_scores(summary: dict[str, Any]) -> None:
-    out = Console()
+    out = stdout()
     profiled = summary["profile_tokens"]
     source = f"tables {summary['tables']}" if profiled is None else f"{profiled:,} tokens"
     table = Table(
@@ -259,62 +259,17 @@ def bench_predictor(
 
     The profiling data is a real routing trace resampled by whole windows (with replacement) to
     `batches` × 10,240 tokens, so keys repeat as they do in real text. The paper reports 28.89 s
-    and 20.31 s for the same two jobs.
+    and 20.31 s for the same two jobs (`predictor.bench_tables`).
     """
-    import numpy as np
-
-    from predictor import DEFAULT_METHOD, RoutingTrace, build_tables, make_predictor
+    from moelambda.cli.model import bench_trace
+    from predictor import bench_tables
 
     if batches < 1 or predict_batches < 1:
         raise UsageError("--batches and --predict-batches must be positive.", "pass 1 or more.")
-    from moelambda.cli.model import bench_trace
-
     trace = bench_trace(traces, experts=4)
-    windows = np.unique(trace.window_ids)
-    window = int(trace.meta.get("window", 128))
-    rng = np.random.default_rng(0)
-
-    def resample(tokens: int) -> RoutingTrace:
-        chosen = rng.choice(windows, size=tokens // window, replace=True)
-        order = np.argsort(trace.window_ids, kind="stable")
-        starts = np.searchsorted(trace.window_ids[order], chosen)
-        index = order[(starts[:, None] + np.arange(window)).ravel()]
-        return trace.take(index)
-
-    profile = resample(batches * 10240)
-    started = time.perf_counter()
-    tables = build_tables(profile)
-    build_s = time.perf_counter() - started
-    eval_batches = [resample(10240) for _ in range(predict_batches)]
-    result: dict[str, Any] = {}
-    for name in dict.fromkeys((DEFAULT_METHOD, "bayes")):
-        predictor = make_predictor(name)
-        started = time.perf_counter()
-        predictor.fit(tables, profile)
-        fit_s = time.perf_counter() - started
-        started = time.perf_counter()
-        for batch in eval_batches:
-            predictor.predict(batch)
-        result[name] = {
-            "fit_s": round(fit_s, 4),
-            "predict_s": round(time.perf_counter() - started, 4),
-        }
-    summary = {
-        "model": trace.meta["model"],
-        "experts": trace.num_experts,
-        "top_k": trace.top_k,
-        "layers": trace.num_layers,
-        "profile_tokens": profile.num_tokens,
-        "table_entries": int(sum(layer.keys.size for layer in tables.layers)),
-        "build_tables_s": round(build_s, 4),
-        "build_target_s": 1.0,
-        "predict_tokens": predict_batches * 10240,
-        "methods": result,
-        "predict_target_s": 0.2,
-        "paper_s": {"build": 28.89, "predict": 20.31},
-        "meets_targets": build_s <= 1.0 and all(r["predict_s"] <= 0.2 for r in result.values()),
-    }
+    with err.status("building tables and predicting"):
+        summary = bench_tables(trace, batches=batches, predict_batches=predict_batches)
     if as_json:
         print(json.dumps(summary))
     else:
-        Console().print_json(json.dumps(summary))
+        _render.bench_predictor(stdout(), summary)

@@ -6,7 +6,6 @@ import json
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from moelambda.cli._app import (
@@ -26,6 +25,7 @@ from moelambda.cli._app import (
     err,
     load_with_status,
     moefy_flags,
+    stdout,
     user_errors,
 )
 
@@ -118,7 +118,7 @@ def _print(summary: dict[str, Any], label: str) -> None:
         table.add_row(name, f"{q[key]:.4f}")
     table.add_row("FFN FLOPs per token / dense", f"{q['expert_flops_share']:.3f}")
     table.add_row("  per layer", " ".join(f"{s:.2f}" for s in q["flops_share_per_layer"]))
-    out = Console()
+    out = stdout()
     out.print(table)
     when = "measured now" if summary["measured_now"] else "measured when the model was MoEfied"
     out.print(f"({when}; {q['wall_s']:.1f} s)")
@@ -233,7 +233,7 @@ def grid_of_bench(name: str) -> list[Any]:
 
 
 def _print_bench(report: dict[str, Any]) -> None:
-    out = Console()
+    out = stdout()
     for name, result in report["models"].items():
         metric = result["floor"]["metric"]
         columns = (

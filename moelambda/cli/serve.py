@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -12,7 +10,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ground.errors import UsageError
-from moelambda.cli._app import DEFAULT_BATCH, JsonOpt, app, err, load_with_status, user_errors
+from moelambda.cli._app import (
+    JsonOpt,
+    app,
+    err,
+    load_with_status,
+    stdout,
+    user_errors,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -99,85 +104,21 @@ def run_local(
             "`moelambda synth` works for shapes.",
         )
     # Every argument is checked: only now start the model, moto and (through the CDK) Node.
-    from cdk.app import DEFAULT_STACK, build_app
-    from moe import export_model
-    from pipeline.local import run_workflow
-    from pipeline.stacks import flat_template
-    from planner import function_seconds, instance_of, planned_usage, price_usage
-    from planner.replay import runtime_choice
+    from moelambda.local import run_plan_locally
 
     model = load_with_status(ref.model, ref.experts, ref.top_k, ref.seed, True, ref.moefy)
     ids = _batch(model.tokenizer, text, tokens or document.totals.tokens, corpus, seed, max_tokens)
-    with err.status(f"running the monolithic model on {ids.size:,} tokens"):
-        reference, counts = _reference(model, ids, ref.experts)
-    metered = requests == 1 and not injected.any
-    with tempfile.TemporaryDirectory(prefix="moelambda-local-") as tmp:
-        root = Path(tmp)
-        with err.status("exporting weights and synthesising the stack"):
-            manifest = export_model(model, root / "weights")
-            # A traffic plan's capacity (provisioned aliases, warmer schedules) keeps a
-            # stream's environments warm; one local batch runs the same workflow without it.
-            source = plan
-            if document.traffic is not None:
-                source = document.model_copy(update={"traffic": None}).save(root / "plan.json")
-            build_app(source, root / "cdk.out", stack_name=DEFAULT_STACK)
-            template = flat_template(root / "cdk.out", DEFAULT_STACK)
-        # Before the run: a batch the plan cannot serve (more tokens than an expert's replicas
-        # can take) is refused here, as its gate would refuse it.
-        inst = instance_of(document, manifest, counts, int(ids.size))
-        predicted = function_seconds(inst, runtime_choice(document, inst))
-        planned = planned_usage(document, manifest, counts, int(ids.size))
-        with err.status(f"running {requests} execution(s) on moto"):
-            started = time.perf_counter()
-            result = run_workflow(
-                template,
-                root / "weights",
-                [ids] * requests,
-                metered=metered,
-                faults=injected,
-                metrics_file=metrics_out,
-            )
-            wall_s = time.perf_counter() - started
-    runs = result["requests"]
-    diffs = [float(abs(r["output"] - reference).max()) for r in runs if "output" in r]
-    failed = [r for r in runs if r["status"] != "SUCCEEDED"]
-    summary: dict[str, Any] = {
-        "status": "SUCCEEDED" if not failed else failed[0]["status"],
-        "max_abs_diff_vs_monolithic": max(diffs) if diffs else None,
-        "per_function_seconds": {
-            name: round(sum(times), 4) for name, times in sorted(result["seconds"].items())
-        },
-        "predicted_vs_measured": _predicted_vs_measured(
-            predicted, planned["latency_s"], result["seconds"], runs
-        ),
-        "requests": len(runs),
-        "succeeded": len(runs) - len(failed),
-        "failed": [
-            {"request": r["request_id"], "error": r.get("error"), "cause": r.get("cause")}
-            for r in failed
-        ],
-        "wall_s": round(wall_s, 3),
-        "faults_injected": result["faults"],
-        "tokens": int(ids.size),
-        "intermediates_left": sum(r.get("intermediates_left", 0) for r in runs),
-        # Requests the functions' own IAM policies (from the template) refused: none, or a bug.
-        "access_denied": [
-            {"function": who, "action": action, "resource": resource}
-            for who, action, resource in result["denied"]
-        ],
-        "metered": None,
-        "planned": None,
-        "bill": None,
-    }
-    if metered:
-        (run,) = runs
-        usage = result["usage"]
-        summary["metered"] = usage
-        summary["planned"] = planned["usage"]
-        summary["bill"] = {
-            "planned": planned["bill"],
-            "metered": price_usage(document, usage, run.get("seconds", 0.0)),
-        }
+    with err.status("running the plan locally") as status:
+        summary = run_plan_locally(
+            plan,
+            model,
+            ids,
+            requests=requests,
+            faults=injected,
+            metrics_file=metrics_out,
+            progress=status.update,
+        )
+    failed = summary["failed"]
     if as_json:
         print(json.dumps(summary))
     else:
@@ -204,57 +145,8 @@ def _batch(
         return make_windows(source, tokenizer, tokens=tokens, window=WINDOW, seed=seed)
 
 
-def _reference(model: Any, ids: np.ndarray, experts: int) -> tuple[np.ndarray, np.ndarray]:
-    """The monolithic forward's output and its routing counts (layers, experts) for the batch.
-
-    In chunks of `DEFAULT_BATCH` windows, which bounds the memory of a large batch.
-    """
-    import numpy as np
-    import torch
-
-    outputs, counts = [], []
-    for start in range(0, ids.shape[0], DEFAULT_BATCH):
-        routing: list = []
-        chunk = torch.from_numpy(ids[start : start + DEFAULT_BATCH])
-        outputs.append(model.forward(chunk, reference=True, routing=routing).numpy())
-        counts.append(
-            [np.bincount(r.experts.reshape(-1), minlength=experts + 1)[:experts] for r in routing]
-        )
-    return np.concatenate(outputs), np.sum(counts, axis=0)
-
-
-def _predicted_vs_measured(
-    predicted: dict[str, float],
-    latency_s: float,
-    measured: dict[str, list[float]],
-    runs: list[dict[str, Any]],
-) -> dict[str, Any]:
-    """Per function the cost model's time of one call against the mean measured call.
-
-    The prediction is for a warm Lambda function at the plan's memory size; the measurement is
-    this machine running every handler in-process on moto, concurrently.
-    """
-    functions = {}
-    for name in sorted(predicted.keys() | measured.keys()):
-        calls = measured.get(name, [])
-        functions[name] = {
-            "predicted_s": round(predicted[name], 5) if name in predicted else None,
-            "measured_s": round(sum(calls) / len(calls), 5) if calls else None,
-            "calls": len(calls),
-        }
-    durations = [r["seconds"] for r in runs if "seconds" in r]
-    return {
-        "functions": functions,
-        "request": {
-            "predicted_s": round(latency_s, 4),
-            "measured_s": round(max(durations), 4) if durations else None,
-        },
-    }
-
-
 def _print_summary(summary: dict[str, Any]) -> None:
     """Per function predicted against measured seconds, metered against planned, the verdict."""
-    from rich.console import Console
     from rich.table import Table
 
     compared = summary["predicted_vs_measured"]
@@ -270,7 +162,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
             "-" if entry["measured_s"] is None else f"{entry['measured_s']:.3f}",
             str(entry["calls"]),
         )
-    console = Console()
+    console = stdout()
     console.print(table)
     if summary["metered"] is not None:
         # Polls and GB-seconds depend on timing (handlers here run slower than on Lambda); the

@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from ground.errors import UsageError
-from moelambda.cli._app import ForceOpt, JsonOpt, app, check_out, err, user_errors
+from moelambda.cli._app import ForceOpt, JsonOpt, app, check_out, err, stdout, user_errors
 
 # CloudFormation's quotas per template (https://docs.aws.amazon.com/AWSCloudFormation/latest/
 # UserGuide/cloudformation-limits.html): a plan with many experts can exceed them.
@@ -256,7 +255,7 @@ def synth(
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
-    console = Console()
+    console = stdout()
     nested = summary["nested_stacks"]
     title = f"Stack {summary['stack']}: {summary['resources']} resources"
     if nested:

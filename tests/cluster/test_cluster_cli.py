@@ -104,7 +104,7 @@ def test_lyra_replays_a_generated_trace_and_takes_demand_from_a_gpu_plan(tmp_pat
         app, [*args, "--gpu-plan", str(tmp_path / "plan.json"), "--peak-rps", "50"]
     )
     assert run.exit_code == 0, run.output
-    from moelambda.cli.cluster import LyraOptions
+    from cluster.replay import LyraOptions
 
     demand = {
         rps: LyraOptions(1.0, 600, 0, tmp_path / "plan.json", rps).inference_demand()

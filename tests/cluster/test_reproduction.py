@@ -6,14 +6,17 @@ traces are checked by `moelambda bench cluster`)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from pathlib import Path
 
 import pytest
 
+import cluster.elasticflow as elasticflow
 from cluster.artifact import EventDigest, EventLog, Rounds, artifact_events, artifact_runs
 from cluster.edf import EDF
+from cluster.ef_kernels import plan_round
 from cluster.elasticflow import ElasticFlow
 from cluster.gandiva import Gandiva
 from cluster.simulate import overhead_s, simulate
@@ -49,6 +52,35 @@ def test_elasticflow_equals_the_artifact_round_by_round_on_cluster01s_first_300_
     artifact = (DATA / "elasticflow_cluster01-first300_n64g8_A100.rounds").read_text()
     assert seen == Rounds.loads(artifact).events
     assert ratio == 227 / 300
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trace", ["cluster01", "cluster03", "cluster05"])
+def test_elasticflow_equals_the_artifact_event_by_event_on_whole_itp_traces(trace: str) -> None:
+    """The artifact's whole runs: 1,139 events on cluster01 (1,352 jobs in time), 2,558 on
+    cluster03 (1,566), 3,907 on cluster05 (3,065)."""
+    cluster = load_cluster("n64g8")
+    digest = EventDigest()
+    policy = ElasticFlow(cluster, load_curves("A100"), "A100")
+    result = simulate(load_trace(trace), cluster, policy, on_round=digest)
+    assert digest.matches(artifact_events()[trace, "elasticflow"])
+    assert len(result.met) == artifact_runs()[trace, "elasticflow"].accepted
+
+
+def test_reusing_scale_up_estimates_changes_no_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hand-out reuses an estimate while a grant leaves what it read unchanged; every
+    estimate made afresh (`reuse=False`) gives the same events, here on cluster02's first
+    1,500 jobs (2,507 events; no artifact log of ElasticFlow on cluster02 to hold them to)."""
+    digests = []
+    for reuse in (True, False):
+        monkeypatch.setattr(elasticflow, "plan_round", functools.partial(plan_round, reuse=reuse))
+        cluster = load_cluster("n64g8")
+        digest = EventDigest()
+        policy = ElasticFlow(cluster, load_curves("A100"), "A100")
+        simulate(load_trace("cluster02")[:1500], cluster, policy, on_round=digest)
+        digests.append((digest.count, digest.hexdigest()))
+    assert digests[0] == digests[1]
+    assert digests[0][0] == 2507
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
+from functions.local import run_workflow
 from ground.errors import UsageError
 from moe import MoEModel
 from pipeline.faults import Faults
-from pipeline.local import run_workflow
 from tests.serving.conftest import METHODS
 
 TOL = 1e-4

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from functions.local import run_workflow
 from moe import MoEModel
 from pipeline import transports
 from pipeline.iam import Policies, Statement
-from pipeline.local import run_workflow
 from tests.serving.conftest import METHODS
 
 BUCKET = "arn:aws:s3:::b"

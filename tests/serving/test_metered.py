@@ -21,13 +21,14 @@ from typer.testing import CliRunner
 
 from cdk._functions import FunctionOptions
 from cdk.app import build_app
+from functions.local import run_workflow
 from ground.manifest import Manifest
 from ground.method import Method
 from ground.plan import Plan
 from ground.semantics import USAGE_KEYS, max_direct_tokens, request_counts, runtime_replicas
 from moe import MoEModel, load_corpus, make_windows
 from moelambda.cli import app
-from pipeline.local import atomic_s3, run_workflow
+from pipeline.local import atomic_s3
 from pipeline.meter import Meter
 from pipeline.stacks import flat_template
 from planner import planned_usage

@@ -18,6 +18,7 @@ from botocore.exceptions import ClientError
 from functions import common, config, weights
 from functions.common import ExpertFailed, gather_previous, s3_client
 from functions.layer import CapacityError, replicas_for
+from functions.local import LocalHandlers
 from ground import layout
 from moe import Manifest
 from pipeline import transports
@@ -107,7 +108,7 @@ def test_an_invoked_handler_never_holds_the_s3_lock(s3: object) -> None:
         Handler=handler,
         Code={"ZipFile": placeholder_zip()},
     )
-    lambdas = InProcessLambdas()
+    lambdas = InProcessLambdas(LocalHandlers())
     lambdas.register(name, handler, {"MOELAMBDA_BUCKET": BUCKET}, memory_mb=128)
     with lambdas.installed():  # nested inside the session's atomic_s3
         answer = client.invoke(FunctionName=name, Payload=json.dumps({"key": "lock-test"}))

@@ -12,9 +12,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from functions.local import run_workflow
 from moe import MoEModel
 from moelambda.cli import app
-from pipeline.local import run_workflow
 from tests.serving.conftest import METHODS
 
 runner = CliRunner()

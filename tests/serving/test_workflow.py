@@ -11,12 +11,12 @@ import torch
 
 from functions import expert
 from functions.layer import CapacityError
+from functions.local import run_workflow
 from ground.errors import ModelError, UsageError
 from ground.method import Method
 from ground.semantics import request_counts, runtime_replicas
 from moe import Manifest, MoEModel
 from pipeline import transports
-from pipeline.local import run_workflow
 from pipeline.tensorio import encode
 from tests.cdk.test_stack import make_plan, model_ref
 from tests.serving.conftest import BUCKET

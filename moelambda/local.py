@@ -1,0 +1,199 @@
+"""`moelambda run-local` as a call: a plan's synthesised workflow run on moto with the real
+handlers in this process, its output checked against the monolithic model.
+
+This module sits beside the command line, above cdk/, functions/, pipeline/ and planner/, whose
+work it puts together; the command line only checks its arguments, loads the model, cuts the
+batch and renders.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ground.errors import UsageError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from moe import MoEModel
+    from pipeline.faults import Faults
+
+__all__ = ["run_plan_locally"]
+
+CHUNK_WINDOWS = 32  # windows per monolithic forward pass (bounds a large batch's memory)
+
+
+def run_plan_locally(
+    plan: Path,
+    model: MoEModel,
+    ids: np.ndarray,
+    *,
+    requests: int = 1,
+    faults: Faults | None = None,
+    metrics_file: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run the plan's Step Functions workflow on moto, handlers in-process, and check it.
+
+    The state machine and every function's environment come from the template `moelambda
+    synth` would produce; the output is compared with the monolithic MoE forward of the same
+    input. One execution without faults is metered (functions warm, as the plan prices them):
+    its billed requests, transitions and GB-seconds are set against the plan's, and priced.
+
+    Args:
+        plan: The plan JSON (`moelambda plan`).
+        model: The plan's model, loaded (`moe.load_model` with the plan's model reference).
+        ids: The request's token ids, (windows, tokens per window).
+        requests: Concurrent executions of the same input. Defaults to 1 (metered).
+        faults: Faults to inject (`pipeline.faults.Faults`). Defaults to None (none).
+        metrics_file: Where the gates append their routing metrics (EMF, one JSON line per
+            gate call), as a deployed gate prints them. Defaults to None (not written).
+        progress: Called with a message as each step starts. Defaults to None.
+
+    Returns:
+        The status, the largest difference from the monolithic output, per function the
+        seconds (predicted against measured), the failed requests, the faults injected, what
+        the functions' IAM policies refused, and for a metered run its usage and bill against
+        the plan's: what `moelambda run-local --json` prints.
+
+    Raises:
+        UsageError: `requests` is below 1; see also `planner.instance_of` (a batch the plan
+            cannot serve is refused before the run).
+    """
+    from cdk.app import DEFAULT_STACK, build_app
+    from functions.local import run_workflow
+    from ground.plan import Plan
+    from moe import export_model
+    from pipeline.faults import Faults
+    from pipeline.stacks import flat_template
+    from planner import function_seconds, instance_of, planned_usage, price_usage
+    from planner.replay import runtime_choice
+
+    say = progress or (lambda _: None)
+    document = Plan.load(plan)
+    injected = faults or Faults()
+    if requests < 1:
+        raise UsageError(f"--requests {requests} is below 1.", "pass --requests 1 or more.")
+    say(f"running the monolithic model on {ids.size:,} tokens")
+    reference, counts = _reference(model, ids, document.model.experts)
+    metered = requests == 1 and not injected.any
+    with tempfile.TemporaryDirectory(prefix="moelambda-local-") as tmp:
+        root = Path(tmp)
+        say("exporting weights and synthesising the stack")
+        manifest = export_model(model, root / "weights")
+        # A traffic plan's capacity (provisioned aliases, warmer schedules) keeps a stream's
+        # environments warm; one local batch runs the same workflow without it.
+        source = plan
+        if getattr(document, "traffic", None) is not None:
+            source = document.model_copy(update={"traffic": None}).save(root / "plan.json")
+        build_app(source, root / "cdk.out", stack_name=DEFAULT_STACK)
+        template = flat_template(root / "cdk.out", DEFAULT_STACK)
+        # Before the run: a batch the plan cannot serve (more tokens than an expert's replicas
+        # can take) is refused here, as its gate would refuse it.
+        inst = instance_of(document, manifest, counts, int(ids.size))
+        predicted = function_seconds(inst, runtime_choice(document, inst))
+        planned = planned_usage(document, manifest, counts, int(ids.size))
+        say(f"running {requests} execution(s) on moto")
+        started = time.perf_counter()
+        result = run_workflow(
+            template,
+            root / "weights",
+            [ids] * requests,
+            metered=metered,
+            faults=injected,
+            metrics_file=metrics_file,
+        )
+        wall_s = time.perf_counter() - started
+    runs = result["requests"]
+    diffs = [float(abs(r["output"] - reference).max()) for r in runs if "output" in r]
+    failed = [r for r in runs if r["status"] != "SUCCEEDED"]
+    summary: dict[str, Any] = {
+        "status": "SUCCEEDED" if not failed else failed[0]["status"],
+        "max_abs_diff_vs_monolithic": max(diffs) if diffs else None,
+        "per_function_seconds": {
+            name: round(sum(times), 4) for name, times in sorted(result["seconds"].items())
+        },
+        "predicted_vs_measured": _predicted_vs_measured(
+            predicted, planned["latency_s"], result["seconds"], runs
+        ),
+        "requests": len(runs),
+        "succeeded": len(runs) - len(failed),
+        "failed": [
+            {"request": r["request_id"], "error": r.get("error"), "cause": r.get("cause")}
+            for r in failed
+        ],
+        "wall_s": round(wall_s, 3),
+        "faults_injected": result["faults"],
+        "tokens": int(ids.size),
+        "intermediates_left": sum(r.get("intermediates_left", 0) for r in runs),
+        # Requests the functions' own IAM policies (from the template) refused: none, or a bug.
+        "access_denied": [
+            {"function": who, "action": action, "resource": resource}
+            for who, action, resource in result["denied"]
+        ],
+        "metered": None,
+        "planned": None,
+        "bill": None,
+    }
+    if metered:
+        (run,) = runs
+        usage = result["usage"]
+        summary["metered"] = usage
+        summary["planned"] = planned["usage"]
+        summary["bill"] = {
+            "planned": planned["bill"],
+            "metered": price_usage(document, usage, run.get("seconds", 0.0)),
+        }
+    return summary
+
+
+def _reference(model: Any, ids: np.ndarray, experts: int) -> tuple[np.ndarray, np.ndarray]:
+    """The monolithic forward's output and its routing counts (layers, experts) for the batch.
+
+    In chunks of `CHUNK_WINDOWS` windows, which bounds the memory of a large batch.
+    """
+    import numpy as np
+    import torch
+
+    outputs, counts = [], []
+    for start in range(0, ids.shape[0], CHUNK_WINDOWS):
+        routing: list = []
+        chunk = torch.from_numpy(ids[start : start + CHUNK_WINDOWS])
+        outputs.append(model.forward(chunk, reference=True, routing=routing).numpy())
+        counts.append(
+            [np.bincount(r.experts.reshape(-1), minlength=experts + 1)[:experts] for r in routing]
+        )
+    return np.concatenate(outputs), np.sum(counts, axis=0)
+
+
+def _predicted_vs_measured(
+    predicted: dict[str, float],
+    latency_s: float,
+    measured: dict[str, list[float]],
+    runs: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """Per function the cost model's time of one call against the mean measured call.
+
+    The prediction is for a warm Lambda function at the plan's memory size; the measurement is
+    this machine running every handler in-process on moto, concurrently.
+    """
+    functions = {}
+    for name in sorted(predicted.keys() | measured.keys()):
+        calls = measured.get(name, [])
+        functions[name] = {
+            "predicted_s": round(predicted[name], 5) if name in predicted else None,
+            "measured_s": round(sum(calls) / len(calls), 5) if calls else None,
+            "calls": len(calls),
+        }
+    durations = [r["seconds"] for r in runs if "seconds" in r]
+    return {
+        "functions": functions,
+        "request": {
+            "predicted_s": round(latency_s, 4),
+            "measured_s": round(max(durations), 4) if durations else None,
+        },
+    }
