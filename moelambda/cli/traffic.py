@@ -42,7 +42,7 @@ SeedOpt = Annotated[int, typer.Option(help="Seeds synthetic arrivals.")]
 
 def calibrate_cold(source: Path, target: Path, repeats: int, as_json: bool) -> None:
     """`moelambda calibrate --cold`: measure every handler's INIT and write it into `target`."""
-    from pipeline.coldstart import measure_cold, reference_export, summarise
+    from moelambda.coldstart import measure_cold, reference_export, summarise
     from planner import compute
     from planner.calibration import ColdStartReference
     from planner.traffic.platform import calibrated_cold_document

@@ -1,4 +1,6 @@
-"""Measure a handler's INIT on this machine: fresh processes, real imports, weights from moto S3.
+"""Measure a handler's INIT on this machine (`moelambda calibrate --cold`): fresh processes, real
+imports, weights from moto S3. It lives beside the CLI, not in pipeline/, because it runs the
+handlers of functions/ (the packages below never import the handlers they deploy).
 
 Each sample is a new Python process (`python -c`), as a new execution environment is: it imports
 the role's handler module (`functions.head`, `functions.layer`, `functions.expert`,
