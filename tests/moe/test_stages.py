@@ -135,13 +135,15 @@ def test_cached_model_is_the_built_model(
     assert torch.equal(cached.forward(ids), minilm.forward(ids))
     assert cached.fits == minilm.fits
     monkeypatch.undo()
-    other_seed = load_model("minilm", experts=4, top_k=2, seed=1, cache=False)
+    other_seed = load_model("minilm", experts=4, top_k=2, seed=1, cache=False, quality_tokens=0)
     assert not torch.equal(other_seed.routers[0].linear.weight, minilm.routers[0].linear.weight)
 
 
 def test_smollm2_gguf_stages_equal_monolithic(tmp_path: Path) -> None:
     """The decoder default: GGUF weights, tied LM head exported as its own tensor, 30 layers."""
-    model = load_model("smollm2", experts=4, top_k=2, fit_tokens=512, cache=False)
+    model = load_model(
+        "smollm2", experts=4, top_k=2, fit_tokens=512, cache=False, quality_tokens=0
+    )
     assert (model.num_layers, model.hidden_size, model.family.name) == (30, 576, "decoder")
     ids = torch.tensor([model.tokenizer("The capital of France is Paris.")["input_ids"]])
     reference = model.forward(ids, reference=True)
