@@ -1,0 +1,214 @@
+"""The planner benchmark (`moelambda bench planner`): every solver on one instance at a loose,
+a medium and a tight SLO, so the exact solver's speed and optimality are measured against ODS
+and the MILP on the same run."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ground.errors import UsageError
+from planner.baselines import lambdaml
+from planner.build import instance_for
+from planner.calibration import load_calibration
+from planner.compute import expert_compute_s
+from planner.exact import solve_exact, solve_frontier
+from planner.instance import Instance, Method
+from planner.milp import solve_milp_mixed
+from planner.ods import solve_ods
+from planner.packing import balanced_groups, group_sizes, pack
+from planner.shapes import load_shape, shape_counts
+
+if TYPE_CHECKING:
+    from predictor import RoutingTrace
+
+__all__ = ["baselines", "bench_planner", "packed_exact", "paper_instance", "shape_instance"]
+
+Status = Callable[[str], AbstractContextManager[Any]]
+
+
+def paper_instance(
+    trace: RoutingTrace, tokens: int, layers: int = 12
+) -> tuple[Instance, dict[str, Any]]:
+    """12 MoE layers (or fewer) x 16 experts of a BERT-base-sized model, with real skewed
+    popularity.
+
+    The popularity shares come from real MiniLM routing with 16 experts (its 6 layers, then the
+    same 6 with the expert order reversed, for 12); the sizes from BERT-base (hidden 768, FFN
+    3,072 in 16 experts of 192 neurons).
+    """
+    if trace.num_experts != 16:
+        raise UsageError(
+            f"the benchmark needs a 16-expert trace; this one has {trace.num_experts}.",
+            "profile with --experts 16, or leave --traces out.",
+        )
+    shares = trace.popularity() / (trace.num_tokens * trace.top_k)
+    shares = np.vstack([shares, shares[:, ::-1]])[:layers]
+    counts = np.round(shares * tokens * 2)
+    hidden, width = 768, 3072 // 16
+    expert_bytes = (2 * hidden * width + width + hidden) * 4
+    layer_bytes = (4 * hidden * hidden + 4 * hidden + 4 * hidden + hidden * 16) * 4
+    cal = load_calibration()
+    compute = expert_compute_s(cal, 2.0 * expert_bytes / 4)
+    layer_compute = expert_compute_s(cal, 2.0 * layer_bytes / 4)
+    nonmoe = float(np.interp(1769, np.asarray(cal.memory_options_mb, float), layer_compute))
+    inst = Instance.build(
+        counts,
+        cal,
+        expert_bytes=np.full(counts.shape, float(expert_bytes)),
+        token_bytes=hidden * 4,
+        compute_s=compute,
+        nonmoe_compute_s=nonmoe,
+        tokens=tokens,
+    )
+    facts = {
+        "layers": layers,
+        "experts": 16,
+        "memory_options": len(cal.memory_options_mb),
+        "max_replicas": cal.max_replicas,
+        "tokens": tokens,
+        "betas": len(inst.betas),
+        "expert_bytes": expert_bytes,
+        "busiest_expert_share": round(float(shares.max()), 4),
+        "counts_from": trace.meta.get("corpus"),
+    }
+    return inst, facts
+
+
+def shape_instance(shape: str, popularity: str, tokens: int) -> tuple[Instance, dict[str, Any]]:
+    """The planning instance of a model shape (no weights) and what describes it."""
+
+    described = load_shape(shape)
+    counts, label = shape_counts(described, tokens, popularity)
+    cal = load_calibration()
+    inst = instance_for(described.manifest(), counts, cal, tokens=tokens)
+    facts = {
+        "shape": described.name,
+        "layers": inst.layers,
+        "experts": inst.experts,
+        "top_k": described.top_k,
+        "memory_options": len(cal.memory_options_mb),
+        "max_replicas": cal.max_replicas,
+        "tokens": tokens,
+        "betas": len(inst.betas),
+        "expert_bytes": int(inst.expert_bytes.max()),
+        "busiest_expert_share": round(float(counts.max() / (tokens * described.top_k)), 4),
+        "counts_from": label,
+    }
+    return inst, facts
+
+
+def packed_exact(inst: Instance, slo_s: float) -> dict[str, Any]:
+    """`plan --pack auto` with the exact solver at one SLO: the cost of each number of experts
+    per function (None: no plan), the cheapest, and the seconds all of them took."""
+    started = time.perf_counter()
+    by_size: dict[str, float | None] = {}
+    for size in group_sizes(inst.experts):
+        packed = inst if size == 1 else pack(inst, balanced_groups(inst.counts, size))
+        solution = solve_exact(packed, slo_s)
+        by_size[str(size)] = None if solution is None else solution.cost
+    found = {k: v for k, v in by_size.items() if v is not None}
+    best = min(found, key=lambda k: found[k]) if found else None
+    return {
+        "experts_per_function": None if best is None else int(best),
+        "cost_usd": None if best is None else found[best],
+        "by_size": by_size,
+        "seconds": round(time.perf_counter() - started, 4),
+    }
+
+
+def baselines(inst: Instance, slo_s: float) -> dict[str, float | None]:
+    """Costs of LambdaML and of each uniform method (exact, so fast) at one SLO."""
+    found = {"lambdaml": lambdaml(inst, slo_s)}
+    for method in Method:
+        found[f"uniform-{method.label}"] = solve_exact(inst, slo_s, (method,))
+    return {name: None if s is None else s.cost for name, s in found.items()}
+
+
+def bench_planner(
+    inst: Instance,
+    facts: dict[str, Any],
+    *,
+    time_limit_s: float = 60.0,
+    exact_only: bool = False,
+    status: Status = lambda _: nullcontext(),
+) -> dict[str, Any]:
+    """Solve `inst` at a loose, a medium and a tight SLO with every solver (the exact one only
+    with `exact_only`: ODS and the MILP take minutes at real-model scale), with packing and the
+    baselines; the summary `moelambda bench planner` prints. `status` wraps each step (a
+    spinner in the CLI)."""
+    with status("building the frontier"):
+        frontier = solve_frontier(inst)
+    cheapest = frontier.best(None)
+    fastest = frontier.min_latency()
+    slos = {
+        "loose": cheapest.latency,
+        "medium": (cheapest.latency + fastest) / 2,
+        "tight": fastest * 1.02,
+    }
+    results = []
+    totals = {"exact": 0.0, "ods": 0.0, "packed": 0.0}
+    for label, slo_s in slos.items():
+        entry: dict[str, Any] = {"label": label, "slo_s": round(slo_s, 6), "solvers": {}}
+        with status(f"{label} SLO {slo_s:.3f} s: exact, ODS, MILP"):
+            solvers = (
+                ("exact", lambda s=slo_s: solve_exact(inst, s)),
+                ("ods", lambda s=slo_s: solve_ods(inst, s, time_limit_s=time_limit_s)),
+                ("milp", lambda s=slo_s: solve_milp_mixed(inst, s, time_limit_s=time_limit_s)),
+            )
+            for name, solve in solvers[:1] if exact_only else solvers:
+                started = time.perf_counter()
+                solution = solve()
+                seconds = time.perf_counter() - started
+                row: dict[str, Any] = {
+                    "seconds": round(seconds, 4),
+                    "feasible": solution is not None,
+                }
+                if solution is not None:
+                    row["cost_usd"] = solution.cost
+                    row["latency_s"] = round(solution.latency, 6)
+                if name == "milp":
+                    row["optimal"] = bool(solution is not None and solution.optimal)
+                if name in totals:
+                    totals[name] += seconds
+                entry["solvers"][name] = row
+        solvers = entry["solvers"]
+        with status(f"{label} SLO {slo_s:.3f} s: packed"):
+            entry["packed"] = packed_exact(inst, slo_s)
+        totals["packed"] += entry["packed"]["seconds"]
+        entry["baselines_usd"] = baselines(inst, slo_s)
+        exact_cost = solvers["exact"].get("cost_usd")
+        if exact_cost is not None and not exact_only:
+            ods = solvers["ods"].get("cost_usd")
+            entry["exact_vs_ods"] = None if ods is None else round(exact_cost / ods, 6)
+            milp = solvers["milp"]
+            if milp.get("optimal"):
+                entry["exact_equals_milp"] = (
+                    abs(milp["cost_usd"] - exact_cost) <= 1e-6 * exact_cost
+                )
+        results.append(entry)
+    summary = {
+        "instance": facts,
+        "frontier_points": int(frontier.cost_usd.size),
+        "slos": results,
+        "exact_total_s": round(totals["exact"], 4),
+        "exact_target_s": 0.25 if not exact_only else 5.0,
+        "packed_total_s": round(totals["packed"], 4),
+        "packed_never_worse": all(
+            entry["packed"]["cost_usd"] <= entry["solvers"]["exact"]["cost_usd"] * (1 + 1e-9)
+            for entry in results
+            if entry["solvers"]["exact"]["feasible"]
+        ),
+    }
+    if not exact_only:
+        summary |= {
+            "ods_total_s": round(totals["ods"], 4),
+            "exact_speedup_vs_ods": round(totals["ods"] / max(totals["exact"], 1e-9), 1),
+            "speedup_target": 20.0,
+            "paper_ods_s": 2.27,
+        }
+    return summary
