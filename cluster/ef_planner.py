@@ -49,7 +49,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cluster.ef_kernels import PlanError, _align, _load, _plan_w, workspace
+from cluster.ef_kernels import (
+    FREE_K,
+    FREE_V,
+    OUT_K,
+    OUT_V,
+    PlanError,
+    _align,
+    _load,
+    _plan_w,
+    workspace,
+)
 
 __all__ = ["Demand", "Plan", "PlanError", "Profile", "Tables", "plan"]
 
@@ -123,22 +133,23 @@ def plan(
     """The job's plan from now on `free` (see the module doc); with `assign`, the estimate
     with that many GPUs from now (the artifact's scale-up estimate)."""
     tables = Tables(job.levels, job.rate, cluster_gpus)
-    keys = np.array(free.keys, dtype=np.int64)
-    vals = np.array(free.vals, dtype=np.int64)
-    ws = workspace(len(keys) + 2)
+    free = np.array([free.keys, free.vals], dtype=np.int64).reshape(2, -1)
+    ws = workspace(free.shape[1] + 2)
     assign_ = -1 if assign is None else assign
     d_slot = _align(job.deadline - now_s, slot_s)
     zero = tables.levels[0] <= cluster_gpus
-    none = keys[:0]
-    m, nxt, _ = _load(ws, keys, vals, len(keys), none, none, -1, d_slot, zero, cluster_gpus, False)
+    none = np.zeros((1, 1), np.int64)
+    n = free.shape[1]
+    m, nxt, _ = _load(ws, free, n, none, none, 0, 0, -1, d_slot, zero, cluster_gpus, False)
     na, end, real, ok, nf, _ = _plan_w(
-        job.iter_left, job.deadline, tables.levels, tables.rate, tables.fit, job.max_gpus,
+        job.iter_left, job.deadline, 0, tables.levels[None], np.array([len(tables.levels)]),
+        tables.rate[None], tables.fit[None], np.array([job.max_gpus]),
         m, nxt, now_s, slot_s, cluster_gpus, assign_, ws, True, False,
     )  # fmt: skip
     return Plan(
-        tuple(zip(ws[5][:na].tolist(), ws[6][:na].tolist(), strict=True)),
+        tuple(zip(ws[OUT_K, :na].tolist(), ws[OUT_V, :na].tolist(), strict=True)),
         int(end),
         float(real),
         bool(ok),
-        Profile(tuple(ws[7][:nf].tolist()), tuple(ws[8][:nf].tolist())),
+        Profile(tuple(ws[FREE_K, :nf].tolist()), tuple(ws[FREE_V, :nf].tolist())),
     )
