@@ -157,7 +157,7 @@ def _rendered(render, summary: dict) -> str:  # type: ignore[no-untyped-def]
 def test_slow_commands_summaries() -> None:
     """run-gpu (torch.distributed processes) and bench planner (a paper-scale instance) are too
     slow to run here twice: their renderers on summaries of the shape they print."""
-    from moelambda.cli import _render
+    from moelambda.cli import _render, _render_gpu
 
     run = {
         "status": "SUCCEEDED",
@@ -169,7 +169,7 @@ def test_slow_commands_summaries() -> None:
         "layer_seconds": [0.1, 0.2],
         "error": None,
     }
-    text = _rendered(_render.run_gpu, run)
+    text = _rendered(_render_gpu.run_gpu, run)
     assert "SUCCEEDED" in text and "all-to-all s (planned)" in text and "3e-06" in text
     solver = {"seconds": 0.01, "feasible": True, "cost_usd": 2e-5, "latency_s": 1.0}
     entry = {

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from ground.errors import UsageError
-from moelambda.cli import _render as render
+from moelambda.cli import _render_gpu as render
 from moelambda.cli._app import (
     ForceOpt,
     JsonOpt,
