@@ -5,13 +5,12 @@ and the MILP on the same run."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ground.errors import UsageError
+from ground.progress import Status, quiet
 from planner.baselines import lambdaml
 from planner.build import instance_for
 from planner.calibration import load_calibration
@@ -27,8 +26,6 @@ if TYPE_CHECKING:
     from predictor import RoutingTrace
 
 __all__ = ["baselines", "bench_planner", "packed_exact", "paper_instance", "shape_instance"]
-
-Status = Callable[[str], AbstractContextManager[Any]]
 
 
 def paper_instance(
@@ -135,7 +132,7 @@ def bench_planner(
     *,
     time_limit_s: float = 60.0,
     exact_only: bool = False,
-    status: Status = lambda _: nullcontext(),
+    status: Status = quiet,
 ) -> dict[str, Any]:
     """Solve `inst` at a loose, a medium and a tight SLO with every solver (the exact one only
     with `exact_only`: ODS and the MILP take minutes at real-model scale), with packing and the

@@ -231,3 +231,16 @@ def manifest_of_trace(trace: Any) -> Any:
         trace.meta.get("moefy"),
     )
     return describe_model(model)
+
+
+def manifest_of_counts(counts: Any) -> Any:
+    """The Manifest of the model `planner.api.PlanningCounts` were predicted for (loaded,
+    MoEfied if needed)."""
+    from moe import describe_model
+
+    model = counts.model
+    return describe_model(
+        load_with_status(
+            model["model"], model["experts"], model["top_k"], model["seed"], True, model["moefy"]
+        )
+    )

@@ -2,7 +2,7 @@
 
 Every function takes the console to print on and the summary the command prints with `--json`,
 so what a person reads and what a script parses come from the same numbers. This module holds the
-shared helpers (`table`, `facts`) and the serverless path's summaries (profile, the
+shared helpers (`table`, `facts`) and the serverless path's summaries (profile, plan, the
 profiler, predictor and planner benchmarks); `_render_gpu`, `_render_cluster` and
 `_render_traffic` hold the other topics'.
 """
@@ -90,6 +90,70 @@ def popularity(out: Console, summary: dict[str, Any]) -> None:
 
         headline = Quality(**summary["quality"]).headline()
         out.print(f"Served model against the dense one: {headline}")
+
+
+# Planning
+
+
+def plan(out: Console, summary: dict[str, Any]) -> None:
+    """`moelambda plan`: one row per MoE layer, then the latency, the bill and the files."""
+    slo = "no SLO (cheapest)" if summary["slo_s"] is None else f"SLO {summary['slo_s']:.3f} s"
+    grid = Table(
+        title=f"Plan for {summary['model']}: {summary['tokens']:,} tokens per batch, {slo}"
+    )
+    per = "function" if summary["experts_per_function"] > 1 else "expert"
+    for column in ("layer", "method", "beta", f"memory MB per {per}", "replicas"):
+        grid.add_column(column, justify="right" if column != "method" else "left")
+    for i, layer in enumerate(summary["layers"]):
+        beta = str(layer["beta"]) if layer["method"] == "pipelined" else "-"
+        grid.add_row(
+            str(i),
+            layer["method"],
+            beta,
+            " ".join(str(m) for m in layer["memory_mb"]),
+            " ".join(str(r) for r in layer["replicas"]),
+        )
+    out.print(grid)
+    bill = summary["bill_usd"]
+    out.print(
+        f"Latency {summary['latency_s']:.3f} s (smallest feasible "
+        f"{summary['smallest_slo_s']:.3f} s). "
+        f"Expert functions ${summary['moe_cost_usd']:.6f} per batch; full bill "
+        f"${bill['total_usd']:.6f} (non-MoE ${bill['nonmoe_usd']:.6f}, requests "
+        f"${bill['requests_usd']:.6f}, S3 ${bill['s3_usd']:.6f}, {summary['workflow']} "
+        f"workflow ${bill['workflow_usd']:.6f}). Solver {summary['solver']} in "
+        f"{summary['seconds']:.3f} s. "
+        + _packing_line(summary)
+        + _confidence_line(summary["confidence"])
+        + f"Wrote {summary['plan']}"
+        + (f", {', '.join(summary['pareto'])}" if "pareto" in summary else "")
+    )
+    if summary["quality"]:
+        from moe import Quality
+
+        headline = Quality(**summary["quality"]).headline()
+        out.print(f"The served model against the dense one (held-out text): {headline}")
+
+
+def _packing_line(summary: dict[str, Any]) -> str:
+    tried = [t for t in summary["packing"] if t["cost_usd"] is not None]
+    k = summary["experts_per_function"]
+    line = f"{summary['functions']} expert functions ({k} expert{'s' if k > 1 else ''} each"
+    if len(summary["packing"]) > 1:
+        costs = ", ".join(f"{t['experts_per_function']}: ${t['cost_usd']:.6f}" for t in tried)
+        line += f"; cheapest of {costs}"
+    return line + "). "
+
+
+def _confidence_line(confidence: dict[str, Any] | None) -> str:
+    if confidence is None:
+        return "Sized for the predicted counts (--confidence 0). "
+    return (
+        f"Sized at each expert's {confidence['quantile_level']:g} quantile: meets the SLO in "
+        f"{confidence['attainment_estimate']:.1%} of {confidence['scenarios']} scenarios of "
+        f"the predicted counts (asked {confidence['confidence']:g}); expected bill "
+        f"${confidence['expected_cost_usd']:.6f}. "
+    )
 
 
 # Benchmarks of the serverless path
