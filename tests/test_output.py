@@ -124,6 +124,27 @@ def test_piped_tables_are_full_width() -> None:
     assert len(header) > 80 and "wall s" in header
 
 
+def test_piped_help_is_not_cut_to_80_columns() -> None:
+    """`moelambda plan --help | cat`: the help is wider than 80 columns, so the docstring's
+    lines stay whole and each option's help is on fewer lines."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TERMINAL_WIDTH")}
+    done = subprocess.run(
+        [sys.executable, "-c", "from moelambda.cli import main; main()", "plan", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) > 80
+    assert any("memory size and" in line and "Per MoE layer" in line for line in lines)
+    assert "--concurrency-quota" in done.stdout and "…" not in done.stdout
+
+
 def test_progress_is_plain_lines_with_elapsed_time() -> None:
     result = _run("cluster", "simulate", "--scheduler", "rubick", "--trace", "naive", "--json")
     lines = [line for line in result.stderr.splitlines() if line.strip()]

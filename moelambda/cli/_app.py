@@ -14,8 +14,14 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from ground.errors import MoelambdaError, UsageError
-from moelambda.cli._console import err, progress, stdout  # noqa: F401  (re-exported)
+from moelambda.cli._console import (  # noqa: F401  (err, progress, stdout: re-exported)
+    err,
+    progress,
+    stdout,
+    widen_piped_help,
+)
 
+widen_piped_help()
 app = typer.Typer(
     help="Serve Mixture-of-Experts models on serverless functions at the lowest bill.",
     no_args_is_help=True,
