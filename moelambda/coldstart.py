@@ -191,6 +191,11 @@ def calibrate_cold(
     fresh processes (`measure_cold`), and writes `summarise`'s result as the
     `cold_start_reference` of `source`'s calibration into `target`.
 
+    Example::
+
+        summary = calibrate_cold(default_calibration_path(), Path("out/cal.json"), 5)
+        print(summary["load_fixed_s"], summary["background_cpus"])
+
     Args:
         source: The calibration file to start from.
         target: Where to write the updated calibration (may be `source`).

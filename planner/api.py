@@ -139,6 +139,11 @@ def counts_for_plan(
 ) -> PlanningCounts:
     """The counts `moelambda plan --counts/--traces` plans for, scaled to `tokens`.
 
+    Example::
+
+        planning = counts_for_plan(counts=Path("out/counts.json"), tokens=10240)
+        print(planning.model["model"], planning.dist is not None)
+
     Args:
         traces: A routing-trace directory: the default predictor's counts on a held-out
             batch drawn from it with `seed`.
@@ -198,6 +203,11 @@ def shape_counts_for_plan(
     seed: int = 0,
 ) -> PlanningCounts:
     """The counts (labelled synthetic) and manifest of a model known by its architecture alone.
+
+    Example::
+
+        planning = shape_counts_for_plan("olmoe", "zipf:1.0", tokens=1024)
+        planned = plan_deployment(planning.manifest, planning, load_calibration())
 
     Args:
         shape: A built-in shape (olmoe, mixtral, qwen-moe, deepseek-v2-lite) or a Hugging
@@ -298,6 +308,12 @@ def plan_deployment(
 
     Per MoE layer a scatter-gather method and pipeline degree, per expert a Lambda memory size
     and replica count, for a batch of `counts.tokens` tokens, as `moelambda plan` makes it.
+
+    Example::
+
+        planned = plan_deployment(manifest, planning, load_calibration(), slo_s=30,
+                                  options=PlanOptions(pack="1"))
+        planned.plan.save("out/plan.json")
 
     Args:
         manifest: The model's manifest (`moe.describe_model`, or a shape's).
@@ -422,6 +438,11 @@ def serverless_best(
 def write_pareto(path: Path, planned: PlannedDeployment, *, force: bool = False) -> list[str]:
     """The cost-vs-SLO curve of `planned` (made with `whole_curve=True`) as CSV at `path` and,
     beside it, as a PNG with the chosen plan and the SLO marked.
+
+    Example::
+
+        planned = plan_deployment(manifest, planning, cal, whole_curve=True)
+        csv, png = write_pareto(Path("out/pareto.csv"), planned)
 
     Returns:
         The two files written.

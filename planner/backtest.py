@@ -307,6 +307,11 @@ def backtest_plans(
     What `moelambda backtest` does: `backtest` with the planning instances of the model the
     trace was recorded on.
 
+    Example::
+
+        summary = backtest_plans(trace, manifest, load_calibration(), batches=10)
+        print(summary["policies"]["confidence"]["slo_attainment"])
+
     Args:
         trace: The routing trace (`moelambda profile`).
         manifest: The manifest of the model the trace was recorded on.
@@ -352,6 +357,11 @@ def backtest_plans(
 def plot_backtest(path: Path, summary: dict[str, Any], *, force: bool = False) -> Path:
     """SLO attainment and cost over the oracle's against the confidence level Q, from the
     summary of `backtest_plans(..., plot_sweep=True)`, as a PNG at `path`.
+
+    Example::
+
+        summary = backtest_plans(trace, manifest, cal, plot_sweep=True)
+        plot_backtest(Path("out/backtest.png"), summary)
 
     Raises:
         InfeasibleError: No level of the sweep has a plan at the SLO.

@@ -260,6 +260,11 @@ def bench_quality(
     mean cosine >= 0.97 and 10-neighbour overlap >= 0.80; SmolLM2: perplexity ratio <= 1.05);
     the cheapest option keeping `FLOORS`; and the seconds `quality` takes on MiniLM once cached.
 
+    Example::
+
+        report = bench_quality("minilm", tokens=10240)
+        print(report["models"]["minilm"]["chosen_for_floor"])
+
     Args:
         models: Comma-separated: minilm, smollm2.
         tokens: Tokens per planned batch.

@@ -201,6 +201,11 @@ def check_choose(
     """The floor of exactly one of `min_cosine` (encoders) and `max_ppl_ratio` (decoders),
     with the batch sizes and the SLO checked, before any model is loaded.
 
+    Example::
+
+        floor = check_choose(max_ppl_ratio=1.1, tokens=4096)
+        selection = choose("smollm2", grid, floor, tokens=4096)
+
     Raises:
         UsageError: Neither or both floors, a floor out of range, a size or SLO not positive.
     """
@@ -314,7 +319,13 @@ def write_selection(
     out: Path, selection: Selection, summary: dict[str, Any], *, force: bool = False
 ) -> None:
     """Write the directory `out` atomically: plan.json of the chosen option, choose.json (the
-    summary) and choose.png (quality against the bill, the frontier, the floor, the choice)."""
+    summary) and choose.png (quality against the bill, the frontier, the floor, the choice).
+
+    Example::
+
+        summary = selection.summary("minilm", 10240, None)
+        write_selection(Path("out/choose"), selection, summary, force=True)
+    """
     from ground.files import write_atomically
 
     chosen = selection.results[selection.chosen]

@@ -61,6 +61,12 @@ def compare_strategies(
     """Tune the predictor with every search strategy and test each on held-out batches, with
     seeds `settings.seed`, `settings.seed + 1`, ... (`run_bo` per seed).
 
+    Example::
+
+        settings = BoSettings(iterations=20, methods=("multi-eps", "none"))
+        report = compare_strategies(trace, manifest, load_calibration(), settings, seeds=3)
+        print(report["claims"])
+
     Args:
         trace: The routing trace (`moelambda profile`).
         manifest: The manifest of the model the trace was recorded on.
@@ -113,6 +119,11 @@ def plot_convergence(
 ) -> None:
     """Best learning cost per iteration and per second of every strategy, over the oracle's,
     as a PNG at `path` (`run_bo`'s report and searches).
+
+    Example::
+
+        report, searches = run_bo(trace, manifest, load_calibration(), BoSettings())
+        plot_convergence(Path("out/bo.png"), report, searches)
 
     Raises:
         InfeasibleError: No search found a feasible plan.

@@ -55,6 +55,12 @@ def plan_traffic(
     `planner.traffic.planning.plan_for_traffic` searches the batch and capacity
     policies and simulates each candidate over the stream.
 
+    Example::
+
+        choice, summary = plan_traffic(manifest, planning, cal, traffic="azure-conv",
+                                       slo_p99_s=10, options=PlanOptions(pack="1"))
+        print(summary["max_batch_tokens"], summary["capacity"])
+
     Args:
         manifest: The model's manifest.
         counts: Predicted counts (`planner.api.counts_for_plan`); scaled to each batch size.
@@ -155,6 +161,12 @@ def bench_traffic(
     day, as `planner.traffic.bench.compare` describes; plans are made on 72 h of traffic below 1
     request/s (judged on the day after), on 1 h above. The counts are planned at the default
     confidence (0.99 when they carry a distribution).
+
+    Example::
+
+        report = bench_traffic(manifest, counts_for_plan(counts=path, tokens=BENCH_TOKENS),
+                               load_calibration(), rates_per_s=(10.0,))
+        plot_comparison(Path("out/traffic.png"), report)
 
     Args:
         manifest: The model's manifest.

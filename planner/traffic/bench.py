@@ -172,7 +172,13 @@ def compare(
 def plot_comparison(path: Path, report: dict[str, Any], *, force: bool = False) -> str:
     """The PNG `bench traffic --plot` writes from `compare`'s report (with its "latencies"):
     per rate and SLO the latency distributions of today's plan, of it without reserved
-    concurrency and of the traffic-aware plan, and beside them the bills. Returns the path."""
+    concurrency and of the traffic-aware plan, and beside them the bills. Returns the path.
+
+    Example::
+
+        report = bench_traffic(manifest, planning, load_calibration())
+        plot_comparison(Path("out/traffic.png"), report, force=True)
+    """
     import matplotlib
 
     matplotlib.use("Agg")
