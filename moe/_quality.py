@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "QUALITY_TOKENS",
     "QUALITY_WINDOW",
+    "check_quality_size",
     "DenseRunner",
     "Quality",
     "dense_reference",
@@ -266,6 +267,17 @@ def native_model_error(name: str) -> Exception:
     )
 
 
+def check_quality_size(tokens: int, window: int) -> None:
+    """Refuse a comparison of no tokens or of windows too short to embed (before any load)."""
+    from ground.errors import UsageError
+
+    if tokens < 1 or window < 2:
+        raise UsageError(
+            f"--tokens {tokens} / --window {window} leave nothing to compare.",
+            "pass --tokens 1 or more and --window 2 or more.",
+        )
+
+
 def quality_of(
     model: MoEModel,
     *,
@@ -284,16 +296,11 @@ def quality_of(
             or `window` is out of range.
         CorpusError: The corpus is missing, unreadable or too small.
     """
-    from ground.errors import UsageError
     from moe._corpus import load_corpus
 
     if not model.moefied:
         raise native_model_error(model.name)
-    if tokens < 1 or window < 2:
-        raise UsageError(
-            f"--tokens {tokens} / --window {window} leave nothing to compare.",
-            "pass --tokens 1 or more and --window 2 or more.",
-        )
+    check_quality_size(tokens, window)
     seed = model.seed if seed is None else seed
     stored = model.quality
     windows = -(-tokens // window)

@@ -12,7 +12,14 @@ times the interpreter's start from `Popen` to the child's first statement.
 
 `summarise` turns the samples into `planner.calibration.ColdStartReference`: the median of each
 role's import, and the load time (build minus download) fitted as fixed + per-byte seconds over
-the roles' different stage sizes, by least squares.
+the roles' different stage sizes, by least squares. `calibrate_cold` does all of it and writes
+the result into a calibration file.
+
+Example::
+
+    from planner import default_calibration_path
+    summary = calibrate_cold(default_calibration_path(), Path("out/calibration.json"), 3)
+    print(summary["import_s"], summary["load_s_per_byte"])
 """
 
 from __future__ import annotations
@@ -22,17 +29,20 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from datetime import date
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ground.errors import CalibrationError
+from ground.errors import CalibrationError, UsageError
 from ground.manifest import HEAD_KEY, TAIL_KEY, expert_key, layer_key
+from ground.progress import Status, quiet
 
-__all__ = ["CHILD", "measure_cold", "reference_export", "summarise"]
+__all__ = ["CHILD", "calibrate_cold", "measure_cold", "reference_export", "summarise"]
 
 Progress = Callable[[str], None]
 
@@ -165,4 +175,67 @@ def summarise(samples: list[dict[str, Any]]) -> dict[str, Any]:
             }
             for r in roles
         ],
+    }
+
+
+def calibrate_cold(
+    source: Path,
+    target: Path,
+    repeats: int = 3,
+    *,
+    status: Status = quiet,
+) -> dict[str, Any]:
+    """Measure every handler's INIT on this machine and write it into a calibration file.
+
+    Exports the reference model to a temporary directory, samples each role `repeats` times in
+    fresh processes (`measure_cold`), and writes `summarise`'s result as the
+    `cold_start_reference` of `source`'s calibration into `target`.
+
+    Example::
+
+        summary = calibrate_cold(default_calibration_path(), Path("out/cal.json"), 5)
+        print(summary["load_fixed_s"], summary["background_cpus"])
+
+    Args:
+        source: The calibration file to start from.
+        target: Where to write the updated calibration (may be `source`).
+        repeats: Fresh processes per handler role (the median is kept). Defaults to 3.
+        status: Wraps the export and the measurement (a spinner in the CLI); gets an `update`.
+
+    Returns:
+        The `--json` summary: the file written, the CPUs other processes kept busy meanwhile
+        (None: unknown) and the reference as written.
+
+    Raises:
+        UsageError: `repeats` below 1, or `target` a directory.
+    """
+    from planner import compute
+    from planner.calibration import ColdStartReference
+    from planner.traffic.platform import calibrated_cold_document
+
+    if repeats < 1:
+        raise UsageError(f"--cold-repeats {repeats} measures nothing.", "pass 1 or more.")
+    if target.is_dir():
+        raise UsageError(f"--out '{target}' is a directory.", "pass a calibration file name.")
+    document = compute.read_document(source)
+    compute.load_calibration(source)
+    with tempfile.TemporaryDirectory(prefix="moelambda-cold-") as tmp:
+        with status("exporting the reference model") as shown:
+            root = reference_export(Path(tmp) / "weights", progress=shown.update)
+            before = compute.cpu_times()
+            samples = measure_cold(root, repeats, progress=shown.update)
+            busy = compute.background_cpus(before, compute.cpu_times())
+    import torch
+
+    reference = ColdStartReference(
+        **summarise(samples), torch_version=torch.__version__, cpu_model=compute.cpu_model()
+    )
+    written = compute.write_calibration(
+        calibrated_cold_document(document, reference, date.today()), target
+    )
+    assert written.cold_start_reference is not None
+    return {
+        "file": str(target),
+        "background_cpus": busy,
+        **written.cold_start_reference.model_dump(),
     }

@@ -4,11 +4,22 @@
 `solve_exact` (per-layer Pareto frontiers merged by a knapsack), `solve_ods` (the paper's
 Algorithm 1) and `solve_milp` / `solve_milp_mixed` (HiGHS, or Gurobi when licensed) choose the
 methods, memory sizes and replicas; `make_plan` writes the result as a validated `Plan`.
+`plan_deployment` does what `moelambda plan` does, from a manifest and `counts_for_plan`'s counts.
 """
 
 from __future__ import annotations
 
 from ground.plan import Plan, PlanError
+from planner.api import (
+    PlannedDeployment,
+    PlanningCounts,
+    PlanOptions,
+    counts_for_plan,
+    plan_deployment,
+    serverless_best,
+    shape_counts_for_plan,
+    write_pareto,
+)
 from planner.baselines import lambdaml, random_methods, uniform
 from planner.build import instance_for, make_plan
 from planner.calibration import Calibration, default_calibration_path, load_calibration
@@ -28,9 +39,13 @@ __all__ = [
     "Method",
     "Plan",
     "PlanError",
+    "PlanOptions",
+    "PlannedDeployment",
+    "PlanningCounts",
     "Solution",
     "bill",
     "choice_of",
+    "counts_for_plan",
     "default_calibration_path",
     "evaluate",
     "expert_options",
@@ -40,9 +55,12 @@ __all__ = [
     "lambdaml",
     "load_calibration",
     "make_plan",
+    "plan_deployment",
     "planned_usage",
     "price_usage",
     "random_methods",
+    "serverless_best",
+    "shape_counts_for_plan",
     "solve_bounded",
     "solve_exact",
     "solve_frontier",
@@ -51,4 +69,5 @@ __all__ = [
     "solve_ods",
     "uniform",
     "usage",
+    "write_pareto",
 ]

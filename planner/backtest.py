@@ -14,6 +14,13 @@ the batch's real routing on it:
 
 A batch attains the SLO when its served latency is within it and no expert was refused; a
 policy with no plan within the SLO for a batch misses it.
+
+`backtest_plans` is what `moelambda backtest` does, from the trace, the model's manifest and
+the calibration; `plot_backtest` draws its confidence sweep. Example::
+
+    trace = RoutingTrace.load("out/profile")
+    summary = backtest_plans(trace, manifest, load_calibration(), batches=10, plot_sweep=True)
+    plot_backtest(Path("out/backtest.png"), summary)
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,10 +43,25 @@ from planner.serving import serve
 from predictor import RoutingTrace, build_tables, evaluate_methods, make_predictor, split_windows
 from predictor._uncertainty import ErrorModel
 
-__all__ = ["POLICIES", "Backtest", "PolicyResult", "backtest", "split_pool"]
+if TYPE_CHECKING:
+    from ground.manifest import Manifest
+    from planner.calibration import Calibration
+
+__all__ = [
+    "POLICIES",
+    "SWEEP",
+    "Backtest",
+    "PolicyResult",
+    "backtest",
+    "backtest_plans",
+    "check_backtest",
+    "plot_backtest",
+    "split_pool",
+]
 
 POLICIES = ("point", "confidence", "oracle", "lambdaml")
 _ERROR_BATCHES = 8  # held-out batches of the profile part the model error is measured on
+SWEEP = (0.0, 0.5, 0.9, 0.95, 0.99, 0.999)  # the levels Q a plot of the sweep draws
 
 
 @dataclass(frozen=True)
@@ -241,3 +265,138 @@ def _confident(
     except InfeasibleError:
         return None
     return confident.inst, confident.solution
+
+
+def check_backtest(
+    *, batches: int, confidence: float, slo_s: float | None, method: str | None
+) -> str:
+    """Refuse a backtest that cannot run, before the trace or the model is loaded.
+
+    Returns:
+        The prediction method: `method`, or the planner's default.
+    """
+    from predictor import DEFAULT_METHOD
+
+    if batches < 1:
+        raise UsageError(f"--batches {batches} is not positive.", "pass --batches 1 or more.")
+    if not 0.0 <= confidence < 1.0:
+        raise UsageError(f"--confidence {confidence:g} is not in [0, 1).", "pass e.g. 0.99.")
+    if slo_s is not None and slo_s <= 0:
+        raise UsageError(f"--slo {slo_s:g} is not positive.", "pass the SLO in seconds.")
+    method = method or DEFAULT_METHOD
+    make_predictor(method)  # an unknown name fails here, before the work
+    return method
+
+
+def backtest_plans(
+    trace: RoutingTrace,
+    manifest: Manifest,
+    calibration: Calibration,
+    *,
+    tokens: int = 10240,
+    batches: int = 50,
+    slo_s: float | None = None,
+    confidence: float = 0.99,
+    method: str | None = None,
+    plot_sweep: bool = False,
+    seed: int = 0,
+    on_batch: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Serve held-out batches on plans made from a profile: point, confidence, oracle, LambdaML.
+
+    What `moelambda backtest` does: `backtest` with the planning instances of the model the
+    trace was recorded on.
+
+    Example::
+
+        summary = backtest_plans(trace, manifest, load_calibration(), batches=10)
+        print(summary["policies"]["confidence"]["slo_attainment"])
+
+    Args:
+        trace: The routing trace (`moelambda profile`).
+        manifest: The manifest of the model the trace was recorded on.
+        calibration: The platform's parameters.
+        tokens: Tokens per batch (whole windows).
+        batches: Held-out batches to serve.
+        slo_s: Latency SLO of one batch (None: as `backtest` chooses it).
+        confidence: Q of the confidence policy (0: the point plan).
+        seed: Seeds the pool and the batches.
+        on_batch: Called with the number of batches served so far.
+        method: The prediction method. Defaults to None (the planner's).
+        plot_sweep: Also run the confidence policy at every level of `SWEEP` (for
+            `plot_backtest`). Defaults to False.
+
+    Returns:
+        `Backtest.summary()` with the predictor and the trace's corpus: what `--json` prints.
+    """
+    from planner.build import instance_for
+
+    method = check_backtest(batches=batches, confidence=confidence, slo_s=slo_s, method=method)
+
+    def instance(counts: Any, batch_tokens: int) -> Any:
+        return instance_for(manifest, counts, calibration, tokens=batch_tokens)
+
+    result = backtest(
+        trace,
+        instance,
+        tokens=tokens,
+        batches=batches,
+        slo_s=slo_s,
+        confidence=confidence,
+        method=method,
+        sweep=tuple(sorted({*SWEEP, confidence})) if plot_sweep else (),
+        seed=seed,
+        on_batch=on_batch,
+    )
+    summary = result.summary()
+    summary["predictor"] = method
+    summary["corpus"] = trace.meta.get("corpus")
+    return summary
+
+
+def plot_backtest(path: Path, summary: dict[str, Any], *, force: bool = False) -> Path:
+    """SLO attainment and cost over the oracle's against the confidence level Q, from the
+    summary of `backtest_plans(..., plot_sweep=True)`, as a PNG at `path`.
+
+    Example::
+
+        summary = backtest_plans(trace, manifest, cal, plot_sweep=True)
+        plot_backtest(Path("out/backtest.png"), summary)
+
+    Raises:
+        InfeasibleError: No level of the sweep has a plan at the SLO.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ground.files import write_file_atomically
+
+    sweep = summary["confidence_sweep"]
+    levels = [float(q) for q in sweep]
+    attained = [sweep[q]["slo_attainment"] for q in sweep]
+    cost = [sweep[q]["cost_vs_oracle"] for q in sweep]
+    if all(c is None for c in cost):
+        raise InfeasibleError(
+            f"no confidence level of the sweep has a plan at the SLO of {summary['slo_s']:.3f} "
+            "s: the plot would show nothing.",
+            "pass a larger --slo (or leave it out), or leave --plot out.",
+        )
+    fig, left = plt.subplots(figsize=(7, 4))
+    xs = range(len(levels))
+    left.plot(xs, attained, "o-", color="tab:blue", label="SLO attainment")
+    left.set_ylabel("SLO attainment", color="tab:blue")
+    left.set_xticks(list(xs), [f"{q:g}" for q in levels])
+    left.set_xlabel("confidence Q (0: point plan)")
+    right = left.twinx()
+    right.plot(xs, cost, "s--", color="tab:red", label="cost / oracle")
+    right.set_ylabel("mean cost / oracle's", color="tab:red")
+    left.set_title(
+        f"{summary['batches']} held-out batches of {summary['tokens']:,} tokens, "
+        f"SLO {summary['slo_s']:.3f} s"
+    )
+    fig.tight_layout()
+    write_file_atomically(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120), force=force)
+    plt.close(fig)
+    return path

@@ -1,17 +1,17 @@
 """The planner benchmark (`moelambda bench planner`): every solver on one instance at a loose,
 a medium and a tight SLO, so the exact solver's speed and optimality are measured against ODS
-and the MILP on the same run."""
+and the MILP on the same run; and the quality benchmark (`moelambda bench quality`): each
+MoEfication option's quality against the dense model beside its bill."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ground.errors import UsageError
+from ground.progress import Status, quiet
 from planner.baselines import lambdaml
 from planner.build import instance_for
 from planner.calibration import load_calibration
@@ -26,9 +26,41 @@ from planner.shapes import load_shape, shape_counts
 if TYPE_CHECKING:
     from predictor import RoutingTrace
 
-__all__ = ["baselines", "bench_planner", "packed_exact", "paper_instance", "shape_instance"]
+__all__ = [
+    "BENCH_OPTIONS",
+    "FLOORS",
+    "HALF_FLOPS",
+    "baselines",
+    "bench_planner",
+    "bench_quality",
+    "packed_exact",
+    "paper_instance",
+    "quality_grid",
+    "shape_instance",
+]
 
-Status = Callable[[str], AbstractContextManager[Any]]
+
+# The options `bench quality` compares per model: MoEfication as it was, then quality recovery
+# at about half the dense FFN's FLOPs, then the least FLOPs that keep the stated floor.
+BENCH_OPTIONS: dict[str, list[dict[str, Any]]] = {
+    "minilm": [
+        {"experts": 4, "top_k": "2"},
+        {"experts": 8, "top_k": "2"},
+        {"experts": 8, "top_k": "4"},
+        {"experts": 8, "top_k": "4", "correction": True, "fit_tokens": 131072},
+        {"experts": 8, "top_k": "4", "correction": True, "router": "output", "fit_tokens": 131072},
+        {"experts": 8, "top_k": "2", "shared": 0.25, "correction": True, "fit_tokens": 131072},
+        {"experts": 8, "top_k": "6", "correction": True, "fit_tokens": 131072},
+    ],
+    "smollm2": [
+        {"experts": 8, "top_k": "2"},
+        {"experts": 8, "top_k": "4"},
+        {"experts": 8, "top_k": "4", "correction": True},
+        {"experts": 8, "top_k": "6", "correction": True},
+    ],
+}
+FLOORS = {"minilm": ("cosine_mean", 0.97), "smollm2": ("ppl_ratio", 1.05)}
+HALF_FLOPS = 0.5
 
 
 def paper_instance(
@@ -135,7 +167,7 @@ def bench_planner(
     *,
     time_limit_s: float = 60.0,
     exact_only: bool = False,
-    status: Status = lambda _: nullcontext(),
+    status: Status = quiet,
 ) -> dict[str, Any]:
     """Solve `inst` at a loose, a medium and a tight SLO with every solver (the exact one only
     with `exact_only`: ODS and the MILP take minutes at real-model scale), with packing and the
@@ -212,3 +244,91 @@ def bench_planner(
             "paper_ods_s": 2.27,
         }
     return summary
+
+
+def bench_quality(
+    models: str = "minilm,smollm2",
+    tokens: int = 10240,
+    *,
+    status: Status = quiet,
+) -> dict[str, Any]:
+    """Each MoEfication option of `BENCH_OPTIONS` against the dense model, with its bill.
+
+    Per model: quality on 16,384 held-out tokens, FFN FLOPs share and the bill of a batch of
+    `tokens` (the cheapest plan, exact solver) per option (`planner.choose.choose`); the best
+    quality at no more than `HALF_FLOPS` of the dense FFN's FLOPs against the target (MiniLM:
+    mean cosine >= 0.97 and 10-neighbour overlap >= 0.80; SmolLM2: perplexity ratio <= 1.05);
+    the cheapest option keeping `FLOORS`; and the seconds `quality` takes on MiniLM once cached.
+
+    Example::
+
+        report = bench_quality("minilm", tokens=10240)
+        print(report["models"]["minilm"]["chosen_for_floor"])
+
+    Args:
+        models: Comma-separated: minilm, smollm2.
+        tokens: Tokens per planned batch.
+        status: Wraps each model's options (a spinner in the CLI); gets an `update`.
+
+    Returns:
+        The report `moelambda bench quality --json` prints.
+    """
+    from moe import dense_reference, load_corpus, load_model, measure_quality
+    from planner.choose import Floor, choose
+
+    names = [m.strip() for m in models.split(",") if m.strip()]
+    unknown = [m for m in names if m not in BENCH_OPTIONS]
+    if unknown or not names:
+        raise UsageError(
+            f"--models {models!r}: {', '.join(unknown) or 'nothing'} is not benchmarked.",
+            f"pass some of {', '.join(BENCH_OPTIONS)}.",
+        )
+    report: dict[str, Any] = {"tokens": tokens, "models": {}}
+    for name in names:
+        grid = quality_grid(name)
+        metric, value = FLOORS[name]
+        with status(f"{name}: {len(grid)} options") as shown:
+            selection = choose(
+                name, grid, Floor(metric, value), tokens=tokens, progress=shown.update
+            )
+        rows = [r.describe() for r in selection.results]
+        half = [r for r in rows if r["expert_flops_share"] <= HALF_FLOPS + 1e-9]
+        if metric == "cosine_mean":
+            best = max(half, key=lambda r: r["quality"]["cosine_mean"])
+            meets = (
+                best["quality"]["cosine_mean"] >= 0.97
+                and best["quality"]["neighbour_overlap_10"] >= 0.80
+            )
+        else:
+            best = min(half, key=lambda r: r["quality"]["ppl_ratio"])
+            meets = best["quality"]["ppl_ratio"] <= 1.05
+        chosen = None if selection.chosen is None else rows[selection.chosen]
+        report["models"][name] = {
+            "floor": {"metric": metric, "value": value},
+            "options": rows,
+            "best_at_half_flops": best["label"],
+            "best_at_half_flops_quality": best["quality"],
+            "half_flops_target_met": meets,
+            "chosen_for_floor": None if chosen is None else chosen["label"],
+            "chosen_bill_usd": None if chosen is None else chosen["bill_usd"],
+        }
+    if "minilm" in names:
+        model = load_model("minilm", options=quality_grid("minilm")[0])
+        started = time.perf_counter()
+        measure_quality(model, dense_reference("minilm"), load_corpus("wiki"), tokens=16384)
+        seconds = time.perf_counter() - started
+        report["quality_16384_tokens_s"] = round(seconds, 2)
+        report["quality_target_s"] = 60
+        report["quality_within_target"] = seconds <= 60
+    return report
+
+
+def quality_grid(name: str) -> list[Any]:
+    """The `moe.MoefyOptions` of `BENCH_OPTIONS[name]`."""
+    from moe import MoefyOptions
+    from moe._options import parse_top_k
+
+    return [
+        MoefyOptions(**{**o, "top_k": parse_top_k(o["top_k"], o["experts"])})
+        for o in BENCH_OPTIONS[name]
+    ]

@@ -10,19 +10,37 @@ floor; the quality-vs-bill frontier shows what a stricter or looser floor would 
 
 Every option is an independent measurement, so the choice is the minimum over the grid by
 construction: a test checks it against a brute force of separate `quality` and `plan` runs.
+
+`moelambda choose` is `check_choose`, `choose`, then `Selection.summary` and `write_selection`
+(or `Selection.none_meets` when no option keeps the floor). Example::
+
+    floor = check_choose(min_cosine=0.95)
+    selection = choose("minilm", [moefy_options(8, 4, correction=True)], floor)
+    summary = selection.summary("minilm", tokens=10240, slo_s=None)
+    write_selection(Path("out/choose"), selection, summary)
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 from ground.errors import InfeasibleError, UsageError
 
-__all__ = ["Floor", "OptionResult", "Selection", "choose", "pareto_front"]
+__all__ = [
+    "Floor",
+    "OptionResult",
+    "Selection",
+    "check_choose",
+    "choose",
+    "pareto_front",
+    "write_selection",
+]
 
 Progress = Callable[[str], None]
 
@@ -96,6 +114,32 @@ class Selection:
         sign = 1.0 if self.floor.higher_is_better else -1.0
         return max(self.results, key=lambda r: sign * float(r.quality[self.floor.metric]))
 
+    def summary(self, model: str, tokens: int, slo_s: float | None) -> dict[str, Any]:
+        """What `moelambda choose --json` prints (without the output directory)."""
+        chosen = self.chosen
+        return {
+            "model": model,
+            "tokens": tokens,
+            "slo_s": slo_s,
+            "floor": {"metric": self.floor.metric, "value": self.floor.value},
+            "options": [r.describe() for r in self.results],
+            "frontier": self.frontier,
+            "chosen": None if chosen is None else self.results[chosen].describe(),
+            "chosen_index": chosen,
+        }
+
+    def none_meets(self) -> InfeasibleError:
+        """The error when no option was chosen: the best quality reached, and what to change."""
+        best = self.best_quality()
+        reached = best.quality[self.floor.metric]
+        return InfeasibleError(
+            f"no option of the grid meets {self.floor.describe()}: the best reached is "
+            f"{reached:.4f} ({best.options.label()})"
+            + ("." if best.feasible else f", which has no plan: {best.why}"),
+            "loosen the floor, or widen the grid (more experts per token: --top-k, a shared "
+            "expert: --shared, --correction on).",
+        )
+
 
 def pareto_front(bills: np.ndarray, quality: np.ndarray) -> list[int]:
     """Indices of the options no other option beats on both bill (lower) and quality (higher),
@@ -144,6 +188,44 @@ def _plan_option(
     source = {"choose": True, "method": DEFAULT_METHOD, "tokens": batch, "seed": seed}
     plan = make_plan(inst, solution, manifest, calibration, slo_s=slo_s, counts_source=source)
     return plan, solution
+
+
+def check_choose(
+    *,
+    min_cosine: float | None = None,
+    max_ppl_ratio: float | None = None,
+    tokens: int = 10240,
+    quality_tokens: int = 16384,
+    slo_s: float | None = None,
+) -> Floor:
+    """The floor of exactly one of `min_cosine` (encoders) and `max_ppl_ratio` (decoders),
+    with the batch sizes and the SLO checked, before any model is loaded.
+
+    Example::
+
+        floor = check_choose(max_ppl_ratio=1.1, tokens=4096)
+        selection = choose("smollm2", grid, floor, tokens=4096)
+
+    Raises:
+        UsageError: Neither or both floors, a floor out of range, a size or SLO not positive.
+    """
+    if (min_cosine is None) == (max_ppl_ratio is None):
+        raise UsageError(
+            "pass exactly one quality floor.",
+            "use --min-cosine Q for an encoder (e.g. 0.95) or --max-ppl-ratio R for a decoder "
+            "(e.g. 1.10).",
+        )
+    if min_cosine is not None and not -1.0 <= min_cosine <= 1.0:
+        raise UsageError(f"--min-cosine {min_cosine} is not a cosine.", "pass a value in [-1, 1].")
+    if max_ppl_ratio is not None and not max_ppl_ratio > 0:
+        raise UsageError(f"--max-ppl-ratio {max_ppl_ratio} is not positive.", "pass e.g. 1.1.")
+    if tokens < 1 or quality_tokens < 1:
+        raise UsageError("--tokens and --quality-tokens must be positive.", "pass 1 or more.")
+    if slo_s is not None and not slo_s > 0:
+        raise UsageError(f"--slo {slo_s} is not positive.", "pass a positive --slo.")
+    if min_cosine is not None:
+        return Floor("cosine_mean", min_cosine)
+    return Floor("ppl_ratio", max_ppl_ratio)  # type: ignore[arg-type]
 
 
 def choose(
@@ -231,3 +313,75 @@ def choose(
     if eligible:
         selection.chosen = min(eligible, key=lambda i: (bills[i], -scores[i]))
     return selection
+
+
+def write_selection(
+    out: Path, selection: Selection, summary: dict[str, Any], *, force: bool = False
+) -> None:
+    """Write the directory `out` atomically: plan.json of the chosen option, choose.json (the
+    summary) and choose.png (quality against the bill, the frontier, the floor, the choice).
+
+    Example::
+
+        summary = selection.summary("minilm", 10240, None)
+        write_selection(Path("out/choose"), selection, summary, force=True)
+    """
+    from ground.files import write_atomically
+
+    chosen = selection.results[selection.chosen]
+
+    def write(tmp: Path) -> None:
+        chosen.plan.save(tmp / "plan.json")
+        (tmp / "choose.json").write_text(json.dumps(summary, indent=2) + "\n")
+        _plot(tmp / "choose.png", selection)
+
+    write_atomically(out, write, force=force)
+
+
+def _plot(path: Path, selection: Selection) -> None:
+    """Quality against bill per batch: every feasible option, the frontier, the floor, the
+    chosen point."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metric = selection.floor.metric
+    feasible = [r for r in selection.results if r.feasible]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.scatter(
+        [r.bill_usd * 1e6 for r in feasible],
+        [r.quality[metric] for r in feasible],
+        color="tab:blue",
+        label="options",
+    )
+    for r in feasible:
+        ax.annotate(r.options.label(), (r.bill_usd * 1e6, r.quality[metric]), fontsize=7)
+    front = [selection.results[i] for i in selection.frontier]
+    ax.plot(
+        [r.bill_usd * 1e6 for r in front],
+        [r.quality[metric] for r in front],
+        color="tab:blue",
+        alpha=0.5,
+        label="frontier",
+    )
+    ax.axhline(selection.floor.value, color="tab:red", linestyle="--", label="floor")
+    chosen = selection.results[selection.chosen]
+    ax.scatter(
+        [chosen.bill_usd * 1e6],
+        [chosen.quality[metric]],
+        marker="*",
+        s=250,
+        color="tab:orange",
+        label=f"chosen: {chosen.options.label()}",
+        zorder=3,
+    )
+    ax.set_xlabel("bill per batch (µ$)")
+    ax.set_ylabel(metric.replace("_", " ") + " (against the dense model)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)

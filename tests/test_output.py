@@ -124,6 +124,27 @@ def test_piped_tables_are_full_width() -> None:
     assert len(header) > 80 and "wall s" in header
 
 
+def test_piped_help_is_not_cut_to_80_columns() -> None:
+    """`moelambda plan --help | cat`: the help is wider than 80 columns, so the docstring's
+    lines stay whole and each option's help is on fewer lines."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TERMINAL_WIDTH")}
+    done = subprocess.run(
+        [sys.executable, "-c", "from moelambda.cli import main; main()", "plan", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) > 80
+    assert any("memory size and" in line and "Per MoE layer" in line for line in lines)
+    assert "--concurrency-quota" in done.stdout and "…" not in done.stdout
+
+
 def test_progress_is_plain_lines_with_elapsed_time() -> None:
     result = _run("cluster", "simulate", "--scheduler", "rubick", "--trace", "naive", "--json")
     lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -157,7 +178,7 @@ def _rendered(render, summary: dict) -> str:  # type: ignore[no-untyped-def]
 def test_slow_commands_summaries() -> None:
     """run-gpu (torch.distributed processes) and bench planner (a paper-scale instance) are too
     slow to run here twice: their renderers on summaries of the shape they print."""
-    from moelambda.cli import _render
+    from moelambda.cli import _render, _render_gpu
 
     run = {
         "status": "SUCCEEDED",
@@ -169,7 +190,7 @@ def test_slow_commands_summaries() -> None:
         "layer_seconds": [0.1, 0.2],
         "error": None,
     }
-    text = _rendered(_render.run_gpu, run)
+    text = _rendered(_render_gpu.run_gpu, run)
     assert "SUCCEEDED" in text and "all-to-all s (planned)" in text and "3e-06" in text
     solver = {"seconds": 0.01, "feasible": True, "cost_usd": 2e-5, "latency_s": 1.0}
     entry = {

@@ -14,8 +14,14 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from ground.errors import MoelambdaError, UsageError
-from moelambda.cli._console import err, progress, stdout  # noqa: F401  (re-exported)
+from moelambda.cli._console import (  # noqa: F401  (err, progress, stdout: re-exported)
+    err,
+    progress,
+    stdout,
+    widen_piped_help,
+)
 
+widen_piped_help()
 app = typer.Typer(
     help="Serve Mixture-of-Experts models on serverless functions at the lowest bill.",
     no_args_is_help=True,
@@ -231,3 +237,16 @@ def manifest_of_trace(trace: Any) -> Any:
         trace.meta.get("moefy"),
     )
     return describe_model(model)
+
+
+def manifest_of_counts(counts: Any) -> Any:
+    """The Manifest of the model `planner.api.PlanningCounts` were predicted for (loaded,
+    MoEfied if needed)."""
+    from moe import describe_model
+
+    model = counts.model
+    return describe_model(
+        load_with_status(
+            model["model"], model["experts"], model["top_k"], model["seed"], True, model["moefy"]
+        )
+    )

@@ -1,12 +1,14 @@
 """The consoles every command prints on: its summary on stdout, progress and messages on stderr.
 
-When a stream is not a terminal (a pipe, a file, a CI log) the summary is not cut to 80 columns
-and progress is plain lines with the seconds elapsed, not a spinner that leaves blank lines.
+When a stream is not a terminal (a pipe, a file, a CI log) the summary is not cut to 80 columns,
+`--help` is `HELP_PIPE_WIDTH` wide (`widen_piped_help`), and progress is plain lines with the
+seconds elapsed, not a spinner that leaves blank lines.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from types import TracebackType
@@ -14,11 +16,15 @@ from typing import Any
 
 from rich.console import Console, ConsoleDimensions
 
-__all__ = ["PlainProgress", "PlainStatus", "err", "progress", "stdout"]
+__all__ = ["PlainProgress", "PlainStatus", "err", "progress", "stdout", "widen_piped_help"]
 
 # Width of a summary written to a pipe or a file: no table is cut (rich's default is 80
 # columns, or the width of whichever standard stream is a terminal).
 PIPE_WIDTH = 400
+# Width of `--help` written to a pipe or a file (rich's default is 80 columns): typer's help
+# panels fill the console's width, so not `PIPE_WIDTH`; at this width the docstrings' lines
+# (at most 99 columns) are not folded and most options' help fits on one line.
+HELP_PIPE_WIDTH = 160
 HEARTBEAT_S = 15.0  # a plain-line status says it is still at work this often
 
 
@@ -178,3 +184,13 @@ def stdout() -> Console:
 
 
 err = _Console(stderr=True)
+
+
+def widen_piped_help() -> None:
+    """Print typer's `--help` (and its usage errors) `HELP_PIPE_WIDTH` wide when stdout is not a
+    terminal, unless $COLUMNS or $TERMINAL_WIDTH sets the width."""
+    from typer import rich_utils
+
+    piped = not (sys.stdout is not None and sys.stdout.isatty())
+    if piped and rich_utils.MAX_WIDTH is None and "COLUMNS" not in os.environ:
+        rich_utils.MAX_WIDTH = HELP_PIPE_WIDTH

@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 from rich.table import Table
 
-from ground.errors import InfeasibleError, UsageError
+from ground.errors import UsageError
 from moelambda.cli._app import (
     ForceOpt,
     JsonOpt,
@@ -21,8 +21,6 @@ from moelambda.cli._app import (
     stdout,
     user_errors,
 )
-
-SWEEP = (0.0, 0.5, 0.9, 0.95, 0.99, 0.999)  # the levels Q that --plot draws
 
 
 @app.command()
@@ -63,92 +61,40 @@ def backtest(
     serving simulator. The oracle plans each batch from its real counts.
     """
     from planner import load_calibration
-    from planner.backtest import backtest as run
-    from planner.build import instance_for
-    from predictor import DEFAULT_METHOD, RoutingTrace, make_predictor
+    from planner.backtest import backtest_plans, check_backtest, plot_backtest
+    from predictor import RoutingTrace
 
-    if batches < 1:
-        raise UsageError(f"--batches {batches} is not positive.", "pass --batches 1 or more.")
-    if not 0.0 <= confidence < 1.0:
-        raise UsageError(f"--confidence {confidence:g} is not in [0, 1).", "pass e.g. 0.99.")
-    if slo is not None and slo <= 0:
-        raise UsageError(f"--slo {slo:g} is not positive.", "pass the SLO in seconds.")
-    method = predictor or DEFAULT_METHOD
-    make_predictor(method)  # an unknown name fails here, before the work
+    method = check_backtest(batches=batches, confidence=confidence, slo_s=slo, method=predictor)
     if plot is not None and plot.exists() and not force:
         raise UsageError(f"'{plot}' already exists.", "pick another name or pass --force.")
     trace = RoutingTrace.load(traces)
     cal = load_calibration(calibration)
     manifest = manifest_of_trace(trace)
-
-    def instance(counts: Any, batch_tokens: int) -> Any:
-        return instance_for(manifest, counts, cal, tokens=batch_tokens)
-
-    sweep = tuple(sorted({*SWEEP, confidence})) if plot is not None else ()
     with progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
     ) as bar:
         task = bar.add_task("serving held-out batches", total=batches)
-        result = run(
+        summary = backtest_plans(
             trace,
-            instance,
+            manifest,
+            cal,
             tokens=tokens,
             batches=batches,
             slo_s=slo,
             confidence=confidence,
             method=method,
-            sweep=sweep,
+            plot_sweep=plot is not None,
             seed=seed,
             on_batch=lambda done: bar.update(task, completed=done),
         )
-    summary = result.summary()
-    summary["predictor"] = method
-    summary["corpus"] = trace.meta.get("corpus")
     if plot is not None:
-        summary["plot"] = str(_plot(plot, summary, force))
+        summary["plot"] = str(plot_backtest(plot, summary, force=force))
     if as_json:
         print(json.dumps(summary))
         return
     _print(summary)
-
-
-def _plot(path: Path, summary: dict[str, Any], force: bool) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ground.files import write_file_atomically
-
-    sweep = summary["confidence_sweep"]
-    levels = [float(q) for q in sweep]
-    attained = [sweep[q]["slo_attainment"] for q in sweep]
-    cost = [sweep[q]["cost_vs_oracle"] for q in sweep]
-    if all(c is None for c in cost):
-        raise InfeasibleError(
-            f"no confidence level of the sweep has a plan at the SLO of {summary['slo_s']:.3f} "
-            "s: the plot would show nothing.",
-            "pass a larger --slo (or leave it out), or leave --plot out.",
-        )
-    fig, left = plt.subplots(figsize=(7, 4))
-    xs = range(len(levels))
-    left.plot(xs, attained, "o-", color="tab:blue", label="SLO attainment")
-    left.set_ylabel("SLO attainment", color="tab:blue")
-    left.set_xticks(list(xs), [f"{q:g}" for q in levels])
-    left.set_xlabel("confidence Q (0: point plan)")
-    right = left.twinx()
-    right.plot(xs, cost, "s--", color="tab:red", label="cost / oracle")
-    right.set_ylabel("mean cost / oracle's", color="tab:red")
-    left.set_title(
-        f"{summary['batches']} held-out batches of {summary['tokens']:,} tokens, "
-        f"SLO {summary['slo_s']:.3f} s"
-    )
-    fig.tight_layout()
-    write_file_atomically(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120), force=force)
-    plt.close(fig)
-    return path
 
 
 def _print(summary: dict[str, Any]) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -10,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ground.errors import InfeasibleError, UsageError
+from ground.errors import UsageError
 from moelambda.cli._app import (
     ForceOpt,
     JsonOpt,
@@ -24,49 +23,6 @@ from moelambda.cli._app import (
 )
 
 _ALL_STRATEGIES = "multi-eps,single-eps,random,tpe,none"
-
-
-def _plot(path: Path, report: dict[str, Any], searches: dict[str, Any], force: bool) -> None:
-    """Best learning cost per iteration and per second of every method, over the oracle's."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ground.files import write_file_atomically
-
-    if not any(search.best for search in searches.values()):
-        raise InfeasibleError(
-            f"no search found a feasible plan at the SLO of {report['slo_s']:.2f} s: the plot "
-            "would show nothing.",
-            "pass a larger --slo, or leave --plot out.",
-        )
-    oracle = report["learn_oracle_cost_usd"]
-    fig, (by_iter, by_time) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    for name, search in searches.items():
-        if not search.best:
-            continue
-        ratio = [b / oracle for b in search.best]
-        by_iter.plot(range(1, len(ratio) + 1), ratio, label=name)
-        by_time.plot(search.elapsed, ratio, label=name)
-    for ax, label in ((by_iter, "iteration"), (by_time, "seconds")):
-        ax.axhline(1.0, color="black", lw=0.8, ls="--", label="oracle (real counts)")
-        ax.set_xlabel(label)
-        ax.grid(alpha=0.3)
-    by_iter.set_ylabel("best objective on the learning batches ÷ oracle")
-    by_iter.legend()
-    setup = report["setup"]
-    fig.suptitle(
-        f"BO of {setup['predictor']} on {setup['model']} E={setup['experts']} "
-        f"k={setup['top_k']}, SLO {report['slo_s']:.2f} s"
-    )
-    fig.tight_layout()
-    try:
-        write_file_atomically(
-            path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"), force=force
-        )
-    finally:
-        plt.close(fig)
 
 
 def _print(report: dict[str, Any]) -> None:
@@ -209,19 +165,19 @@ def bo(
     adjustment, single ε and TPE, and tests every result on --test-batches held-out batches
     against the oracle (plans from the real counts) and LambdaML (3,008 MB, no replicas).
     """
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
+
     from planner import load_calibration
-    from planner.bo import BoSettings, EpsilonGreedy, run_bo
+    from planner.bo import BoSettings, EpsilonGreedy, check_bo, compare_strategies
     from predictor import RoutingTrace
 
-    if iterations < 1:
-        raise UsageError(f"--iterations {iterations} is not positive.", "pass 1 or more.")
-    if seeds < 1:
-        raise UsageError(f"--seeds {seeds} is not positive.", "pass --seeds 1 or more.")
-    for name, value in (("--learn-batches", learn_batches), ("--test-batches", test_batches)):
-        if value < 1:
-            raise UsageError(f"{name} {value} is not positive.", f"pass {name} 1 or more.")
-    if slo is not None and not slo > 0:
-        raise UsageError(f"--slo {slo} is not positive.", "pass a positive --slo.")
+    check_bo(
+        iterations=iterations,
+        seeds=seeds,
+        learn_batches=learn_batches,
+        test_batches=test_batches,
+        slo_s=slo,
+    )
     if plot is not None and plot.exists() and not force:
         raise UsageError(f"'{plot}' already exists.", "pick another name or pass --force.")
     config = EpsilonGreedy(
@@ -236,6 +192,7 @@ def bo(
         candidates=candidates,
         surrogate=surrogate,
     )
+    strategies = renamed("--methods", "--strategies", methods, strategies) or _ALL_STRATEGIES
     settings = BoSettings(
         tokens=tokens,
         learn_batches=learn_batches,
@@ -247,24 +204,12 @@ def bo(
         slo_s=slo,
         predictor=predictor,
         seed=seed,
-        methods=tuple(
-            m.strip()
-            for m in (
-                renamed("--methods", "--strategies", methods, strategies) or _ALL_STRATEGIES
-            ).split(",")
-            if m.strip()
-        ),
+        methods=tuple(m.strip() for m in strategies.split(",") if m.strip()),
         config=config,
     )
     trace = RoutingTrace.load(traces)
     manifest = manifest_of_trace(trace)
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
-
-    with progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-    ) as bar:
+    with progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()) as bar:
         tasks: dict[str, Any] = {}
 
         def on_trial(method: str, done: int, best: float) -> None:
@@ -274,29 +219,17 @@ def bo(
                 tasks[method], completed=done, description=f"{method}: best ${best * 1e6:.3f} µ"
             )
 
-        reports, first_searches = [], None
-        for offset in range(seeds):
-            tasks.clear()
-            run_settings = dataclasses.replace(settings, seed=seed + offset)
-            report, searches = run_bo(
-                trace, manifest, load_calibration(calibration), run_settings, on_trial=on_trial
-            )
-            reports.append(report)
-            first_searches = first_searches or searches
-    report, searches = reports[0], first_searches
-    assert searches is not None
-    if plot is not None:
-        _plot(plot, report, searches, force)
-        report["plot"] = str(plot)
-    if seeds > 1:
-        from planner.bo import claims, statistics
-
-        report = {
-            "seeds": [seed + offset for offset in range(seeds)],
-            "statistics": statistics(reports),
-            "claims": claims(reports),
-            "per_seed": reports,
-        }
+        report = compare_strategies(
+            trace,
+            manifest,
+            load_calibration(calibration),
+            settings,
+            seeds=seeds,
+            plot=plot,
+            force=force,
+            on_trial=on_trial,
+            on_seed=lambda _: tasks.clear(),
+        )
     if as_json:
         print(json.dumps(report))
     elif seeds > 1:

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ground.errors import InfeasibleError, UsageError
+from ground.errors import UsageError
 from moelambda.cli._app import (
     ForceOpt,
     JsonOpt,
@@ -124,27 +124,15 @@ def choose(
 ) -> None:
     """Plan every MoEfication of a grid, measure its quality, and keep the cheapest that meets
     the floor (--min-cosine for encoders, --max-ppl-ratio for decoders)."""
-    from planner.choose import Floor
+    from planner.choose import check_choose, write_selection
     from planner.choose import choose as run_choose
 
-    if (min_cosine is None) == (max_ppl_ratio is None):
-        raise UsageError(
-            "pass exactly one quality floor.",
-            "use --min-cosine Q for an encoder (e.g. 0.95) or --max-ppl-ratio R for a decoder "
-            "(e.g. 1.10).",
-        )
-    if min_cosine is not None and not -1.0 <= min_cosine <= 1.0:
-        raise UsageError(f"--min-cosine {min_cosine} is not a cosine.", "pass a value in [-1, 1].")
-    if max_ppl_ratio is not None and not max_ppl_ratio > 0:
-        raise UsageError(f"--max-ppl-ratio {max_ppl_ratio} is not positive.", "pass e.g. 1.1.")
-    if tokens < 1 or quality_tokens < 1:
-        raise UsageError("--tokens and --quality-tokens must be positive.", "pass 1 or more.")
-    if slo is not None and not slo > 0:
-        raise UsageError(f"--slo {slo} is not positive.", "pass a positive --slo.")
-    floor = (
-        Floor("cosine_mean", min_cosine)
-        if min_cosine is not None
-        else Floor("ppl_ratio", max_ppl_ratio)  # type: ignore[arg-type]
+    floor = check_choose(
+        min_cosine=min_cosine,
+        max_ppl_ratio=max_ppl_ratio,
+        tokens=tokens,
+        quality_tokens=quality_tokens,
+        slo_s=slo,
     )
     check_out(out, force)
     grid = grid_of(model, experts, top_k, shared, router, correction, seed, fit_tokens)
@@ -160,104 +148,19 @@ def choose(
             seed=seed,
             progress=status.update,
         )
-    summary = _summary(selection, model, tokens, slo)
+    summary = selection.summary(model, tokens, slo)
     if selection.chosen is None:
-        best = selection.best_quality()
-        reached = best.quality[floor.metric]
         if as_json:
             print(json.dumps(summary))
         else:
             _print(summary)
-        raise InfeasibleError(
-            f"no option of the grid meets {floor.describe()}: the best reached is "
-            f"{reached:.4f} ({best.options.label()})"
-            + ("." if best.feasible else f", which has no plan: {best.why}"),
-            "loosen the floor, or widen the grid (more experts per token: --top-k, a shared "
-            "expert: --shared, --correction on).",
-        )
-    _write(out, selection, summary, force)
+        raise selection.none_meets()
+    write_selection(out, selection, summary, force=force)
     summary["out"] = str(out)
     if as_json:
         print(json.dumps(summary))
         return
     _print(summary)
-
-
-def _summary(selection: Any, model: str, tokens: int, slo: float | None) -> dict[str, Any]:
-    chosen = selection.chosen
-    return {
-        "model": model,
-        "tokens": tokens,
-        "slo_s": slo,
-        "floor": {"metric": selection.floor.metric, "value": selection.floor.value},
-        "options": [r.describe() for r in selection.results],
-        "frontier": selection.frontier,
-        "chosen": None if chosen is None else selection.results[chosen].describe(),
-        "chosen_index": chosen,
-    }
-
-
-def _write(out: Path, selection: Any, summary: dict[str, Any], force: bool) -> None:
-    """plan.json of the chosen option, choose.json (the summary) and choose.png, atomically."""
-    from ground.files import write_atomically
-
-    chosen = selection.results[selection.chosen]
-
-    def write(tmp: Path) -> None:
-        chosen.plan.save(tmp / "plan.json")
-        (tmp / "choose.json").write_text(json.dumps(summary, indent=2) + "\n")
-        _plot(tmp / "choose.png", selection)
-
-    write_atomically(out, write, force=force)
-
-
-def _plot(path: Path, selection: Any) -> None:
-    """Quality against bill per batch: every feasible option, the frontier, the floor, the
-    chosen point."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    metric = selection.floor.metric
-    feasible = [r for r in selection.results if r.feasible]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.scatter(
-        [r.bill_usd * 1e6 for r in feasible],
-        [r.quality[metric] for r in feasible],
-        color="tab:blue",
-        label="options",
-    )
-    for r in feasible:
-        ax.annotate(r.options.label(), (r.bill_usd * 1e6, r.quality[metric]), fontsize=7)
-    front = [selection.results[i] for i in selection.frontier]
-    ax.plot(
-        [r.bill_usd * 1e6 for r in front],
-        [r.quality[metric] for r in front],
-        color="tab:blue",
-        alpha=0.5,
-        label="frontier",
-    )
-    ax.axhline(selection.floor.value, color="tab:red", linestyle="--", label="floor")
-    chosen = selection.results[selection.chosen]
-    ax.scatter(
-        [chosen.bill_usd * 1e6],
-        [chosen.quality[metric]],
-        marker="*",
-        s=250,
-        color="tab:orange",
-        label=f"chosen: {chosen.options.label()}",
-        zorder=3,
-    )
-    ax.set_xlabel("bill per batch (µ$)")
-    ax.set_ylabel(metric.replace("_", " ") + " (against the dense model)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=110)
-    finally:
-        plt.close(fig)
 
 
 def _print(summary: dict[str, Any]) -> None:

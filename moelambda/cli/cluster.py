@@ -15,7 +15,7 @@ import typer
 from cluster.bench import BENCH_TRACES
 from cluster.replay import DEADLINE, LYRA, SCHEDULERS, TABLES
 from ground.errors import UsageError
-from moelambda.cli import _render as render
+from moelambda.cli import _render_cluster as render
 from moelambda.cli._app import (
     ForceOpt,
     JsonOpt,

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from ground.errors import UsageError
-from moelambda.cli import _render as render
+from moelambda.cli import _render_gpu as render
 from moelambda.cli._app import (
     ForceOpt,
     JsonOpt,
@@ -17,6 +17,7 @@ from moelambda.cli._app import (
     app,
     bench_app,
     err,
+    manifest_of_counts,
     manifest_of_trace,
     stdout,
     user_errors,
@@ -145,7 +146,8 @@ def compare(
     """Cost per million tokens on Lambda (cheapest plan, full bill) and on GPUs at a request rate,
     and the rate at which the GPUs break even."""
     from gpu.api import compare_serverless_gpu
-    from moelambda.cli.plan import serverless_best
+    from planner import load_calibration
+    from planner.api import counts_for_plan, serverless_best
     from predictor import PredictedCounts
 
     if rps <= 0 or slo <= 0:
@@ -154,9 +156,13 @@ def compare(
         raise UsageError(f"--confidence {confidence} is not in [0, 1).", "pass e.g. 0.99 or 0.")
     if plot is not None and plot.exists() and not force:
         raise UsageError(f"'{plot}' already exists.", "pick another --plot or pass --force.")
-    predicted = PredictedCounts.load(counts).array()
+    doc = PredictedCounts.load(counts)
+    predicted = doc.array()
     with err.status("the cheapest Lambda plan"):
-        manifest, solution, tokens = serverless_best(counts, slo, confidence)
+        planning = counts_for_plan(counts=counts, tokens=doc.tokens)
+        manifest = manifest_of_counts(planning)
+        best = serverless_best(manifest, planning, load_calibration(None), slo, confidence)
+    solution, tokens = best.solution, doc.tokens
     comparison = compare_serverless_gpu(
         predicted,
         manifest,

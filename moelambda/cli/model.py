@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from ground.errors import UsageError
 from moelambda.cli import _render
@@ -168,38 +167,7 @@ def profile(
     if as_json:
         print(json.dumps(summary))
         return
-    _print_popularity(summary)
-
-
-def _print_popularity(summary: dict[str, Any]) -> None:
-    out = stdout()
-    table = Table(
-        title=f"Expert popularity: {summary['model']}, E={summary['experts']}, "
-        f"top-{summary['top_k']}, {summary['tokens']:,} tokens of '{summary['corpus']}'"
-    )
-    table.add_column("layer", justify="right")
-    for e in range(summary["experts"]):
-        table.add_column(f"e{e}", justify="right")
-    table.add_column("max/mean", justify="right")
-    fits = summary["router_fit"]
-    if fits:
-        table.add_column("router acc.", justify="right")
-    mean = summary["tokens"] * summary["top_k"] / summary["experts"]
-    for layer, counts in enumerate(summary["popularity"]):
-        row = [str(layer), *(f"{c:,}" for c in counts), f"{max(counts) / mean:.2f}"]
-        if fits:
-            row.append(f"{fits[layer]['accuracy']:.1%}")
-        table.add_row(*row)
-    out.print(table)
-    out.print(
-        f"{summary['tokens_per_s']:,.0f} tokens/s profiling (model load and MoEfication "
-        f"{summary['load_s']:.1f} s). Trace: {summary['trace']}"
-    )
-    if summary["quality"]:
-        from moe import Quality
-
-        headline = Quality(**summary["quality"]).headline()
-        out.print(f"Served model against the dense one: {headline}")
+    _render.popularity(stdout(), summary)
 
 
 @app.command()

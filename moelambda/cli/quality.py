@@ -78,16 +78,10 @@ def quality(
         distil_steps=distil_steps,
         fit_tokens=fit_tokens,
     )
-    if tokens < 1 or window < 2:
-        from ground.errors import UsageError
+    from moe._quality import check_quality_size, native_model_error
 
-        raise UsageError(
-            f"--tokens {tokens} / --window {window} leave nothing to compare.",
-            "pass --tokens 1 or more and --window 2 or more.",
-        )
+    check_quality_size(tokens, window)
     if options is None:
-        from moe._quality import native_model_error
-
         raise native_model_error(model)
     loaded = load_with_status(model, experts, top_k, seed, cache, options)
     with err.status("comparing with the dense model"):
@@ -124,29 +118,6 @@ def _print(summary: dict[str, Any], label: str) -> None:
     out.print(f"({when}; {q['wall_s']:.1f} s)")
 
 
-# The options `bench quality` compares per model: MoEfication as it was, then quality recovery
-# at about half the dense FFN's FLOPs, then the least FLOPs that keep the stated floor.
-BENCH_OPTIONS: dict[str, list[dict[str, Any]]] = {
-    "minilm": [
-        {"experts": 4, "top_k": "2"},
-        {"experts": 8, "top_k": "2"},
-        {"experts": 8, "top_k": "4"},
-        {"experts": 8, "top_k": "4", "correction": True, "fit_tokens": 131072},
-        {"experts": 8, "top_k": "4", "correction": True, "router": "output", "fit_tokens": 131072},
-        {"experts": 8, "top_k": "2", "shared": 0.25, "correction": True, "fit_tokens": 131072},
-        {"experts": 8, "top_k": "6", "correction": True, "fit_tokens": 131072},
-    ],
-    "smollm2": [
-        {"experts": 8, "top_k": "2"},
-        {"experts": 8, "top_k": "4"},
-        {"experts": 8, "top_k": "4", "correction": True},
-        {"experts": 8, "top_k": "6", "correction": True},
-    ],
-}
-FLOORS = {"minilm": ("cosine_mean", 0.97), "smollm2": ("ppl_ratio", 1.05)}
-HALF_FLOPS = 0.5
-
-
 @bench_app.command("quality")
 @user_errors
 def bench_quality(
@@ -165,74 +136,18 @@ def bench_quality(
     `moelambda choose` picks it; and the time `quality` takes on MiniLM once it is cached
     (target 60 s). Models are MoEfied on first use (SmolLM2: minutes per option).
     """
-    import time
+    from planner.bench import bench_quality as run_bench
 
-    from moe import dense_reference, load_corpus, load_model, measure_quality
-    from planner.choose import Floor, choose
-
-    names = [m.strip() for m in models.split(",") if m.strip()]
-    unknown = [m for m in names if m not in BENCH_OPTIONS]
-    if unknown or not names:
-        from ground.errors import UsageError
-
-        raise UsageError(
-            f"--models {models!r}: {', '.join(unknown) or 'nothing'} is not benchmarked.",
-            f"pass some of {', '.join(BENCH_OPTIONS)}.",
-        )
-    report: dict[str, Any] = {"tokens": tokens, "models": {}}
-    for name in names:
-        grid = grid_of_bench(name)
-        metric, value = FLOORS[name]
-        with err.status(f"{name}: {len(grid)} options") as status:
-            selection = choose(
-                name, grid, Floor(metric, value), tokens=tokens, progress=status.update
-            )
-        rows = [r.describe() for r in selection.results]
-        half = [r for r in rows if r["expert_flops_share"] <= HALF_FLOPS + 1e-9]
-        if metric == "cosine_mean":
-            best = max(half, key=lambda r: r["quality"]["cosine_mean"])
-            meets = (
-                best["quality"]["cosine_mean"] >= 0.97
-                and best["quality"]["neighbour_overlap_10"] >= 0.80
-            )
-        else:
-            best = min(half, key=lambda r: r["quality"]["ppl_ratio"])
-            meets = best["quality"]["ppl_ratio"] <= 1.05
-        chosen = None if selection.chosen is None else rows[selection.chosen]
-        report["models"][name] = {
-            "floor": {"metric": metric, "value": value},
-            "options": rows,
-            "best_at_half_flops": best["label"],
-            "best_at_half_flops_quality": best["quality"],
-            "half_flops_target_met": meets,
-            "chosen_for_floor": None if chosen is None else chosen["label"],
-            "chosen_bill_usd": None if chosen is None else chosen["bill_usd"],
-        }
-    if "minilm" in names:
-        model = load_model("minilm", options=grid_of_bench("minilm")[0])
-        started = time.perf_counter()
-        measure_quality(model, dense_reference("minilm"), load_corpus("wiki"), tokens=16384)
-        seconds = time.perf_counter() - started
-        report["quality_16384_tokens_s"] = round(seconds, 2)
-        report["quality_target_s"] = 60
-        report["quality_within_target"] = seconds <= 60
+    report = run_bench(models, tokens, status=err.status)
     if as_json:
         print(json.dumps(report))
         return
     _print_bench(report)
 
 
-def grid_of_bench(name: str) -> list[Any]:
-    from moe import MoefyOptions
-    from moe._options import parse_top_k
-
-    return [
-        MoefyOptions(**{**o, "top_k": parse_top_k(o["top_k"], o["experts"])})
-        for o in BENCH_OPTIONS[name]
-    ]
-
-
 def _print_bench(report: dict[str, Any]) -> None:
+    from planner.bench import HALF_FLOPS
+
     out = stdout()
     for name, result in report["models"].items():
         metric = result["floor"]["metric"]

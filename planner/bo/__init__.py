@@ -2,11 +2,13 @@
 
 `EpsilonGreedySampler` is the decaying multi-dimensional ε-greedy search as an optuna sampler,
 `ServingObjective` the black box (predict, plan, serve real batches), `run_bo` the experiment
-that compares it with the baselines on held-out batches.
+that compares it with the baselines on held-out batches, `compare_strategies` that over seeds
+(what `moelambda bo` does) and `plot_convergence` its plot.
 """
 
 from __future__ import annotations
 
+from planner.bo._compare import check_bo, compare_strategies, plot_convergence
 from planner.bo._objective import Outcome, Planner, ServingObjective
 from planner.bo._run import BO_METHODS, BoSettings, Split, run_bo, split_for_bo, tune
 from planner.bo._sampler import (
@@ -31,9 +33,12 @@ __all__ = [
     "ServingObjective",
     "Split",
     "adjustment_of",
+    "check_bo",
     "claims",
+    "compare_strategies",
     "converged",
     "epsilon",
+    "plot_convergence",
     "run_bo",
     "search_space",
     "split_for_bo",

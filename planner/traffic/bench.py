@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ from planner.traffic.simulate import TrafficResult, simulate
 from planner.traffic.spec import Arrivals, load_arrivals
 from planner.traffic.workflow import workflow_model
 
-__all__ = ["DAY_TARGET_S", "compare", "scale_for"]
+__all__ = ["DAY_TARGET_S", "compare", "plot_comparison", "scale_for"]
 
 DAY_TARGET_S = 10.0
 DAY_H = 24.0
@@ -166,3 +167,65 @@ def compare(
         },
         "seconds": round(time.perf_counter() - started, 2),
     }
+
+
+def plot_comparison(path: Path, report: dict[str, Any], *, force: bool = False) -> str:
+    """The PNG `bench traffic --plot` writes from `compare`'s report (with its "latencies"):
+    per rate and SLO the latency distributions of today's plan, of it without reserved
+    concurrency and of the traffic-aware plan, and beside them the bills. Returns the path.
+
+    Example::
+
+        report = bench_traffic(manifest, planning, load_calibration())
+        plot_comparison(Path("out/traffic.png"), report, force=True)
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ground.files import write_file_atomically
+
+    runs = report["runs"]
+    fig, axes = plt.subplots(1, len(runs) + 1, figsize=(4.2 * (len(runs) + 1), 3.8))
+    for ax, run in zip(axes, runs, strict=False):
+        key = f"{run['rate_per_s']:g}/s, p99 {run['slo_p99_s']:g} s"
+        for label, name, colour, style in (
+            ("steady", "today's plan", "tab:red", "-"),
+            ("unreserved", "today's, no reserved concurrency", "tab:orange", "--"),
+            ("traffic", "traffic-aware", "tab:blue", "-"),
+        ):
+            lat = np.sort(report["latencies"][key][label])  # inf: refused or failed
+            slower = 1.0 - np.arange(lat.size) / max(lat.size, 1)
+            finite = np.isfinite(lat)
+            ax.plot(lat[finite], slower[finite], label=name, color=colour, linestyle=style)
+        ax.axvline(run["slo_p99_s"], color="grey", linestyle="--", linewidth=1)
+        ax.axhline(0.01, color="grey", linestyle=":", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_ylim(1e-4, 1.0)
+        ax.set_xlabel("request latency (s)")
+        ax.set_ylabel("share of requests slower")
+        ax.set_title(f"{run['rate_per_s']:g} req/s, p99 SLO {run['slo_p99_s']:g} s", fontsize=10)
+        ax.legend(fontsize=7, loc="lower left")
+        ax.grid(alpha=0.3)
+    ax = axes[-1]
+    labels = [f"{r['rate_per_s']:g}/s\n{r['slo_p99_s']:g} s" for r in runs]
+    x = np.arange(len(runs))
+    ax.bar(x - 0.2, [r["steady"]["per_million_tokens_usd"] for r in runs], 0.4,
+           label="today's plan", color="tab:red")  # fmt: skip
+    ax.bar(x + 0.2, [r["traffic_aware"]["per_million_tokens_usd"] for r in runs], 0.4,
+           label="traffic-aware", color="tab:blue")  # fmt: skip
+    ax.set_ylim(0, 1.3 * max(r["steady"]["per_million_tokens_usd"] for r in runs))
+    ax.set_xticks(x, labels)
+    ax.set_ylabel("bill per million tokens (USD)")
+    ax.set_title("bill over the simulated day", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    try:
+        write_file_atomically(
+            path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"), force=force
+        )
+    finally:
+        plt.close(fig)
+    return str(path)

@@ -147,3 +147,25 @@ def test_choose_refuses_bad_floors() -> None:
         result = runner.invoke(app, ["choose", *args])
         assert result.exit_code == 2, (args, result.output)
         assert message in result.output and "Traceback" not in result.output
+
+
+def test_choose_from_python_is_the_command(tiny_llama: str, tmp_path: Path) -> None:
+    """`check_choose`, `choose`, `Selection.summary` and `write_selection` give what the
+    command prints and writes."""
+    from planner.choose import check_choose, choose, write_selection
+
+    args = ["choose", "--model", tiny_llama, "--experts", "4", "--top-k", "1,2", "--shared", "0"]
+    args += ["--tokens", str(TOKENS), "--quality-tokens", str(QUALITY_TOKENS)]
+    args += ["--fit-tokens", "8192", "--max-ppl-ratio", "1e9", "--out", str(tmp_path / "cli")]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    floor = check_choose(max_ppl_ratio=1e9, tokens=TOKENS, quality_tokens=QUALITY_TOKENS)
+    selection = choose(tiny_llama, _grid(), floor, tokens=TOKENS, quality_tokens=QUALITY_TOKENS)
+    summary = selection.summary(tiny_llama, TOKENS, None)
+    write_selection(tmp_path / "api", selection, summary)
+    assert summary | {"out": str(tmp_path / "cli")} == json.loads(result.stdout)
+    written = [json.loads((tmp_path / d / "choose.json").read_text()) for d in ("api", "cli")]
+    assert written[0] == written[1]
+    assert (tmp_path / "api" / "plan.json").read_text() == (
+        tmp_path / "cli" / "plan.json"
+    ).read_text()

@@ -1,0 +1,176 @@
+"""Readable summaries of the GPU-backend commands: `gpu-plan`, `run-gpu`, `compare` and
+`bench gpu` (see `moelambda.cli._render`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+
+from moelambda.cli._render import facts, ms, optional, table, yes_no
+
+
+def gpu_plan(out: Console, summary: dict[str, Any]) -> None:
+    """`moelambda gpu-plan`: one row per MoE layer, then the totals and the extras."""
+    types = summary["gpu_types"]
+    kinds = ", ".join(f"{types.count(t)} x {t}" for t in dict.fromkeys(types))
+    rows = []
+    for i, layer in enumerate(summary["layers"]):
+        hosted = " | ".join(
+            ",".join(str(e) if share == 1 else f"{e}:{share:.2f}" for e, share in gpu)
+            for gpu in layer["placement"]
+        )
+        rows.append(
+            (
+                str(i),
+                hosted,
+                str(layer["a2a_rounds"]),
+                ms(layer["a2a_s"]),
+                ms(layer["lower_bound_s"]),
+                ms(layer["layer_s"]),
+            )
+        )
+    out.print(
+        table(
+            f"GPU plan ({summary['scheduler']}) of {summary['tokens']:,} tokens on {kinds}",
+            ("layer", "experts per GPU", "a2a rounds", "a2a ms", "bound ms", "layer ms"),
+            rows,
+            left=2,
+        )
+    )
+    out.print(
+        f"Batch time {summary['total_s']:.4f} s; ${summary['cost_per_million_tokens_usd']:.4f} "
+        f"per million tokens. Wrote {summary['plan']}.",
+        highlight=False,
+    )
+    if "lina" in summary:
+        lina = summary["lina"]
+        persistence = lina["path_persistence"]
+        out.print(
+            table(
+                f"Lina on {lina['batches']} held-out batches of {lina['batch_tokens']:,} tokens "
+                f"(thesis re-schedule rate {lina['thesis_reschedule_rate']:.0%})",
+                ("estimator", "re-schedule rate", "busiest GPU / mean"),
+                (
+                    (
+                        name,
+                        f"{rate:.1%}",
+                        ", ".join(
+                            f"{k} {v:.2f}" for k, v in lina["busiest_gpu_over_mean"][name].items()
+                        ),
+                    )
+                    for name, rate in lina["reschedule_rate"].items()
+                ),
+            )
+        )
+        out.print(
+            f"Path persistence k=1 {persistence['k1']:.3f}, k=2 {persistence['k2']:.3f} "
+            f"(thesis {persistence['thesis']['k1']}, {persistence['thesis']['k2']}).",
+            highlight=False,
+        )
+    if "colocate" in summary:
+        colocated = summary["colocate"]
+        out.print(
+            table(
+                f"Colocation with {colocated['model_b']}: one expert of each model per GPU",
+                ("layer", "pairing", "GPU of pair", "cycle ms", "same-index ms"),
+                (
+                    (
+                        str(row["layer"]),
+                        " ".join(map(str, row["pairing"])),
+                        " ".join(map(str, row["gpu_of_pair"])),
+                        ms(row["cycle_s"]),
+                        ms(row["same_index_cycle_s"]),
+                    )
+                    for row in colocated["layers"]
+                ),
+            )
+        )
+
+
+def run_gpu(out: Console, result: dict[str, Any]) -> None:
+    """`moelambda run-gpu`: the status, the check against the monolithic model, the times."""
+    pairs = [
+        ("status", result["status"]),
+        ("backend", str(result["backend"])),
+        ("ranks", str(result["gpus"])),
+        ("tokens", f"{result['tokens']:,}"),
+        ("max |diff| vs monolithic", optional(result["max_abs_diff_vs_monolithic"], ".3g")),
+    ]
+    for path, seconds in (result.get("a2a_seconds") or {}).items():
+        pairs.append((f"all-to-all s ({path})", f"{seconds:.4f}"))
+    if result["layer_seconds"]:
+        layers = " ".join(f"{s:.4f}" for s in result["layer_seconds"])
+        pairs.append(("layer s (slowest rank)", layers))
+    out.print(facts("run-gpu: the plan run on torch.distributed", pairs))
+    if result.get("error"):
+        out.print(f"[red]error:[/red] {result['error']}", highlight=False)
+
+
+def compare(out: Console, summary: dict[str, Any]) -> None:
+    """`moelambda compare`: Lambda against the cheapest GPU deployment, and the break-even."""
+    lam, gpu = summary["serverless"], summary["gpu"]
+    deployment = f"{gpu['copies']} x {gpu['gpus']} {gpu['gpu_type']}"
+    out.print(
+        table(
+            f"Serverless or GPU at {summary['rps']:g} requests/s of "
+            f"{summary['tokens_per_request']:,} tokens (SLO {summary['slo_s']:g} s)",
+            ("backend", "USD per million tokens", "latency s", "GPUs"),
+            (
+                (
+                    "Lambda (cheapest plan)",
+                    f"{lam['cost_per_million_tokens_usd']:.4f}",
+                    f"{lam['latency_s']:.3f}",
+                    "-",
+                ),
+                (
+                    "GPU (cheapest at this rate)",
+                    f"{gpu['cost_per_million_tokens_usd']:.4f}",
+                    f"{gpu['latency_s']:.3f}",
+                    deployment,
+                ),
+            ),
+        )
+    )
+    cheaper = (
+        "Lambda"
+        if lam["cost_per_million_tokens_usd"] <= gpu["cost_per_million_tokens_usd"]
+        else "the GPUs"
+    )
+    rate, where = summary["breakeven_rps"], summary["breakeven_deployment"]
+    crossing = (
+        "the GPUs never cost less than Lambda at any rate"
+        if rate is None
+        else f"the GPUs break even at {rate:.3g} requests/s ({where['gpus']} {where['gpu_type']})"
+    )
+    plot = f" Wrote {summary['plot']}." if "plot" in summary else ""
+    out.print(f"At this rate {cheaper} cost less; {crossing}.{plot}", highlight=False)
+
+
+def bench_gpu(out: Console, summary: dict[str, Any]) -> None:
+    """`moelambda bench gpu`: Aurora's checks and the all-to-all orders."""
+    ratio = summary["coloc_heuristic_over_opt"]
+    out.print(
+        facts(
+            "bench gpu: Aurora's checks",
+            (
+                (
+                    f"BvN makespan = Theorem 4.2's bound ({summary['bvn_samples']} matrices)",
+                    yes_no(summary["bvn_makespan_equals_bound"]),
+                ),
+                (
+                    "colocation heuristic / optimum",
+                    f"mean {ratio['mean']:.4f}, max {ratio['max']:.4f}",
+                ),
+            ),
+        )
+    )
+    orders = summary["orders"]
+    aurora = orders["aurora"]
+    out.print(
+        table(
+            f"One all-to-all on {summary['orders_traffic']}",
+            ("order", "ms", "/ Aurora"),
+            ((name, ms(s), f"{s / aurora:.2f}x") for name, s in orders.items()),
+        )
+    )

@@ -1,0 +1,117 @@
+"""Readable summaries of the traffic commands: `traffic`, `plan --traffic`, `bench traffic`
+and `calibrate --cold`. Each takes the console and the summary the command prints with --json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def traffic(out: Console, summary: dict[str, Any]) -> None:
+    """`moelambda traffic`: the latency quantiles, cold starts, the SLO, the period's bill."""
+    lat, bill = summary["latency_s"], summary["bill_usd"]
+
+    def fmt(value: float | None) -> str:
+        return "refused" if value is None else f"{value:.3f}"
+
+    out.print(
+        f"{summary['requests']:,} requests in {summary['batches']:,} batches over "
+        f"{summary['period_s'] / 3600:.2f} h ({summary['traffic']['rate_per_s']:.4g} req/s): "
+        f"latency p50 {fmt(lat['p50'])} s, p95 {fmt(lat['p95'])} s, p99 {fmt(lat['p99'])} s, "
+        f"max {fmt(lat['max'])} s; {summary['cold_starts']['count']:,} cold starts.",
+        highlight=False,
+    )
+    if summary["slo_s"] is not None:
+        out.print(
+            f"SLO {summary['slo_s']:.3f} s met by {summary['slo_attainment']:.2%} of requests.",
+            highlight=False,
+        )
+    for note in summary["notes"]:
+        out.print(f"note: {note}.", highlight=False)
+    table = Table(title="Bill of the period (USD)")
+    table.add_column("item")
+    table.add_column("USD", justify="right")
+    for name, value in bill.items():
+        table.add_row(name, f"{value:.6f}")
+    out.print(table)
+
+
+def plan_traffic(out: Console, summary: dict[str, Any]) -> None:
+    """`moelambda plan --traffic`: the chosen batch and capacity policies, simulated."""
+    bill, stream = summary["bill_usd"], summary["traffic"]
+    out.print(
+        f"For {stream['requests']:,} requests ({stream['rate_per_s']:.4g}/s) with "
+        f"p99 <= {summary['slo_p99_s']:g} s: batches of at most "
+        f"{summary['max_batch_tokens']:,} tokens, waiting at most {summary['max_wait_s']:g} s; "
+        f"capacity: {summary['capacity']}. Simulated p99 "
+        f"{summary['latency_s']['p99']:.3f} s, bill ${bill['total_usd']:.4f} "
+        f"(${bill['per_million_tokens_usd']:.4f} per million tokens), best of "
+        f"{summary['candidates']} candidates in {summary['seconds']:.1f} s. "
+        f"Wrote {summary['plan']}.",
+        highlight=False,
+    )
+
+
+def bench_traffic(out: Console, report: dict[str, Any]) -> None:
+    """`moelambda bench traffic`: today's plan and the traffic-aware one per rate and SLO."""
+    table = Table(title="Today's steady-state plan vs the traffic-aware plan (simulated day)")
+    for column in ("rate /s", "p99 SLO s", "plan", "p99 s", "meets", "USD / M tokens", "policy"):
+        table.add_column(column, justify="right" if column != "policy" else "left")
+    for run in report["runs"]:
+        for name, row in (
+            ("today", run["steady"]),
+            ("today, unreserved", run["steady_unreserved"]),
+            ("traffic", run["traffic_aware"]),
+        ):
+            p99 = row["latency_s"]["p99"]
+            policy = (
+                f"{row['max_batch_tokens']:,} tokens, wait {row['max_wait_s']:g} s, "
+                f"{row['capacity']}"
+                if name == "traffic"
+                else f"{run['steady']['tokens_per_batch']:,}-token plan, one execution per request"
+            )
+            table.add_row(
+                f"{run['rate_per_s']:.4g}",
+                f"{run['slo_p99_s']:g}",
+                name,
+                "unbounded" if p99 is None else f"{p99:.2f}",
+                "yes" if row["meets_p99"] else "no",
+                f"{row['per_million_tokens_usd']:.4f}",
+                policy,
+            )
+    out.print(table)
+    for row in report["infeasible"]:
+        out.print(
+            f"{row['rate_per_s']:.4g} req/s, p99 {row['slo_p99_s']:g} s: {row['reason']}",
+            highlight=False,
+        )
+    day = report["day"]
+    out.print(
+        f"A simulated day at the trace's own rate ({day['requests']:,} requests): "
+        f"{day['wall_s']:.2f} s (target <= {day['target_s']:g} s). Plot: {report['plot']}.",
+        highlight=False,
+    )
+
+
+def calibrate_cold(out: Console, summary: dict[str, Any]) -> None:
+    """`moelambda calibrate --cold`: each role's INIT, and the fitted load time."""
+    table = Table(title=f"Handler INIT on this machine, written to {summary['file']}")
+    for column in ("role", "stage MB", "import s", "download s", "build s"):
+        table.add_column(column, justify="right")
+    for row in summary["samples"]:
+        table.add_row(
+            str(row["role"]),
+            f"{int(row['stage_bytes']) / 1e6:.2f}",
+            f"{float(row['import_s']):.2f}",
+            f"{float(row['download_s']):.3f}",
+            f"{float(row['build_s']):.2f}",
+        )
+    out.print(table)
+    out.print(
+        f"Interpreter start {summary['python_start_s']:.3f} s; load = "
+        f"{summary['load_fixed_s']:.3f} s + {summary['load_s_per_byte'] * 1e9:.2f} s/GB "
+        f"(median of {summary['repeats']} fresh processes per role).",
+        highlight=False,
+    )

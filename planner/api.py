@@ -1,0 +1,498 @@
+"""Planning one batch in a few calls: what `moelambda plan` (and `compare`'s Lambda side) do.
+
+Each function takes loaded inputs (the model's manifest, the predicted counts, the
+calibration), checks them, does the work and returns the plan with a JSON-ready summary; the
+command line only parses, loads the model and renders. `plan --traffic` is
+`planner.traffic.planning.plan_traffic`.
+
+Example (counts written by `moelambda predict --counts-out out/counts.json`)::
+
+    from moe import describe_model, load_model
+    from planner import counts_for_plan, load_calibration, plan_deployment
+
+    counts = counts_for_plan(counts=Path("out/counts.json"), tokens=10240)
+    model = load_model(counts.model["model"], experts=counts.model["experts"],
+                       top_k=counts.model["top_k"], seed=counts.model["seed"])
+    planned = plan_deployment(describe_model(model), counts, load_calibration(), slo_s=30)
+    planned.plan.save("out/plan.json")
+    print(planned.summary["bill_usd"]["total_usd"])
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ground.errors import InfeasibleError, UsageError
+
+if TYPE_CHECKING:
+    from ground.manifest import Manifest
+    from ground.plan import Plan
+    from planner.calibration import Calibration
+    from planner.confidence import CountDistribution
+    from planner.costmodel import Solution
+    from planner.exact import Frontier
+    from planner.instance import Method
+
+__all__ = [
+    "DEFAULT_CONFIDENCE",
+    "SOLVERS",
+    "PlanOptions",
+    "PlannedDeployment",
+    "PlanningCounts",
+    "check_plan_options",
+    "counts_for_plan",
+    "plan_confidence",
+    "plan_deployment",
+    "serverless_best",
+    "shape_counts_for_plan",
+    "slo_of",
+    "write_pareto",
+]
+
+SOLVERS = ("exact", "ods", "milp")
+DEFAULT_CONFIDENCE = 0.99  # with a counts file that carries its predictive distribution
+
+
+@dataclass(frozen=True, eq=False)
+class PlanningCounts:
+    """The expert counts a plan is made for, scaled to its batch, and where they came from.
+
+    Attributes:
+        counts: Predicted tokens per (MoE layer, expert) in a batch of `tokens`.
+        tokens: Tokens per batch the counts are scaled to.
+        source: Where the counts came from, as the plan's `counts_source` records it.
+        model: The identity of the model they were predicted for (model, experts, top_k,
+            seed, moefy), to load it; None for a shape (see `manifest`).
+        dist: Their predictive distribution at `tokens`; None when the input holds none.
+        manifest: A shape's synthetic manifest (a model known by its architecture alone).
+    """
+
+    counts: np.ndarray
+    tokens: int
+    source: dict[str, Any]
+    model: dict[str, Any] | None = None
+    dist: CountDistribution | None = None
+    manifest: Manifest | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class PlannedDeployment:
+    """A plan, its summary (what `plan --json` prints, without the file names), the
+    solver's solution and the cost-vs-SLO curve it was chosen from."""
+
+    plan: Plan
+    summary: dict[str, Any]
+    solution: Solution
+    frontier: Frontier
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """How a batch is planned: `moelambda plan`'s options, with its defaults.
+
+    Attributes:
+        solver: One of `SOLVERS`.
+        method: Force one method on every layer (pipelined, s3, direct); None: any.
+        arch: Lambda architecture, x86_64 or arm64.
+        workflow: express or standard; None: express when the plan's latency fits.
+        objective: "full" (the whole bill) or "experts" (the paper's objective).
+        confidence: See `plan_confidence`; None: its default.
+        pack: Experts per function: "auto" (the cheapest of every divisor) or a number.
+        concurrency_quota: Refuse a plan whose reserved concurrency does not fit this account
+            quota; None: no check.
+    """
+
+    solver: str = "exact"
+    method: str | None = None
+    arch: str = "x86_64"
+    workflow: str | None = None
+    objective: str = "full"
+    confidence: float | None = None
+    pack: str = "auto"
+    concurrency_quota: int | None = 1000
+
+    def check(self, counts: PlanningCounts) -> tuple[tuple[Method, ...], float]:
+        """The methods the layers may use and the confidence level to plan `counts` at.
+
+        Raises:
+            UsageError: An unknown workflow type, objective, solver or architecture, an
+                empty batch, or a confidence level `plan_confidence` refuses.
+        """
+        if self.workflow not in (None, "express", "standard"):
+            raise UsageError(f"unknown --workflow '{self.workflow}'.", "use express or standard.")
+        if self.objective not in ("full", "experts"):
+            raise UsageError(f"unknown --objective '{self.objective}'.", "use full or experts.")
+        methods = check_plan_options(
+            solver=self.solver, arch=self.arch, tokens=counts.tokens, method=self.method
+        )
+        return methods, plan_confidence(self.confidence, counts)
+
+
+def counts_for_plan(
+    *, traces: Path | None = None, counts: Path | None = None, tokens: int, seed: int = 0
+) -> PlanningCounts:
+    """The counts `moelambda plan --counts/--traces` plans for, scaled to `tokens`.
+
+    Example::
+
+        planning = counts_for_plan(counts=Path("out/counts.json"), tokens=10240)
+        print(planning.model["model"], planning.dist is not None)
+
+    Args:
+        traces: A routing-trace directory: the default predictor's counts on a held-out
+            batch drawn from it with `seed`.
+        counts: A counts file (`moelambda predict --counts-out`), with its distribution when
+            it holds one.
+        tokens: Tokens per batch to plan for.
+        seed: Seeds the held-out batch drawn from `traces`. Defaults to 0.
+
+    Raises:
+        UsageError: Neither or both of `traces` and `counts`.
+    """
+    from planner.confidence import CountDistribution
+    from predictor import DEFAULT_METHOD, PredictedCounts, RoutingTrace, predict_batch
+
+    if (traces is None) == (counts is None):
+        raise UsageError(
+            "pass exactly one of --traces and --counts.",
+            "use --counts FILE from `moelambda predict --counts-out`, or --traces DIR.",
+        )
+    if counts is not None:
+        doc = PredictedCounts.load(counts)
+        model = {
+            "model": doc.model,
+            "experts": doc.experts,
+            "top_k": doc.top_k,
+            "seed": doc.seed,
+            "moefy": doc.moefy,
+        }
+        source = {"counts": str(counts), "method": doc.method, "tokens": doc.tokens}
+        dist = None
+        if doc.std is not None:
+            z = None if doc.residual_z is None else np.asarray(doc.residual_z)
+            dist = CountDistribution(doc.array(), np.asarray(doc.std), doc.tokens, z)
+            dist = dist.scaled(tokens)
+        return PlanningCounts(doc.array() * tokens / doc.tokens, tokens, source, model, dist)
+    assert traces is not None
+    trace = RoutingTrace.load(traces)
+    predicted, batch = predict_batch(trace, tokens, seed=seed)
+    model = {
+        "model": trace.meta["model"],
+        "experts": trace.num_experts,
+        "top_k": trace.top_k,
+        "seed": int(trace.meta.get("moefy_seed", 0)),
+        "moefy": trace.meta.get("moefy"),
+    }
+    source = {"traces": str(traces), "method": DEFAULT_METHOD, "tokens": batch, "seed": seed}
+    return PlanningCounts(predicted, tokens, source, model)
+
+
+def shape_counts_for_plan(
+    shape: str,
+    popularity: str,
+    *,
+    traces: Path | None = None,
+    counts: Path | None = None,
+    tokens: int,
+    seed: int = 0,
+) -> PlanningCounts:
+    """The counts (labelled synthetic) and manifest of a model known by its architecture alone.
+
+    Example::
+
+        planning = shape_counts_for_plan("olmoe", "zipf:1.0", tokens=1024)
+        planned = plan_deployment(planning.manifest, planning, load_calibration())
+
+    Args:
+        shape: A built-in shape (olmoe, mixtral, qwen-moe, deepseek-v2-lite) or a Hugging
+            Face config.json.
+        popularity: 'uniform', 'zipf:S' or 'trace' (mapped from `traces` of a smaller model).
+        traces: A smaller model's routing traces, for popularity 'trace'.
+        counts: Must be None: a counts file is a measured model's, refused here.
+        tokens: Tokens per batch to plan for.
+        seed: Seeds the synthetic popularity.
+    """
+    from planner.shapes import load_shape, shape_counts
+    from predictor import RoutingTrace
+
+    if counts is not None:
+        raise UsageError(
+            "--counts are a measured model's predictions; --shape plans a model without weights.",
+            "drop --counts, or drop --shape and plan the model the counts were predicted for.",
+        )
+    described = load_shape(shape)
+    trace = RoutingTrace.load(traces) if traces is not None else None
+    predicted, label = shape_counts(described, tokens, popularity, trace, seed)
+    source = {"shape": described.name, **label}
+    return PlanningCounts(predicted, tokens, source, manifest=described.manifest())
+
+
+def check_plan_options(
+    *,
+    solver: str = "exact",
+    arch: str = "x86_64",
+    tokens: int = 1,
+    method: str | None = None,
+) -> tuple[Method, ...]:
+    """Refuse an unknown solver or architecture or an empty batch, before any loading.
+
+    Returns:
+        The methods the layers may use: every one, or the one `method` names.
+    """
+    from planner.instance import Method
+
+    if solver not in SOLVERS:
+        raise UsageError(f"unknown --solver '{solver}'.", f"use one of: {', '.join(SOLVERS)}.")
+    if arch not in ("x86_64", "arm64"):
+        raise UsageError(f"unknown --arch '{arch}'.", "use x86_64 or arm64.")
+    if tokens < 1:
+        raise UsageError(f"--tokens {tokens} is not positive.", "pass --tokens 1 or more.")
+    return tuple(Method) if method is None else (Method.parse(method),)
+
+
+def slo_of(slo: float | None, throughput: float | None, tokens: int) -> float | None:
+    """The batch SLO in seconds: `slo`, or `tokens / throughput` (None: no SLO)."""
+    if slo is not None and throughput is not None:
+        raise UsageError("--slo and --throughput both set the SLO.", "pass only one of them.")
+    for name, value in (("--slo", slo), ("--throughput", throughput)):
+        if value is not None and not value > 0:
+            raise UsageError(f"{name} {value} is not positive.", f"pass a positive {name}.")
+    return tokens / throughput if throughput is not None else slo
+
+
+def plan_confidence(confidence: float | None, counts: PlanningCounts) -> float:
+    """The confidence level to plan at: `confidence`, by default `DEFAULT_CONFIDENCE` when the
+    counts carry a distribution, else 0 (plan the predicted counts alone).
+
+    Raises:
+        UsageError: A level outside [0, 1), or above 0 for counts without a distribution.
+    """
+    if confidence is None:
+        confidence = DEFAULT_CONFIDENCE if counts.dist is not None else 0.0
+    if not 0.0 <= confidence < 1.0:
+        raise UsageError(
+            f"--confidence {confidence:g} is not in [0, 1).",
+            "pass e.g. 0.99, or 0 for a plan of the predicted counts alone.",
+        )
+    if confidence > 0 and counts.dist is None:
+        raise UsageError(
+            "--confidence needs the predicted counts' distribution, which "
+            + (
+                "--traces does not measure."
+                if "counts" not in counts.source
+                else f"{counts.source['counts']} does not hold."
+            ),
+            "write the counts with `moelambda predict --counts-out FILE` (it measures the "
+            "model error on held-out batches) and plan --counts FILE, or pass --confidence 0.",
+        )
+    return confidence
+
+
+def plan_deployment(
+    manifest: Manifest,
+    counts: PlanningCounts,
+    calibration: Calibration,
+    *,
+    slo_s: float | None = None,
+    options: PlanOptions | None = None,
+    whole_curve: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> PlannedDeployment:
+    """The cheapest deployment of one batch that meets the SLO (no SLO: the cheapest plan).
+
+    Per MoE layer a scatter-gather method and pipeline degree, per expert a Lambda memory size
+    and replica count, for a batch of `counts.tokens` tokens, as `moelambda plan` makes it.
+
+    Example::
+
+        planned = plan_deployment(manifest, planning, load_calibration(), slo_s=30,
+                                  options=PlanOptions(pack="1"))
+        planned.plan.save("out/plan.json")
+
+    Args:
+        manifest: The model's manifest (`moe.describe_model`, or a shape's).
+        counts: The counts to plan for (`counts_for_plan`, `shape_counts_for_plan`).
+        calibration: The platform's parameters (`planner.load_calibration`).
+        slo_s: Latency SLO of one batch, seconds (`slo_of`). Defaults to None (cheapest).
+        options: How to plan. Defaults to None: `PlanOptions()`, the command's defaults.
+        whole_curve: Build the whole cost-vs-SLO curve (for `write_pareto`). Defaults to False.
+        progress: Called with a message per step. Defaults to None.
+
+    Raises:
+        UsageError: A bad option (see `PlanOptions.check`).
+        InfeasibleError: No plan; the message names the binding constraint.
+        ground.plan.PlanError: The plan's reservations exceed the concurrency quota.
+    """
+    from planner.build import instance_for, make_plan
+    from planner.deploy import pack_sizes, plan_packed
+
+    o = options or PlanOptions()
+    methods, confidence = o.check(counts)
+    started = time.perf_counter()
+    inst = instance_for(
+        manifest,
+        counts.counts,
+        calibration,
+        tokens=counts.tokens,
+        arch=o.arch,
+        workflow=o.workflow or "express",
+        objective=o.objective,
+    )
+    sizes = pack_sizes(o.pack, inst.experts)
+    inst, confident, solution, frontier, packings = plan_packed(
+        inst,
+        sizes,
+        counts.dist,
+        confidence,
+        slo_s,
+        o.solver,
+        methods,
+        whole_curve,
+        o.workflow is None,
+        calibration,
+        progress=progress,
+    )
+    source = counts.source
+    if confident is not None:
+        source = source | {"confidence": confident.describe()}
+    if inst.workflow == "express" and solution.latency > calibration.express_max_duration_s:
+        raise InfeasibleError(
+            f"the plan takes {solution.latency:.1f} s, over an Express workflow's "
+            f"{calibration.express_max_duration_s:.0f} s.",
+            "pass --workflow standard, or plan for fewer --tokens.",
+        )
+    seconds = time.perf_counter() - started
+    document = make_plan(inst, solution, manifest, calibration, slo_s=slo_s, counts_source=source)
+    if o.concurrency_quota is not None:
+        document.check_concurrency_quota(o.concurrency_quota)
+    summary: dict[str, Any] = {
+        "solver": solution.solver,
+        "workflow": inst.workflow,
+        "objective": o.objective,
+        "optimal": solution.optimal,
+        "seconds": round(seconds, 4),
+        "note": solution.note,
+        "model": manifest.model,
+        "tokens": counts.tokens,
+        "slo_s": slo_s,
+        "latency_s": round(solution.latency, 6),
+        "objective_usd": solution.cost,
+        "moe_cost_usd": solution.evaluation.experts_usd,
+        "bill_usd": document.totals.bill_usd,
+        "smallest_slo_s": round(frontier.min_latency(), 6),
+        "experts_per_function": inst.hosted,
+        "functions": sum(len(layer.experts) for layer in document.layers),
+        "packing": packings,
+        "confidence": None if confident is None else confident.describe(),
+        "moefy": manifest.moefy,
+        "quality": manifest.quality,
+        "layers": [
+            {
+                "method": layer.method,
+                "beta": layer.beta,
+                "memory_mb": [e.memory_mb for e in layer.experts],
+                "replicas": [e.replicas for e in layer.experts],
+            }
+            for layer in document.layers
+        ],
+    }
+    return PlannedDeployment(document, summary, solution, frontier)
+
+
+def serverless_best(
+    manifest: Manifest,
+    counts: PlanningCounts,
+    calibration: Calibration,
+    slo_s: float,
+    confidence: float | None = None,
+) -> PlannedDeployment:
+    """The plan `moelambda plan --counts FILE --slo S` makes with its defaults (full bill,
+    exact solver, packing auto, the default confidence), for commands that compare against it
+    (`moelambda compare`); no concurrency quota is checked.
+
+    Example::
+
+        counts = counts_for_plan(counts=path, tokens=PredictedCounts.load(path).tokens)
+        best = serverless_best(manifest, counts, load_calibration(), slo_s=60)
+        print(best.solution.cost, best.solution.latency)
+
+    Raises:
+        UsageError: `confidence` above 0 for counts without a distribution.
+    """
+    if confidence is not None and confidence > 0 and counts.dist is None:
+        raise UsageError(
+            "--confidence needs the predicted counts' distribution; "
+            f"{counts.source.get('counts')} holds none.",
+            "write the counts with `moelambda predict --counts-out FILE`, or pass --confidence 0.",
+        )
+    options = PlanOptions(confidence=confidence, concurrency_quota=None)
+    return plan_deployment(manifest, counts, calibration, slo_s=slo_s, options=options)
+
+
+def write_pareto(path: Path, planned: PlannedDeployment, *, force: bool = False) -> list[str]:
+    """The cost-vs-SLO curve of `planned` (made with `whole_curve=True`) as CSV at `path` and,
+    beside it, as a PNG with the chosen plan and the SLO marked.
+
+    Example::
+
+        planned = plan_deployment(manifest, planning, cal, whole_curve=True)
+        csv, png = write_pareto(Path("out/pareto.csv"), planned)
+
+    Returns:
+        The two files written.
+
+    Raises:
+        InfeasibleError: The curve has no feasible point.
+    """
+    import matplotlib
+
+    from ground.files import write_file_atomically
+
+    frontier, chosen, summary = planned.frontier, planned.solution, planned.summary
+    if frontier.latency_s.size == 0:
+        raise InfeasibleError(
+            "no plan is feasible at any SLO: the cost-vs-SLO curve would be empty.",
+            "leave --pareto out, or plan for fewer --tokens.",
+        )
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    latency, cost = frontier.latency_s, frontier.cost_usd
+    rows = "slo_s,cost_usd\n" + "".join(
+        f"{lat:.17g},{c:.17g}\n" for lat, c in zip(latency, cost, strict=True)
+    )
+    write_file_atomically(path, lambda tmp: tmp.write_text(rows), force=force)
+    png = path.with_suffix(".png")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.step(latency, cost * 1e6, where="post", label="cheapest plan within the SLO")
+    slo_s = summary["slo_s"]
+    if slo_s is not None:
+        ax.axvline(slo_s, color="grey", linestyle=":", label=f"SLO {slo_s:.3g} s")
+    ax.scatter(
+        [chosen.latency],
+        [chosen.cost * 1e6],
+        marker="*",
+        s=200,
+        color="tab:orange",
+        zorder=3,
+        label=f"chosen: {chosen.latency:.3g} s, {chosen.cost * 1e6:.3g} µ$",
+    )
+    ax.legend(fontsize=8)
+    ax.set_xlabel("SLO (s)")
+    ax.set_ylabel("cost per batch (µ$, the plan's objective)")
+    ax.set_yscale("log")  # the cost rises steeply near the smallest feasible SLO
+    experts = planned.plan.model.experts
+    ax.set_title(f"{summary['model']}, E={experts}, {summary['tokens']:,} tokens")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    try:
+        write_file_atomically(png, lambda tmp: fig.savefig(tmp, dpi=110), force=force)
+    finally:
+        plt.close(fig)
+    return [str(path), str(png)]

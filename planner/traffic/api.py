@@ -1,0 +1,214 @@
+"""Planning for a request stream in a call: what `moelambda plan --traffic` and
+`moelambda bench traffic` do (`moelambda traffic` is `planner.traffic.simulate_plan`).
+
+Each function takes loaded inputs (the model's manifest, the predicted counts, the
+calibration), checks them, does the work and returns JSON-ready results; the command line only
+parses, loads the model and renders.
+
+Example (counts from `moelambda predict --counts-out out/counts.json`)::
+
+    from planner import counts_for_plan, load_calibration
+    from planner.traffic.api import plan_traffic
+
+    counts = counts_for_plan(counts=Path("out/counts.json"), tokens=10240)
+    choice, summary = plan_traffic(manifest, counts, load_calibration(),
+                                   traffic="poisson:1", slo_p99_s=10, hours=1)
+    choice.plan.save("out/plan-traffic.json")
+    print(summary["bill_usd"]["per_million_tokens_usd"])
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ground.errors import UsageError
+from ground.progress import Status, quiet
+
+if TYPE_CHECKING:
+    from ground.manifest import Manifest
+    from planner.api import PlanningCounts, PlanOptions
+    from planner.calibration import Calibration
+    from planner.traffic.planning import TrafficChoice
+
+__all__ = ["BENCH_TOKENS", "bench_traffic", "plan_traffic"]
+
+BENCH_TOKENS = 10240  # tokens per batch of today's plan in `bench traffic`
+
+
+def plan_traffic(
+    manifest: Manifest,
+    counts: PlanningCounts,
+    calibration: Calibration,
+    *,
+    traffic: str,
+    slo_p99_s: float,
+    scale: float = 1.0,
+    hours: float | None = None,
+    seed: int = 0,
+    idle_s: float | None = None,
+    options: PlanOptions | None = None,
+    status: Status = quiet,
+) -> tuple[TrafficChoice, dict[str, Any]]:
+    """The batch policy, MoE plan and capacity policy for a request stream under a p99 SLO.
+
+    The MoE plan of each batch size is `moelambda plan`'s (`planner.api.plan_deployment`);
+    `planner.traffic.planning.plan_for_traffic` searches the batch and capacity
+    policies and simulates each candidate over the stream.
+
+    Example::
+
+        choice, summary = plan_traffic(manifest, planning, cal, traffic="azure-conv",
+                                       slo_p99_s=10, options=PlanOptions(pack="1"))
+        print(summary["max_batch_tokens"], summary["capacity"])
+
+    Args:
+        manifest: The model's manifest.
+        counts: Predicted counts (`planner.api.counts_for_plan`); scaled to each batch size.
+        calibration: With every traffic parameter (`planner.traffic.platform.init_model`).
+        traffic: A CSV, 'azure-conv', 'poisson:RATE' or 'diurnal:PEAK,TROUGH'.
+        slo_p99_s: The p99 latency per request to meet, seconds.
+        scale: Multiply the stream's arrival rate (`planner.traffic.load_arrivals`).
+        hours: Hours of the stream to plan on. Defaults to None (the trace's).
+        seed: Seeds synthetic arrivals.
+        idle_s: Idle seconds before reclaim. Defaults to None (the calibration's).
+        options: How each batch size's MoE plan is made (`planner.api.PlanOptions`).
+            Defaults to None: the command's defaults.
+        status: Wraps the search (a spinner in the CLI); gets a message-taking `update`.
+
+    Returns:
+        The choice (its `plan` carries the traffic block) and the summary `plan --traffic
+        --json` prints, without the file name.
+
+    Raises:
+        UsageError: A bad option, or a stream without a request.
+        InfeasibleError: No candidate meets the SLO.
+    """
+    from planner.api import PlanOptions
+    from planner.traffic import load_arrivals
+    from planner.traffic.planning import moe_plan_at, plan_for_traffic
+    from planner.traffic.platform import init_model
+
+    o = options or PlanOptions()
+    methods, confidence = o.check(counts)
+    if not slo_p99_s > 0:
+        raise UsageError(f"--slo-p99 {slo_p99_s} is not positive.", "pass e.g. --slo-p99 10.")
+    init_model(calibration)  # fail on missing traffic parameters before any planning
+    arrivals = load_arrivals(traffic, scale=scale, hours=hours, seed=seed)
+    if arrivals.requests == 0:
+        raise UsageError(
+            f"--traffic {traffic} gives no request in the period.",
+            "raise --scale or --hours.",
+        )
+    plan_at = moe_plan_at(
+        manifest,
+        counts.counts,
+        counts.tokens,
+        calibration,
+        arch=o.arch,
+        workflow=o.workflow,
+        objective=o.objective,
+        solver=o.solver,
+        methods=methods,
+        pack=o.pack,
+        dist=counts.dist,
+        confidence=confidence,
+        counts_source=counts.source,
+    )
+    with status("planning for traffic") as shown:
+        choice = plan_for_traffic(
+            plan_at,
+            arrivals,
+            slo_p99_s,
+            calibration,
+            o.arch,
+            idle_s=idle_s,
+            progress=shown.update,
+        )
+    if o.concurrency_quota is not None:
+        choice.plan.check_concurrency_quota(o.concurrency_quota)
+    t = choice.plan.traffic
+    assert t is not None
+    summary = {
+        "traffic": arrivals.describe(),
+        "slo_p99_s": slo_p99_s,
+        "max_batch_tokens": t.max_batch_tokens,
+        "max_wait_s": t.max_wait_s,
+        "capacity": t.simulated["capacity"],
+        "capacity_per_function": [c.model_dump() for c in t.capacity if c.policy != "none"],
+        "latency_s": t.simulated["latency_s"],
+        "slo_attainment": t.simulated["slo_attainment"],
+        "bill_usd": t.simulated["bill_usd"],
+        "tokens_per_batch_planned": choice.plan.totals.tokens,
+        "batch_latency_s": choice.plan.totals.latency_s,
+        "candidates": len(choice.candidates),
+        "seconds": round(choice.seconds, 3),
+    }
+    return choice, summary
+
+
+def bench_traffic(
+    manifest: Manifest,
+    counts: PlanningCounts,
+    calibration: Calibration,
+    *,
+    rates_per_s: tuple[float, ...] = (1 / 60, 10.0),
+    slos_s: tuple[float, ...] = (10.0,),
+    status: Status = quiet,
+) -> dict[str, Any]:
+    """Today's steady-state plan against the traffic-aware plan on the Azure conversation trace.
+
+    At each rate (the trace's --scale giving it) and p99 SLO: both plans simulated over a
+    day, as `planner.traffic.bench.compare` describes; plans are made on 72 h of traffic below 1
+    request/s (judged on the day after), on 1 h above. The counts are planned at the default
+    confidence (0.99 when they carry a distribution).
+
+    Example::
+
+        report = bench_traffic(manifest, counts_for_plan(counts=path, tokens=BENCH_TOKENS),
+                               load_calibration(), rates_per_s=(10.0,))
+        plot_comparison(Path("out/traffic.png"), report)
+
+    Args:
+        manifest: The model's manifest.
+        counts: Predicted counts at `BENCH_TOKENS` tokens (`planner.api.counts_for_plan`).
+        calibration: With every traffic parameter.
+        rates_per_s: Mean arrival rates, requests per second.
+        slos_s: p99 SLOs, seconds.
+        status: Wraps the comparison (a spinner in the CLI).
+
+    Returns:
+        The report `bench traffic --json` prints (without the plot), plus "latencies" (per run,
+        every request's latency under each plan) for `planner.traffic.bench.plot_comparison`.
+    """
+    from planner.api import plan_confidence
+    from planner.traffic.bench import compare
+    from planner.traffic.planning import fastest_latency, moe_plan_at
+    from planner.traffic.platform import init_model
+
+    if any(not s > 0 for s in slos_s) or any(not r > 0 for r in rates_per_s):
+        raise UsageError("--slo-p99 and --rates must be positive.", "pass positive numbers.")
+    init_model(calibration)
+    plan_at = moe_plan_at(
+        manifest,
+        counts.counts,
+        counts.tokens,
+        calibration,
+        dist=counts.dist,
+        confidence=plan_confidence(None, counts),
+        counts_source=counts.source,
+    )
+    with status("comparing plans") as shown:
+        report = compare(
+            plan_at,
+            fastest_latency(manifest, counts.counts, counts.tokens, calibration),
+            calibration,
+            "x86_64",
+            rates_per_s=rates_per_s,
+            slos_s=slos_s,
+            plan_hours=lambda rate: 72.0 if rate < 1.0 else 1.0,
+            progress=shown.update,
+        )
+    for run in report["runs"]:
+        run.pop("plan")
+        run.pop("steady_plan")
+    return report
