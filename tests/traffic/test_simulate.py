@@ -135,7 +135,9 @@ def test_simulation_equals_brute_force(model, seed: int) -> None:  # type: ignor
     ]
     platform = _platform(fns.count, init, idle_s=idle)
     result = simulate(model, stream, policy, platform, capacity)
-    batches = brute_batches(times.tolist(), tokens.tolist(), policy.max_tokens, policy.max_wait_s)
+    batches = brute_batches(
+        times.tolist(), tokens.tolist(), policy.max_tokens, policy.max_wait_s, n + 1
+    )
     size = np.array([b[2] for b in batches])
     dispatch = np.array([b[1] for b in batches])
     want = brute_pools(
