@@ -666,6 +666,7 @@ def test_the_image_holds_every_package_the_handlers_import_and_pins_no_threads()
 
     code = (
         "import sys, functions.head, functions.layer, functions.expert, functions.tail, "
+        "functions.batcher, "
         "functions.cleanup; print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
     )
     done = subprocess.run(
