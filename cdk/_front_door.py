@@ -13,7 +13,8 @@ request, so its stack stays as it was (no queue that nothing would use, no idle 
   failures (only a bad message is retried, not its whole delivery).
 - The batcher (`functions.batcher`, the one image) may receive and delete its queue's messages
   (sqs:ReceiveMessage, sqs:DeleteMessage, sqs:GetQueueAttributes, what the mapping needs), write
-  `inputs/fd-*` and StartExecution on this stack's state machine: nothing else.
+  `inputs/fd-*` (a batch too large for the execution's input) and StartExecution on this
+  stack's state machine: nothing else.
 """
 
 from __future__ import annotations
@@ -103,6 +104,8 @@ class FrontDoor(Construct):
         self.batcher = functions.add_batcher(
             environment={
                 "MOELAMBDA_MAX_BATCH_TOKENS": str(traffic.max_batch_tokens),
+                # A batch's ids travel in the execution's input when it fits this.
+                "MOELAMBDA_INPUT_LIMIT": str(int(cal["step_functions_payload_bytes"])),
                 "MOELAMBDA_STATE_MACHINE_ARN": state_machine.state_machine_arn,
             },
             statements=[

@@ -3,9 +3,11 @@
 The SQS event source mapping invokes it with the messages it gathered (its window and batch
 size realise the plan's `max_wait_s`; `ground.frontdoor`). It splits them, in order, into
 batches of at most `MOELAMBDA_MAX_BATCH_TOKENS` tokens (`ground.frontdoor.split`, the rule the
-traffic simulator applies), writes each batch's token ids to `inputs/<execution name>.bin`
-(the key the head reads for that execution, `ground.layout.input_key`) and starts the
-execution with the list of its requests and their rows (`ground.frontdoor.request_rows`).
+traffic simulator applies) and starts one execution per batch with the list of its requests
+and their rows (`ground.frontdoor.request_rows`) and the batch's token ids inline
+(`input_ids`, as the head takes them) when that input fits `MOELAMBDA_INPUT_LIMIT` (Step
+Functions' 256 KiB), else written first to `inputs/<execution name>.bin`, the key the head
+reads for that execution (`ground.layout.input_key`).
 
 A message is `{"request": "<client id>", "input_ids": [[...], ...]}` (`ground.frontdoor.body`).
 One that is not (bad JSON, a bad id or token ids) is reported as a batch item failure: SQS
@@ -78,6 +80,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """{"Records": [SQS message, ...]} -> {"batchItemFailures": [...], "executions": [...]}."""
     cfg = config.current()
     max_tokens = int(cfg.setting("MOELAMBDA_MAX_BATCH_TOKENS"))
+    limit = int(cfg.setting("MOELAMBDA_INPUT_LIMIT"))
     machine = cfg.setting("MOELAMBDA_STATE_MACHINE_ARN")
     failures, good, ids = [], [], []
     for record in event.get("Records", []):
@@ -86,7 +89,8 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
             ids.append(record["messageId"])
         except (ValueError, TypeError, KeyError, OverflowError):
             failures.append({"itemIdentifier": record.get("messageId", "")})
-    s3, sfn = _client("s3"), _client("stepfunctions")
+    sfn = _client("stepfunctions")
+    s3 = _client("s3")
     started = []
     for first, end in frontdoor.split([m["tokens"] for m in good], max_tokens):
         members = list(range(first, end))
@@ -96,16 +100,17 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
             part = [k for k in members if len(good[k]["input_ids"][0]) == length]
             name = _execution_name([ids[k] for k in part])
             rows = [row for k in part for row in good[k]["input_ids"]]
-            s3.put_object(
-                Bucket=cfg.bucket,
-                Key=layout.input_key(name),
-                Body=encode(np.asarray(rows, dtype=np.int64)),
-            )
             requests = frontdoor.request_rows([good[k] for k in part])
-            arn = sfn.start_execution(
-                stateMachineArn=machine,
-                name=name,
-                input=json.dumps({"requests": requests}, separators=(",", ":")),
-            )["executionArn"]
+            given = json.dumps({"requests": requests, "input_ids": rows}, separators=(",", ":"))
+            if len(given.encode()) > limit:  # too large for the workflow's input: stored
+                s3.put_object(
+                    Bucket=cfg.bucket,
+                    Key=layout.input_key(name),
+                    Body=encode(np.asarray(rows, dtype=np.int64)),
+                )
+                given = json.dumps({"requests": requests}, separators=(",", ":"))
+            arn = sfn.start_execution(stateMachineArn=machine, name=name, input=given)[
+                "executionArn"
+            ]
             started.append(arn)
     return {"batchItemFailures": failures, "executions": started}

@@ -23,19 +23,24 @@ The rule, for requests in arrival order (times t, tokens n):
 2. **Executions (the batcher).** The delivered requests are taken in order; an execution
    takes the next request while its tokens still fit `max_batch_tokens` (`split`); a request
    larger than that is an execution of its own. Every execution of a delivery starts when the
-   batcher reaches its StartExecution (after writing its input), one after another.
+   batcher reaches its StartExecution (after writing its input, if it is stored), one after
+   another.
 
-Each request keeps its own id (the client's, inside its message); the batcher writes the
-batch's token ids to `inputs/<execution name>.bin`, the key the head reads for the execution
-it starts (`ground.layout.input_key`), and lists the requests with their rows in the
-execution's input, so a batch's output splits back into its requests (`request_rows`).
+Each request keeps its own id (the client's, inside its message); the execution's input lists
+the requests with their rows, so a batch's output splits back into its requests
+(`request_rows`). The batch's token ids travel inline in that input (`input_ids`, as the head
+takes them) when the input fits Step Functions' limit (`step_functions_payload_bytes`, 256 KiB:
+about 40,000 token ids); a larger batch's ids go to `inputs/<execution name>.bin`, the key the
+head reads for the execution it starts (`ground.layout.input_key`), at the price of an S3 PUT
+(`execution_input_bytes` estimates which; the batcher measures the real JSON).
 Windows of different lengths cannot share one tensor: the batcher starts one execution per
 window length within a batch (every request of a deployment normally has the model's).
 
 What it bills (`planned`): per request, SendMessage requests (one per 64 KB chunk of its
 message); per delivery, the ESM's ReceiveMessage and DeleteMessageBatch calls (10 messages
-each) and one batcher invocation (duration: per execution one S3 PUT and one StartExecution);
-per execution, the S3 PUT of its input; over the period, the pollers' empty long polls. The
+each) and one batcher invocation (duration: per execution one StartExecution, and one S3 PUT
+if its input is stored); per stored input, the S3 PUT; over the period, the pollers' empty
+long polls. The
 prices and limits live in the calibration file.
 """
 
@@ -54,6 +59,7 @@ __all__ = [
     "batches",
     "deliveries",
     "deployed_window_s",
+    "execution_input_bytes",
     "message_bytes",
     "planned",
     "records_per_delivery",
@@ -66,9 +72,13 @@ __all__ = [
 # machine (`batcher_import_s` in the calibration file) applies without scaling.
 BATCHER_MEMORY_MB = 1769
 # A request's message: {"request": "<id of up to 64 characters>", "input_ids": [[...], ...]}
-# in compact JSON; ids below 100,000 take at most 5 digits and a comma each.
+# in compact JSON; ids below 100,000 take at most 5 digits and a comma each (windows of 8
+# tokens or more: their brackets add under half a byte per token, which the 128 bytes of
+# envelope cover for short requests).
 MESSAGE_ENVELOPE_BYTES = 128
 MESSAGE_BYTES_PER_TOKEN = 6
+# An execution input's entry per request: {"request":"<64>","rows":[<6 digits>,<6 digits>]},
+REQUEST_ROW_BYTES = 100
 
 
 def deployed_window_s(max_wait_s: float, limit_s: float) -> int:
@@ -143,6 +153,15 @@ def message_bytes(tokens: int) -> int:
     return MESSAGE_ENVELOPE_BYTES + MESSAGE_BYTES_PER_TOKEN * int(tokens)
 
 
+def execution_input_bytes(tokens: int, requests: int) -> int:
+    """Upper bound of the JSON bytes of an execution's input carrying its ids inline."""
+    return (
+        MESSAGE_ENVELOPE_BYTES
+        + REQUEST_ROW_BYTES * int(requests)
+        + (MESSAGE_BYTES_PER_TOKEN * int(tokens))
+    )
+
+
 def request_rows(messages: Sequence[dict[str, object]]) -> list[dict[str, object]]:
     """The execution input's list of its requests: each one's id and its window rows
     [start, stop) in the batch's input (and so in its output), in order."""
@@ -164,7 +183,8 @@ class FrontDoorUsage:
     receive_requests: int  # the ESM's ReceiveMessage calls that returned messages
     delete_requests: int  # its DeleteMessageBatch calls
     batcher_invocations: int
-    executions: int  # one S3 PUT of the input each, and one StartExecution
+    executions: int  # one StartExecution each
+    stored: int  # executions whose input went to S3 (one PUT each)
 
     @property
     def sqs_requests(self) -> int:
@@ -178,7 +198,7 @@ class FrontDoorUsage:
             "sqs_requests": self.sqs_requests,
             "batcher_invocations": self.batcher_invocations,
             "executions": self.executions,
-            "s3_put": self.executions,
+            "s3_put": self.stored,
         }
 
 
@@ -186,18 +206,21 @@ def planned(
     message_sizes: Sequence[int],
     records_per_delivery_: Sequence[int],
     executions: int,
+    stored: int,
     *,
     chunk_bytes: int,
     receive_max: int,
 ) -> FrontDoorUsage:
     """The front door's billed requests for messages of `message_sizes` bytes, delivered in
-    deliveries of `records_per_delivery_` messages, making `executions` executions."""
+    deliveries of `records_per_delivery_` messages, making `executions` executions, `stored`
+    of them with their input in S3."""
     return FrontDoorUsage(
         send_requests=sum(max(1, -(-int(b) // chunk_bytes)) for b in message_sizes),
         receive_requests=sum(-(-int(r) // receive_max) for r in records_per_delivery_),
         delete_requests=sum(-(-int(r) // receive_max) for r in records_per_delivery_),
         batcher_invocations=len(records_per_delivery_),
         executions=int(executions),
+        stored=int(stored),
     )
 
 

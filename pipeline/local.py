@@ -624,7 +624,8 @@ def run_front_door(
     lists each request's rows); the executions; per function the wall time of its calls; and
     for a `metered` run (functions warmed first) the workflow's "usage" as `run_workflow`
     counts it plus "front_door_usage": the SQS requests, the batcher's invocations,
-    GB-seconds and S3 PUTs, against "front_door_planned" (`ground.frontdoor.planned`).
+    GB-seconds and S3 PUTs (of inputs too large to travel inline), against
+    "front_door_planned" (`ground.frontdoor.planned`, with the batcher's input limit).
     """
     import boto3
     from moto import mock_aws
@@ -742,10 +743,21 @@ def run_front_door(
     if metered:
         out["usage"] = meter.usage()
         out["front_door_usage"] = meter.front_door_usage()
+        limit = int(
+            resources[batcher_logical]["Properties"]["Environment"]["Variables"][
+                "MOELAMBDA_INPUT_LIMIT"
+            ]
+        )
+        size = {rid: int(r.size) for rid, r in zip(ids, requests, strict=True)}
+        stored = sum(
+            frontdoor.execution_input_bytes(sum(size[m] for m in batch), len(batch)) > limit
+            for batch in batches
+        )
         out["front_door_planned"] = frontdoor.planned(
             [frontdoor.message_bytes(int(r.size)) for r in requests],
             [end - first for first, end, _ in delivered],
             len(executions),
+            stored,
             chunk_bytes=chunk,
             receive_max=receive_max,
         ).as_dict()

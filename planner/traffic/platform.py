@@ -129,7 +129,9 @@ def front_door_for(calibration: Calibration) -> FrontDoor | None:
         long_poll_s=float(c.sqs_long_poll_s),  # type: ignore[arg-type]
         batcher_memory_mb=float(BATCHER_MEMORY_MB),
         batcher_init_s=c.init_image_start_s + c.batcher_import_s,
-        step_s=c.s3_access_delay_s + c.start_execution_s,
+        start_s=c.start_execution_s,
+        put_s=c.s3_access_delay_s,
+        input_limit_bytes=c.step_functions_payload_bytes,
         s3_put_usd=c.s3_put_request_usd,
     )
 

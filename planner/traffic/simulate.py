@@ -26,7 +26,8 @@
    warmers (a request, a warm start's duration and a scheduler invocation per ping), and the
    front door (`front_door_usd`: SQS requests in 64 KB chunks, the event source's receives and
    deletes and its pollers' empty long polls, the batcher's invocations, duration and INIT, and
-   the S3 PUT of each execution's input; `ground.frontdoor.planned`).
+   the S3 PUT of each input too large to travel in the execution's input;
+   `ground.frontdoor.planned`).
 
 Approximations, each named where it is made: the workflow's timings are the cost model's and
 interpolated between grid sizes; a stage's functions start cold independently; a direct gate's
@@ -36,8 +37,9 @@ replicas are cold too); a throttled invocation's retries wait their mean jittere
 bill counts a failed execution whole; the front door is modelled with one event-source poller
 (Lambda scales them under load, which can only cut deliveries smaller), its batcher's
 environment is cold only after an idle gap longer than the idle time (never because two
-deliveries overlap), and its duration counts the S3 request delay and StartExecution of each
-execution, not the bytes of the inputs (a 16,384-token input is 131 KB: 2 ms at B^s). An
+deliveries overlap), its duration counts a StartExecution per execution and an S3 request's
+delay per stored input, not the bytes (a stored 65,536-token input is 524 KB: 7 ms at B^s),
+and which inputs are stored is decided on an upper bound of their JSON size. An
 expert function's reserved concurrency (its `max_replicas`, as the stack
 reserves it) throttles invocations beyond it (`ground.coldstart`); the summary names the
 functions that reached their reservation (`reserved_concurrency_reached`).
@@ -86,8 +88,8 @@ class FrontDoor:
     """The front door's limits and prices (calibration file) and the batcher's INIT.
 
     `batcher_init_s` is its INIT (image start, interpreter, import of `functions.batcher`);
-    `step_s` what the batcher spends per execution it starts (an S3 PUT's delay and a
-    StartExecution call).
+    `start_s` what the batcher spends per execution it starts (a StartExecution call), `put_s`
+    more for one whose input exceeds `input_limit_bytes` and is stored (an S3 PUT).
     """
 
     window_limit_s: float
@@ -100,7 +102,9 @@ class FrontDoor:
     long_poll_s: float
     batcher_memory_mb: float
     batcher_init_s: float
-    step_s: float
+    start_s: float
+    put_s: float
+    input_limit_bytes: int
     s3_put_usd: float
 
     def deployed(self, policy: BatchPolicy) -> tuple[int, int]:
@@ -258,8 +262,9 @@ def _front_door(
 ) -> tuple[np.ndarray, dict[str, float], dict[str, Any]]:
     """(each execution's start after its delivery, the front door's bill by item, its summary).
 
-    The batcher starts a delivery's executions one after another (`step_s` each), after its
-    INIT when its environment is cold: the first delivery, or one after an idle gap longer
+    The batcher starts a delivery's executions one after another (`start_s` each, plus `put_s`
+    for an input too large to travel inline, `ground.frontdoor.execution_input_bytes`), after
+    its INIT when its environment is cold: the first delivery, or one after an idle gap longer
     than the idle time. Its requests, GB-seconds and INIT, the SQS requests (the pollers' empty
     long polls over the period too) and the inputs' S3 PUTs are billed
     (`ground.frontdoor.planned`).
@@ -267,20 +272,27 @@ def _front_door(
     window, records = door.deployed(policy)
     count = int(delivery[-1]) + 1 if delivery.size else 0
     executions = np.bincount(delivery, minlength=count)
-    messages = np.bincount(delivery, weights=np.diff(first), minlength=count).astype(np.int64)
-    first_of = np.concatenate([[0], np.cumsum(executions)[:-1]]).astype(np.int64)
-    rank = np.arange(delivery.size) - first_of[delivery]  # position within its delivery
+    members = np.diff(first)  # requests per execution
+    messages = np.bincount(delivery, weights=members, minlength=count).astype(np.int64)
+    size = np.add.reduceat(arrivals.tokens, first[:-1]) if delivery.size else np.zeros(0)
+    inline = frontdoor.MESSAGE_ENVELOPE_BYTES + frontdoor.REQUEST_ROW_BYTES * members
+    stored = inline + frontdoor.MESSAGE_BYTES_PER_TOKEN * size > door.input_limit_bytes
+    step = door.start_s + np.where(stored, door.put_s, 0.0)  # (executions,)
+    within = np.cumsum(step)  # each execution's start within its delivery, from the first
+    starts_of = np.concatenate([[0], np.cumsum(executions)[:-1]]).astype(np.int64)
+    before = np.concatenate([[0.0], within])[starts_of][delivery]
     at = np.zeros(count)
     at[delivery] = delivered_at
-    busy = executions * door.step_s
+    busy = np.bincount(delivery, weights=step, minlength=count)
     gaps = at[1:] - (at[:-1] + busy[:-1])
     cold = np.concatenate([[count > 0], gaps > platform.idle_s])[:count].astype(bool)
     wait_s, billed_s = init_phase(door.batcher_init_s, platform.init_limit_s)
-    offset = np.where(cold[delivery], wait_s, 0.0) + (rank + 1) * door.step_s
+    offset = np.where(cold[delivery], wait_s, 0.0) + within - before
     usage = frontdoor.planned(
         [frontdoor.message_bytes(int(n)) for n in arrivals.tokens],
         messages.tolist(),
         int(delivery.size),
+        int(stored.sum()),
         chunk_bytes=door.chunk_bytes,
         receive_max=door.receive_max,
     )
@@ -293,7 +305,7 @@ def _front_door(
         "batcher_usd": usage.batcher_invocations * platform.request_usd
         + gb_s * platform.gb_second_usd,
         "batcher_init_usd": init_gb_s * platform.gb_second_usd,
-        "inputs_s3_usd": usage.executions * door.s3_put_usd,
+        "inputs_s3_usd": usage.stored * door.s3_put_usd,
     }
     summary = {
         "window_s": window,

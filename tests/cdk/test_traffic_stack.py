@@ -179,6 +179,7 @@ def test_the_front_door_is_a_queue_with_a_dead_letter_queue_and_a_mapping(synthe
     batcher = template["Resources"][batcher_id]["Properties"]
     assert batcher["ImageConfig"]["Command"] == ["functions.batcher.handler"]
     assert batcher["Environment"]["Variables"]["MOELAMBDA_MAX_BATCH_TOKENS"] == "2048"
+    assert batcher["Environment"]["Variables"]["MOELAMBDA_INPUT_LIMIT"] == "262144"
     # The queue hides a delivered message longer than the batcher may run.
     assert queues[main_id]["Properties"]["VisibilityTimeout"] >= 6 * batcher["Timeout"]
 

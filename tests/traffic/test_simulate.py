@@ -178,7 +178,9 @@ def _door(**extra: float) -> object:
         long_poll_s=20.0,
         batcher_memory_mb=1769.0,
         batcher_init_s=0.7,
-        step_s=0.05,
+        start_s=0.05,
+        put_s=0.02,
+        input_limit_bytes=262144,
         s3_put_usd=5e-6,
     )
     return FrontDoor(**(args | extra))  # type: ignore[arg-type]
@@ -207,7 +209,7 @@ def test_the_front_door_by_hand() -> None:
         "sqs_usd": (7 + 5 * 200 / 20) * 4e-7,
         "batcher_usd": 2 * 2e-7 + 3 * 0.05 * gb * RATE,
         "batcher_init_usd": 0.7 * gb * RATE,
-        "inputs_s3_usd": 3 * 5e-6,
+        "inputs_s3_usd": 0.0,  # every input fits the execution's (inline ids)
     }
     assert door["bill_usd"] == pytest.approx(want)
     bill = result.bill_usd
@@ -215,6 +217,12 @@ def test_the_front_door_by_hand() -> None:
     others = sum(v for k, v in bill.items() if k not in ("total_usd", "per_million_tokens_usd"))
     assert bill["total_usd"] == pytest.approx(others)
     assert any("whole seconds" in note for note in result.notes)
+    # With a 2 KB input limit the 3,000-token batch's ids go to S3: a PUT, and 20 ms more.
+    small = _platform(fns.count, front_door=_door(input_limit_bytes=2048))  # type: ignore[arg-type]
+    stored = simulate(model, stream, BatchPolicy(512, 0.4), small)
+    assert stored.front_door["usage"]["s3_put"] == 1
+    assert stored.front_door["bill_usd"]["inputs_s3_usd"] == pytest.approx(5e-6)
+    np.testing.assert_allclose(stored.latency_s - result.latency_s, [0, 0, 0.02], atol=1e-12)
     direct = simulate(model, stream, BatchPolicy(512, 0.4, front_door=False), platform)
     assert direct.bill_usd["front_door_usd"] == 0.0 and direct.front_door == {}
     assert direct.batch_tokens.tolist() == [300, 300, 3000]  # no window: none shares
