@@ -1,13 +1,13 @@
 """The deployment over a request stream: a discrete-event simulation of batches and environments.
 
-1. The front door batches requests (`BatchPolicy`: at most `max_tokens` per execution, waits
-   of at most `max_wait_s`): with a `FrontDoor` (a plan made for traffic is deployed behind an
-   SQS queue and a batching function), by the deployed rule, `ground.frontdoor` (the event
-   source mapping's whole-second window and batch size, then the batcher's split), which
-   `_kernels.batch_requests` compiles; each execution starts when the batcher reaches its
-   StartExecution, after the batcher's INIT if its environment was cold. Without one (a plan
-   not made for traffic: clients start one execution per request), requests arriving at the
-   same instant share an execution.
+1. The front door batches requests (`BatchPolicy`: at most `max_tokens` per execution, a wait
+   of `max_wait_s`, which deploys rounded up to whole seconds): with a `FrontDoor` (a plan
+   made for traffic is deployed behind an SQS queue and a batching function), by the deployed
+   rule, `ground.frontdoor` (the event source mapping's whole-second window and batch size,
+   then the batcher's split), which `_kernels.batch_requests` compiles; each execution starts
+   when the batcher reaches its StartExecution, after the batcher's INIT if its environment
+   was cold. Without one (a plan not made for traffic: clients start one execution per
+   request), requests arriving at the same instant share an execution.
 2. Each batch is one workflow execution. Its warm latency, its bill by item, and each function's
    start and billed seconds are the plan's cost model at the batch's size (`workflow.py`).
 3. Each function has a pool of execution environments (`ground.coldstart`: one invocation at
