@@ -230,3 +230,25 @@ def test_a_plan_without_traffic_has_no_front_door() -> None:
     assert stack.front_door is None and stack.functions.batcher is None
     kinds = {r["Type"] for r in template["Resources"].values()}
     assert not kinds & {"AWS::SQS::Queue", "AWS::Lambda::EventSourceMapping"}
+
+
+def test_cdk_nag_fails_a_wildcard_added_to_the_batcher(tmp_path: Path) -> None:
+    """The batcher's one acknowledged wildcard is its `inputs/fd-*` key pattern: a statement
+    letting it start any state machine fails synthesis, named at its role."""
+    import aws_cdk as cdk
+    from aws_cdk import aws_iam as iam
+
+    from cdk.app import add_stack
+    from cdk.nag import REPORT, add_checks, findings
+
+    app = cdk.App(outdir=str(tmp_path / "bad"))
+    stack = add_stack(app, traffic_plan().save(tmp_path / "plan.json"))
+    stack.functions.batcher.role.add_to_principal_policy(
+        iam.PolicyStatement(actions=["states:StartExecution"], resources=["*"])
+    )
+    add_checks(app)
+    with pytest.raises(RuntimeError, match="ValidationFailed"):
+        app.synth()
+    found = findings(tmp_path / "bad" / REPORT)
+    assert found and all(rule.startswith("AwsSolutions-IAM5") for rule, _ in found)
+    assert all("/BatcherRole/" in path for _, path in found)
