@@ -39,6 +39,7 @@ from constructs import Construct
 from ground import access
 from ground.access import Access
 from ground.errors import UsageError
+from ground.frontdoor import BATCHER_MEMORY_MB
 from ground.plan import FunctionCapacity, Plan
 from ground.semantics import threads_for
 
@@ -157,6 +158,7 @@ class ServingFunctions(Construct):
         self._aliases: dict[str, lambda_.Alias] = {}  # by function construct path
         self._warmed: list[tuple[Construct, str, lambda_.IFunction, FunctionCapacity]] = []
         self.access: dict[str, Access] = {}  # by construct id: what each function may touch
+        self.batcher: lambda_.DockerImageFunction | None = None  # the front door's, if any
         self._architecture = (
             lambda_.Architecture.ARM_64 if plan.arch == "arm64" else lambda_.Architecture.X86_64
         )
@@ -383,9 +385,28 @@ class ServingFunctions(Construct):
         return self._bucket
 
     def all(self) -> list[lambda_.DockerImageFunction]:
-        """Every function of the stack."""
+        """Every function of the stack (the front door's batcher too, once added)."""
         experts = [fn for layer in self.experts for fn in layer]
-        return [self.head, *self.layers, *experts, self.tail, self.cleanup]
+        batcher = [self.batcher] if self.batcher is not None else []
+        return [self.head, *self.layers, *experts, self.tail, self.cleanup, *batcher]
+
+    def add_batcher(
+        self, *, environment: dict[str, str], statements: list[iam.PolicyStatement]
+    ) -> lambda_.DockerImageFunction:
+        """The front door's batching function (`functions.batcher`), from the same image: it
+        writes only its executions' inputs (`ground.access.batcher`), plus `statements` (its
+        queue and its state machine, which the front door names)."""
+        self.batcher = self._function(
+            "Batcher",
+            role="batcher",
+            memory_mb=BATCHER_MEMORY_MB,
+            timeout=Duration.seconds(self._options.stage_timeout_s),
+            access=access.batcher(),
+            weights=None,
+            environment=environment,
+            statements=statements,
+        )
+        return self.batcher
 
     def _timeout(self, default_s: int, predicted_s: float) -> Duration:
         """The default timeout, or TIMEOUT_MARGIN times the plan's prediction if that is longer,
@@ -405,6 +426,7 @@ class ServingFunctions(Construct):
         weights: list[str] | None,
         environment: dict[str, str] | None = None,
         invokes: list[lambda_.IFunction] | None = None,
+        statements: list[iam.PolicyStatement] | None = None,
         reserved: int | None = None,
         log_group: str = "Stages",
         scope: Construct | None = None,
@@ -415,7 +437,8 @@ class ServingFunctions(Construct):
         if weights is not None:
             access = access.with_weights(prefix, weights)
         self.access[id_] = access
-        statements = self._statements(access, self.bucket_in(scope))
+        extra = statements or []
+        statements = self._statements(access, self.bucket_in(scope)) + extra
         if invokes:
             arns = [fn.function_arn for fn in invokes]
             statements.append(

@@ -139,6 +139,23 @@ _CHECKOV_FUNCTION = {
     "gates, tail and cleanup run once per request, and a reservation would take quota from "
     "the experts (throttling is retried by the workflow).",
 }
+_CHECKOV_BATCHER = {
+    "CKV_AWS_116": "Invoked synchronously by its SQS event source mapping; a message it fails "
+    "returns to the queue and, after 5 receives, moves to the queue's dead-letter queue, which "
+    "is where a failed request is kept (a function DLQ applies only to asynchronous invokes).",
+    "CKV_AWS_117": "Reaches only SQS, S3 and Step Functions through their public endpoints under "
+    "IAM; a VPC would add NAT or endpoints, cold-start latency and cost, and guard nothing.",
+    "CKV_AWS_173": "The environment holds no secret (bucket name, state machine ARN, batch cap); "
+    "Lambda encrypts it at rest with its service key.",
+    "CKV_AWS_115": "Its concurrency is the event source mapping's pollers' (one delivery per "
+    "invocation); a reservation would take quota from the experts and throttle the pollers.",
+}
+_CHECKOV_QUEUE = {
+    "CKV_AWS_27": "Encrypted at rest with SQS-managed server-side encryption (SSE-SQS, "
+    "SqsManagedSseEnabled), which checkov 3.3.30 does not recognise (it looks for "
+    "KmsMasterKeyId); a KMS key would bill its API calls and need kms:Decrypt for every client "
+    "and the batcher, and protect nothing more from the roles that may read the queue.",
+}
 _CHECKOV_LOGS = {
     "CKV_AWS_158": "Error logs of the handlers and the workflow, with no tensors or execution "
     "data; CloudWatch Logs encrypts them at rest, and a customer key would add a billed key.",
@@ -153,8 +170,12 @@ _CHECKOV_BUCKET = {
 
 def skip_checkov(stack: Any) -> None:
     """Record, in each resource's Metadata, the checkov checks the design accepts and why."""
+    batcher = stack.functions.batcher
     for fn in stack.functions.all():
-        _skip(fn, _CHECKOV_FUNCTION)
+        _skip(fn, _CHECKOV_BATCHER if fn is batcher else _CHECKOV_FUNCTION)
+    if stack.front_door is not None:
+        _skip(stack.front_door.queue, _CHECKOV_QUEUE)
+        _skip(stack.front_door.dead_letters, _CHECKOV_QUEUE)
     for group in [*stack.functions.log_groups(), stack.workflow.log_group]:
         _skip(group, _CHECKOV_LOGS)
     _skip(stack.bucket, _CHECKOV_BUCKET)

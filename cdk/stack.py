@@ -6,6 +6,7 @@ from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
 from cdk._bucket import ServingBucket
+from cdk._front_door import FrontDoor
 from cdk._functions import FunctionOptions, ServingFunctions
 from cdk._state_machine import ServingStateMachine
 from cdk.nag import acknowledge, skip_checkov
@@ -15,7 +16,8 @@ __all__ = ["MoeServingStack"]
 
 
 class MoeServingStack(Stack):
-    """Serve the Plan's model: S3 bucket, one Lambda function per stage, a Step Functions workflow.
+    """Serve the Plan's model: S3 bucket, one Lambda function per stage, a Step Functions workflow,
+    and, for a plan made for traffic, the batching front door (an SQS queue and its batcher).
 
     Args:
         scope: The app. id_: The stack id (its default name).
@@ -58,8 +60,22 @@ class MoeServingStack(Stack):
             log_retention=options.log_retention,
             tracing=options.tracing,
         )
+        # A plan made for traffic is served behind its batching front door (cdk/_front_door.py).
+        self.front_door = (
+            FrontDoor(
+                self,
+                "FrontDoor",
+                plan=plan,
+                functions=self.functions,
+                state_machine=self.workflow.state_machine,
+            )
+            if plan.traffic is not None
+            else None
+        )
         acknowledge(self, tracing=options.tracing)
         skip_checkov(self)
         CfnOutput(self, "BucketName", value=self.bucket.bucket_name)
         CfnOutput(self, "StateMachineArn", value=self.workflow.state_machine.state_machine_arn)
         CfnOutput(self, "WeightsPrefix", value=options.weights_prefix)
+        if self.front_door is not None:
+            CfnOutput(self, "RequestQueueUrl", value=self.front_door.queue.queue_url)

@@ -221,6 +221,10 @@ class Config:
     def bucket(self) -> str:
         return self._get("MOELAMBDA_BUCKET")
 
+    def setting(self, name: str) -> str:
+        """A setting every function of its kind must have (ConfigError if it is missing)."""
+        return self._get(name)
+
     @property
     def metrics_file(self) -> str | None:
         """Where a local run collects the gates' EMF records (`functions.metrics`)."""

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from pipeline.faults import Faults
 
-__all__ = ["LocalHandlers", "run_workflow"]
+__all__ = ["LocalHandlers", "run_front_door", "run_workflow"]
 
 Invoker = Callable[[str, dict[str, Any]], Any]
 
@@ -105,5 +105,57 @@ def run_workflow(
         timeout_s=timeout_s,
         metered=metered,
         faults=faults,
+        metrics_file=metrics_file,
+    )
+
+
+def run_front_door(
+    template: dict[str, Any],
+    weights_dir: Path,
+    requests: list[np.ndarray],
+    arrivals_s: list[float] | None = None,
+    *,
+    timeout_s: float = 600.0,
+    metered: bool = False,
+    metrics_file: Path | None = None,
+    calibration: Path | None = None,
+) -> dict[str, Any]:
+    """`pipeline.local.run_front_door` running the project's own handlers: `requests` sent
+    through the template's SQS queue and batcher (the plan must be made with `--traffic`).
+
+    Args:
+        template: The synthesised CloudFormation template of a traffic plan.
+        weights_dir: The exported weights (`moelambda export`).
+        requests: Token ids, one (windows, tokens per window) array per request.
+        arrivals_s: Each request's arrival in seconds, sorted (virtual time: the event
+            source's window groups them, nothing sleeps). Defaults to None: all at 0.
+        timeout_s: Seconds every execution may take in all. Defaults to 600.
+        metered: Warm every function first and count what AWS would bill, the front door's
+            requests apart. Defaults to False.
+        metrics_file: Where the gates append their routing metrics. Defaults to None.
+        calibration: The calibration file whose SQS limits apply. Defaults to None: packaged.
+
+    Returns:
+        See `pipeline.local.run_front_door`.
+    """
+    from pipeline.local import run_front_door as run
+    from planner.calibration import load_calibration
+
+    cal = load_calibration(calibration)
+    limits = {
+        "sqs_request_chunk_bytes": cal.sqs_request_chunk_bytes,
+        "sqs_receive_max_messages": cal.sqs_receive_max_messages,
+    }
+    if None in limits.values():
+        raise ValueError(f"{cal.source_path} lacks the front door's SQS limits")
+    return run(
+        template,
+        weights_dir,
+        requests,
+        arrivals_s,
+        handlers=LocalHandlers(),
+        limits=limits,  # type: ignore[arg-type]
+        timeout_s=timeout_s,
+        metered=metered,
         metrics_file=metrics_file,
     )

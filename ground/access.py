@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 
 from ground.layout import INPUTS_PREFIX, OUTPUTS_PREFIX, REQUESTS_PREFIX
 
-__all__ = ["Access", "cleanup", "expert", "gate", "head", "tail"]
+__all__ = ["BATCH_INPUT_PREFIX", "Access", "batcher", "cleanup", "expert", "gate", "head", "tail"]
 
 _ANY_REQUEST = f"{REQUESTS_PREFIX}*/"  # a request's prefix, whatever its id
+BATCH_INPUT_PREFIX = "fd-"  # the front door's execution names (`functions.batcher`)
 
 
 @dataclass(frozen=True)
@@ -98,3 +99,9 @@ def cleanup() -> Access:
     """Finds and deletes a failed request's intermediates."""
     everything = f"{REQUESTS_PREFIX}*"
     return Access(delete=(everything,), extra_list=(everything,))
+
+
+def batcher() -> Access:
+    """The front door's batcher writes its executions' inputs, named `fd-<hash>`, and reads
+    nothing: not a caller's own upload (another name), not a request's keys, not the weights."""
+    return Access(write=(f"{INPUTS_PREFIX}{BATCH_INPUT_PREFIX}*",))

@@ -1,5 +1,5 @@
 """The gates' routing metrics as CloudWatch embedded metric format (EMF) records: the one
-definition `functions.metrics` writes and `planner.drift` reads (see functions/metrics.py).
+definition `functions.metrics` writes (through Powertools' Metrics) and `planner.drift` reads.
 
 One record per gate invocation: namespace `moelambda`, dimension `Layer`, one Count metric
 `ExpertNNTokens` per expert of the layer (a token counts once for each of its k experts), and
@@ -8,12 +8,9 @@ One record per gate invocation: namespace `moelambda`, dimension `Layer`, one Co
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-import numpy as np
-
-__all__ = ["NAMESPACE", "expert_counts_record", "metric_name"]
+__all__ = ["NAMESPACE", "metric_name", "metric_value"]
 
 NAMESPACE = "moelambda"
 
@@ -22,21 +19,10 @@ def metric_name(expert: int) -> str:
     return f"Expert{expert:02d}Tokens"
 
 
-def expert_counts_record(layer: int, counts: np.ndarray, request_id: str) -> dict[str, Any]:
-    """The EMF document of one gate's batch: `counts[e]` tokens routed to expert e."""
-    metrics = {metric_name(e): int(n) for e, n in enumerate(counts)}
-    return {
-        "_aws": {
-            "Timestamp": int(time.time() * 1000),
-            "CloudWatchMetrics": [
-                {
-                    "Namespace": NAMESPACE,
-                    "Dimensions": [["Layer"]],
-                    "Metrics": [{"Name": name, "Unit": "Count"} for name in metrics],
-                }
-            ],
-        },
-        "Layer": str(layer),
-        "request_id": request_id,
-        **metrics,
-    }
+def metric_value(record: dict[str, Any], name: str) -> float:
+    """A metric's value in an EMF record: a number, or a list of samples (Powertools writes
+    `[7.0]`), which CloudWatch aggregates and a count sums."""
+    value = record[name]
+    if isinstance(value, list):
+        return float(sum(float(v) for v in value))
+    return float(value)

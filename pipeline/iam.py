@@ -24,7 +24,7 @@ from functools import lru_cache
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from pipeline.meter import object_key
+from pipeline.meter import identity_of, object_key
 
 __all__ = ["Policies", "Statement", "s3_request"]
 
@@ -38,7 +38,6 @@ _S3_ACTIONS = {
     "ListObjectsV2": "s3:ListBucket",
     "ListObjects": "s3:ListBucket",
 }
-_CREDENTIAL = re.compile(r"Credential=([^/,\s]+)/")
 
 
 @lru_cache(maxsize=4096)
@@ -134,14 +133,6 @@ class Policies:
         return allowed
 
 
-def _identity(request: Any) -> str | None:
-    header = request.headers.get("Authorization") or ""
-    if isinstance(header, bytes):
-        header = header.decode()
-    match = _CREDENTIAL.search(header)
-    return match[1] if match else None
-
-
 def _deleted_keys(body: bytes) -> Iterator[str]:
     """The keys of a DeleteObjects request body."""
     root = ET.fromstring(body)
@@ -156,7 +147,7 @@ def s3_request(policies: Policies, operation: str, request: Any, bucket: str) ->
     A DeleteObjects is allowed only if every key is (S3 would fail the others one by one;
     the handlers treat any failed key as the request's failure alike).
     """
-    identity = _identity(request)
+    identity = identity_of(request)
     if not policies.knows(identity):
         return True
     assert identity is not None

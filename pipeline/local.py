@@ -45,6 +45,7 @@ __all__ = [
     "atomic_s3",
     "concrete",
     "function_label",
+    "run_front_door",
     "run_workflow",
 ]
 
@@ -152,7 +153,9 @@ class InProcessLambdas:
             elapsed = time.perf_counter() - started
             self.seconds[name].append(elapsed)
             meter = self.meter
-            if meter is not None:
+            if meter is not None and _role(handler_path) == "batcher":  # the front door's
+                meter.batcher_call(self.memory_mb[name], elapsed)
+            elif meter is not None:
                 expert = _role(handler_path) == "expert"
                 meter.lambda_call(self.memory_mb[name], elapsed, event, response, expert=expert)
             with self._idle:
@@ -538,4 +541,224 @@ def run_workflow(
     }
     if metered:
         out["usage"] = meter.usage()
+    return out
+
+
+def _queues(resources: dict[str, Any], run: str) -> tuple[dict[str, str], dict[str, str]]:
+    """Create the template's SQS queues on moto (dead-letter queues first, the redrive policy
+    as written); (queue URL by logical id, queue ARN by logical id)."""
+    import boto3
+
+    sqs = boto3.client("sqs", region_name=REGION)
+    queues = {k: r for k, r in resources.items() if r["Type"] == "AWS::SQS::Queue"}
+    urls: dict[str, str] = {}
+    arns: dict[str, str] = {}
+    for logical in sorted(queues, key=lambda k: "RedrivePolicy" in queues[k]["Properties"]):
+        props = queues[logical]["Properties"]
+        name = f"{run}-{logical}"[:80]
+        attributes = {}
+        if "VisibilityTimeout" in props:
+            attributes["VisibilityTimeout"] = str(props["VisibilityTimeout"])
+        if "RedrivePolicy" in props:
+            redrive = props["RedrivePolicy"]
+            target = redrive["deadLetterTargetArn"]["Fn::GetAtt"][0]
+            attributes["RedrivePolicy"] = json.dumps(
+                {
+                    "deadLetterTargetArn": arns[target],
+                    "maxReceiveCount": redrive["maxReceiveCount"],
+                }
+            )
+        urls[logical] = sqs.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"]
+        arns[logical] = f"arn:aws:sqs:{REGION}:{ACCOUNT}:{name}"
+    return urls, arns
+
+
+def _sqs_event(messages: list[dict[str, Any]], queue_arn: str) -> dict[str, Any]:
+    """The event Lambda's SQS event source mapping invokes a function with."""
+    return {
+        "Records": [
+            {
+                "messageId": m["MessageId"],
+                "receiptHandle": m["ReceiptHandle"],
+                "body": m["Body"],
+                "attributes": {k: str(v) for k, v in m.get("Attributes", {}).items()},
+                "messageAttributes": {},
+                "md5OfBody": m["MD5OfBody"],
+                "eventSource": "aws:sqs",
+                "eventSourceARN": queue_arn,
+                "awsRegion": REGION,
+            }
+            for m in messages
+        ]
+    }
+
+
+def run_front_door(
+    template: dict[str, Any],
+    weights_dir: Path,
+    requests: list[np.ndarray],
+    arrivals_s: list[float] | None = None,
+    *,
+    handlers: Handlers,
+    limits: Mapping[str, int],
+    timeout_s: float = 600.0,
+    metered: bool = False,
+    metrics_file: Path | None = None,
+) -> dict[str, Any]:
+    """Send `requests` through the template's front door on moto: its queue, its batcher.
+
+    `limits` are the calibration's `sqs_request_chunk_bytes` and `sqs_receive_max_messages`.
+
+    The template must have the front door (a plan made with `--traffic`). Each request is one
+    message (`ground.frontdoor.body`, id `request-NNNN`) on the queue created from the
+    template. moto does not poll an event source mapping without Docker, so this runner plays
+    the mapping: it groups the requests into deliveries by the mapping's own window and batch
+    size at their arrival times (`ground.frontdoor.deliveries`; `arrivals_s` default all at 0,
+    virtual time, nothing sleeps), sends each delivery's messages, receives them (10 per
+    ReceiveMessage), invokes the batcher's handler in-process with the SQS event exactly as
+    Lambda delivers it (records in sending order), and deletes the messages it did not report
+    failed (DeleteMessageBatch), as the mapping does. The batcher starts the executions on
+    moto's Step Functions, which run the workflow as `run_workflow` does.
+
+    Returns per request its execution's status and its own output rows (the execution input
+    lists each request's rows); the executions; per function the wall time of its calls; and
+    for a `metered` run (functions warmed first) the workflow's "usage" as `run_workflow`
+    counts it plus "front_door_usage": the SQS requests, the batcher's invocations,
+    GB-seconds and S3 PUTs (of inputs too large to travel inline), against
+    "front_door_planned" (`ground.frontdoor.planned`, with the batcher's input limit).
+    """
+    import boto3
+    from moto import mock_aws
+
+    from ground import frontdoor
+
+    logging.getLogger("moto.stepfunctions").setLevel(logging.CRITICAL)
+    resources = template["Resources"]
+    (mapping,) = [r for r in resources.values() if r["Type"] == "AWS::Lambda::EventSourceMapping"]
+    window_s = int(mapping["Properties"].get("MaximumBatchingWindowInSeconds", 0))
+    records = int(mapping["Properties"]["BatchSize"])
+    batcher_logical = mapping["Properties"]["FunctionName"]["Ref"]
+    queue_logical = mapping["Properties"]["EventSourceArn"]["Fn::GetAtt"][0]
+    times = [0.0] * len(requests) if arrivals_s is None else [float(t) for t in arrivals_s]
+    if len(times) != len(requests) or any(b < a for a, b in zip(times, times[1:], strict=False)):
+        raise ValueError("arrivals_s must give one sorted arrival time per request")
+    run = uuid.uuid4().hex[:8]
+    bucket = f"{BUCKET}-{run}"
+    names: dict[str, str] = {}
+    for logical, res in resources.items():
+        if res["Type"] == "AWS::S3::Bucket":
+            names[logical] = bucket
+        elif res["Type"] == "AWS::Lambda::Function":
+            names[logical] = f"fn-{run}-{logical}"[:64]
+        elif res["Type"] == "AWS::StepFunctions::StateMachine":  # its Ref is its ARN
+            names[logical] = f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:{bucket}"
+    lambdas = InProcessLambdas(handlers)
+    chunk, receive_max = limits["sqs_request_chunk_bytes"], limits["sqs_receive_max_messages"]
+    meter = Meter(bucket, front_door=frozenset({names[batcher_logical]}), sqs_chunk_bytes=chunk)
+    config = {"stepfunctions": {"execute_state_machine": True}}
+    ids = [f"request-{i:04d}" for i in range(len(requests))]
+    bodies = [frontdoor.body(rid, ids_.tolist()) for rid, ids_ in zip(ids, requests, strict=True)]
+    delivered = frontdoor.deliveries(times, window_s, records)
+    with mock_aws(config=config), lambdas.installed(), _own_clients(handlers):
+        s3 = boto3.client("s3", region_name=REGION)
+        s3.create_bucket(Bucket=bucket)
+        for path in sorted(p for p in weights_dir.rglob("*") if p.is_file()):
+            s3.upload_file(
+                str(path), bucket, "weights/" + path.relative_to(weights_dir).as_posix()
+            )
+        urls, queue_arns = _queues(resources, run)
+        _deploy(resources, names, bucket, lambdas, metrics_file)
+        sfn = boto3.client("stepfunctions", region_name=REGION)
+        sqs = boto3.client("sqs", region_name=REGION)
+        url = urls[queue_logical]
+        if metered:
+            lambdas.warm()
+        deadline = time.monotonic() + timeout_s
+        executions: list[str] = []
+        failed_messages: list[str] = []
+        with lambdas.metered(meter) if metered else contextlib.nullcontext():
+            for first, end, _ in delivered:
+                order = {}
+                for k in range(first, end):
+                    sent = sqs.send_message(QueueUrl=url, MessageBody=bodies[k])
+                    order[sent["MessageId"]] = k
+                got: list[dict[str, Any]] = []
+                while len(got) < end - first:
+                    got += sqs.receive_message(
+                        QueueUrl=url,
+                        MaxNumberOfMessages=min(receive_max, end - first - len(got)),
+                        AttributeNames=["All"],
+                    ).get("Messages", [])
+                got.sort(key=lambda m: order[m["MessageId"]])
+                event = _sqs_event(got, queue_arns[queue_logical])
+                answer = lambdas.call(names[batcher_logical], event)
+                failures = {f["itemIdentifier"] for f in answer["batchItemFailures"]}
+                failed_messages += sorted(failures)
+                done = [m for m in got if m["MessageId"] not in failures]
+                for start in range(0, len(done), receive_max):
+                    sqs.delete_message_batch(
+                        QueueUrl=url,
+                        Entries=[
+                            {"Id": str(j), "ReceiptHandle": m["ReceiptHandle"]}
+                            for j, m in enumerate(done[start : start + receive_max])
+                        ],
+                    )
+                executions += answer["executions"]
+            final = _wait(sfn, executions, deadline)
+            lambdas.drain(max(deadline - time.monotonic(), 1.0))
+        if metered:
+            meter.add_transitions(sum(entered_states(sfn, e) for e in executions))
+        results: dict[str, dict[str, Any]] = {}
+        batches = []
+        for execution, info in zip(executions, final, strict=True):
+            members = json.loads(sfn.describe_execution(executionArn=execution)["input"])
+            batches.append([m["request"] for m in members["requests"]])
+            output = None
+            if info["status"] == "SUCCEEDED":
+                key = json.loads(info["output"])["output_key"]
+                output = decode(s3.get_object(Bucket=bucket, Key=key)["Body"].read())[0]
+            for member in members["requests"]:
+                start, stop = member["rows"]
+                entry: dict[str, Any] = {"execution": execution, "status": info["status"]}
+                if output is not None:
+                    entry["output"] = output[start:stop]
+                else:
+                    entry["error"], entry["cause"] = info.get("error"), info.get("cause")
+                results[member["request"]] = entry
+    labels = {name: function_label(*spec) for name, spec in lambdas.functions.items()}
+    out: dict[str, Any] = {
+        "requests": [
+            {"request": rid, **results.get(rid, {"status": "NOT_STARTED"})} for rid in ids
+        ],
+        "executions": batches,
+        "deliveries": [list(range(first, end)) for first, end, _ in delivered],
+        "failed_messages": failed_messages,
+        "seconds": {labels[n]: t for n, t in lambdas.seconds.items()},
+        "errors": lambdas.errors,
+        "denied": [
+            (labels.get(who, who), action, resource)
+            for who, action, resource in (lambdas.policies.denied if lambdas.policies else [])
+        ],
+    }
+    if metered:
+        out["usage"] = meter.usage()
+        out["front_door_usage"] = meter.front_door_usage()
+        limit = int(
+            resources[batcher_logical]["Properties"]["Environment"]["Variables"][
+                "MOELAMBDA_INPUT_LIMIT"
+            ]
+        )
+        size = {rid: int(r.size) for rid, r in zip(ids, requests, strict=True)}
+        stored = sum(
+            frontdoor.execution_input_bytes(sum(size[m] for m in batch), len(batch)) > limit
+            for batch in batches
+        )
+        out["front_door_planned"] = frontdoor.planned(
+            [frontdoor.message_bytes(int(r.size)) for r in requests],
+            [end - first for first, end, _ in delivered],
+            len(executions),
+            stored,
+            chunk_bytes=chunk,
+            receive_max=receive_max,
+        ).as_dict()
     return out

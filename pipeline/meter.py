@@ -12,12 +12,17 @@ counted where the requests really happen, not derived from the workflow's shape:
   functions' share of "gb_s", which the plan prices as the paper's objective.
 - Transitions: the states each execution entered, from its history, which moto records for
   every state, those inside Map iterations and Parallel branches included.
+- The front door (`pipeline.local.run_front_door`): SQS requests (SendMessage counted per 64 KB
+  chunk of its request body, ReceiveMessage, DeleteMessageBatch), the batcher's invocations and
+  GB-seconds, and the S3 requests it makes (signed with its identity), kept apart from the
+  workflow's usage in `front_door_usage` (`ground.frontdoor.FrontDoorUsage.as_dict`'s keys).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -25,10 +30,26 @@ from urllib.parse import unquote, urlsplit
 
 from ground.semantics import S3_REQUEST_TYPES, USAGE_KEYS
 
-__all__ = ["Meter", "entered_states", "object_key"]
+__all__ = ["Meter", "entered_states", "identity_of", "object_key"]
 
 _DONE_MARKER = "/done.bin"
 _MB_PER_GB = 1024
+_CREDENTIAL = re.compile(r"Credential=([^/,\s]+)/")
+_SQS_KINDS = {
+    "SendMessage": "sqs_send_requests",
+    "ReceiveMessage": "sqs_receive_requests",
+    "DeleteMessage": "sqs_delete_requests",
+    "DeleteMessageBatch": "sqs_delete_requests",
+}
+
+
+def identity_of(request: Any) -> str | None:
+    """The access key id a request is signed with (the local runner's function identity)."""
+    header = request.headers.get("Authorization") or ""
+    if isinstance(header, bytes):
+        header = header.decode()
+    match = _CREDENTIAL.search(header)
+    return match[1] if match else None
 
 
 def object_key(url: str, bucket: str) -> str | None:
@@ -56,20 +77,68 @@ def _s3_kind(operation: str, key: str, status: int) -> str | None:
 class Meter:
     """Thread-safe counters of one metered run against `bucket`."""
 
-    def __init__(self, bucket: str) -> None:
+    def __init__(
+        self, bucket: str, front_door: frozenset[str] = frozenset(), sqs_chunk_bytes: int = 65536
+    ) -> None:
         self.bucket = bucket
+        self.front_door = front_door  # identities whose S3 requests are the front door's
+        self.sqs_chunk_bytes = sqs_chunk_bytes  # the calibration's sqs_request_chunk_bytes
         self._lock = threading.Lock()
         self._usage: dict[str, int | float] = dict.fromkeys(USAGE_KEYS, 0)
+        self._door: dict[str, int | float] = dict.fromkeys(
+            (
+                "sqs_send_requests",
+                "sqs_receive_requests",
+                "sqs_delete_requests",
+                "batcher_invocations",
+                "batcher_gb_s",
+                "s3_put",
+            ),
+            0,
+        )
+
+    def _add_door(self, key: str, amount: int | float = 1) -> None:
+        with self._lock:
+            self._door[key] = self._door.get(key, 0) + amount
+
+    def sqs_request(self, operation: str, body: bytes) -> None:
+        """Count one SQS request (a SendMessage per 64 KB chunk of its body)."""
+        kind = _SQS_KINDS.get(operation)
+        if kind is None:  # the runner's own setup: CreateQueue, GetQueueUrl, ...
+            return
+        chunks = (
+            max(1, -(-len(body) // self.sqs_chunk_bytes)) if kind == "sqs_send_requests" else 1
+        )
+        self._add_door(kind, chunks)
+
+    def batcher_call(self, memory_mb: int, seconds: float) -> None:
+        """Count one invocation of the front door's batcher."""
+        self._add_door("batcher_invocations")
+        self._add_door("batcher_gb_s", seconds * memory_mb / _MB_PER_GB)
+
+    def front_door_usage(self) -> dict[str, int | float]:
+        """What the front door was billed for so far (`sqs_requests` is their sum)."""
+        with self._lock:
+            door = dict(self._door)
+        door["sqs_requests"] = (
+            door["sqs_send_requests"] + door["sqs_receive_requests"] + door["sqs_delete_requests"]
+        )
+        return door
 
     def _add(self, key: str, amount: int | float = 1) -> None:
         with self._lock:
             self._usage[key] += amount
 
-    def s3_request(self, operation: str, url: str, status: int) -> None:
-        """Count one S3 request if it went to the metered bucket."""
+    def s3_request(
+        self, operation: str, url: str, status: int, identity: str | None = None
+    ) -> None:
+        """Count one S3 request if it went to the metered bucket (to the front door's usage if
+        `identity` is the batcher's)."""
         key = object_key(url, self.bucket)
         kind = None if key is None else _s3_kind(operation, key, status)
-        if kind is not None:
+        if kind is not None and identity is not None and identity in self.front_door:
+            self._add_door(kind if kind == "s3_put" else f"{kind}_other")
+        elif kind is not None:
             self._add(kind)
 
     def lambda_call(
@@ -108,7 +177,7 @@ class Meter:
 
     @contextlib.contextmanager
     def counting_s3(self) -> Iterator[None]:
-        """Count the S3 requests made in this block (under `moto.mock_aws`).
+        """Count the S3 (and SQS) requests made in this block (under `moto.mock_aws`).
 
         Wraps `BotocoreStubber.__call__`, which calls `process_request` (the method
         `pipeline.local.atomic_s3` patches), so both hold together; restored on exit.
@@ -121,7 +190,11 @@ class Meter:
             response = original(stubber, event_name, request, **kwargs)
             _, service, operation = event_name.split(".", 2)
             if response is not None and service == "s3":
-                self.s3_request(operation, request.url, response.status_code)
+                identity = identity_of(request)
+                self.s3_request(operation, request.url, response.status_code, identity)
+            elif response is not None and service == "sqs" and response.status_code < 300:
+                body = request.body if isinstance(request.body, bytes) else b""
+                self.sqs_request(operation, body)
             return response
 
         BotocoreStubber.__call__ = counted  # type: ignore[method-assign]

@@ -243,6 +243,19 @@ class Calibration(BaseModel):
     scheduler_invocation_usd: PositiveFloat | None = None
     managed_instances_prices: ManagedInstancesPrice | None = None
     cold_start_reference: ColdStartReference | None = None
+    # The batching front door (SQS, its event source mapping, the batcher): optional too, for
+    # the calibration of plans made before it; `planner.traffic.platform` fills them.
+    sqs_request_usd: PositiveFloat | None = None
+    sqs_request_chunk_bytes: PositiveInt | None = None
+    sqs_message_max_bytes: PositiveInt | None = None
+    sqs_receive_max_messages: PositiveInt | None = None
+    sqs_long_poll_s: PositiveFloat | None = None
+    sqs_idle_pollers: int | None = Field(default=None, ge=0)
+    esm_batching_window_max_s: PositiveFloat | None = None
+    esm_batch_size_max: PositiveInt | None = None
+    esm_batch_size_max_without_window: PositiveInt | None = None
+    start_execution_s: PositiveFloat | None = None
+    batcher_import_s: PositiveFloat | None = None
     provenance: dict[str, Parameter] = Field(default_factory=dict, repr=False)
     source_path: Path | None = None
 

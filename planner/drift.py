@@ -19,7 +19,7 @@ import numpy as np
 
 from ground.errors import InfeasibleError, UsageError
 from ground.plan import Plan, PlanError
-from ground.routing_metrics import NAMESPACE, metric_name
+from ground.routing_metrics import NAMESPACE, metric_name, metric_value
 from planner.costmodel import bill, evaluate
 from planner.replay import calibration_of, instance_of, runtime_choice
 from planner.traffic.workflow import _per_expert_counts, manifest_of_plan
@@ -65,7 +65,7 @@ def read_metrics(path: Path, layers: int, experts: int) -> tuple[np.ndarray, np.
                 f"{layers} layers of {experts}.",
                 "pass the metrics of the deployment this plan describes.",
             )
-        counts[layer] += [float(record[metric_name(e)]) for e in range(experts)]
+        counts[layer] += [metric_value(record, metric_name(e)) for e in range(experts)]
         records[layer] += 1
     if not records.any():
         raise UsageError(

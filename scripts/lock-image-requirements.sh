@@ -13,7 +13,7 @@ trap 'rm -rf "$work"' EXIT
 import sys
 from importlib.metadata import version
 names = ["transformers", "tokenizers", "safetensors", "numpy", "pydantic", "boto3",
-         "jinja2", "networkx", "sympy", "setuptools"]
+         "aws-lambda-powertools", "jinja2", "networkx", "sympy", "setuptools"]
 with open(sys.argv[1], "w") as out:
     out.writelines(f"{n}=={version(n)}\n" for n in names)
 PY

@@ -1,14 +1,21 @@
 """Traffic: request streams, cold starts and warm pools over time, and planning for them.
 
 `load_arrivals` reads a traffic spec; `workflow_model` evaluates a plan's cost model over batch
-sizes; `simulate` replays a stream through it (batcher, execution environments per function,
-cold starts, the bill); `simulate_plan` does all of it for a Plan.
+sizes; `simulate` replays a stream through it (the front door's batching, execution
+environments per function, cold starts, the bill); `simulate_plan` does all of it for a Plan.
 """
 
 from __future__ import annotations
 
 from planner.traffic.replay import capacity_of, policies_of, simulate_plan
-from planner.traffic.simulate import BatchPolicy, Capacity, Platform, TrafficResult, simulate
+from planner.traffic.simulate import (
+    BatchPolicy,
+    Capacity,
+    FrontDoor,
+    Platform,
+    TrafficResult,
+    simulate,
+)
 from planner.traffic.spec import BUNDLED, Arrivals, load_arrivals
 from planner.traffic.workflow import WorkflowModel, workflow_model
 
@@ -17,6 +24,7 @@ __all__ = [
     "Arrivals",
     "BatchPolicy",
     "Capacity",
+    "FrontDoor",
     "Platform",
     "TrafficResult",
     "WorkflowModel",

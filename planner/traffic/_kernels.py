@@ -19,41 +19,46 @@ _HIST = 256  # environments-in-use histogram bins per function (the last one col
 
 
 @njit(cache=True)
-def batch_requests(times, tokens, max_tokens, max_wait_s):  # type: ignore[no-untyped-def]
-    """(first request, dispatch time, tokens) of each batch of a sorted request stream.
+def batch_requests(times, tokens, max_tokens, window_s, records):  # type: ignore[no-untyped-def]
+    """(first request, delivery time, tokens, delivery index) of each execution the front
+    door starts for a sorted request stream: `ground.frontdoor.batches`, compiled.
 
-    A batch opens at its first request and takes the following ones while they arrive within
-    `max_wait_s` of its opening and fit `max_tokens`. It is dispatched when it is exactly full
-    (at its last request's arrival), when the next request would not fit (at that request's
-    arrival), or `max_wait_s` after it opened. A request larger than `max_tokens` is a batch
-    of its own, dispatched on arrival.
+    A delivery opens at the first request not yet delivered and takes the requests arriving
+    within `window_s` of its opening, up to `records`; it is delivered `window_s` after it
+    opened or at its `records`-th arrival. Its requests are split in order into executions of
+    at most `max_tokens` tokens (a larger request alone).
     """
     n = times.size
     first = np.empty(n + 1, np.int64)
     dispatch = np.empty(n, np.float64)
     size = np.empty(n, np.int64)
+    delivery = np.empty(n, np.int64)
     count = 0
+    d = 0
     i = 0
     while i < n:
-        deadline = times[i] + max_wait_s
-        total = tokens[i]
+        deadline = times[i] + window_s
         j = i + 1
-        while j < n and times[j] <= deadline and total + tokens[j] <= max_tokens:
-            total += tokens[j]
+        while j < n and j - i < records and times[j] <= deadline:
             j += 1
-        if total >= max_tokens:
-            at = times[j - 1]
-        elif j < n and times[j] <= deadline:
-            at = times[j]
-        else:
-            at = deadline
-        first[count] = i
-        dispatch[count] = at
-        size[count] = total
-        count += 1
+        at = times[j - 1] if j - i == records else deadline
+        k = i
+        while k < j:
+            total = tokens[k]
+            m = k + 1
+            while m < j and total + tokens[m] <= max_tokens:
+                total += tokens[m]
+                m += 1
+            first[count] = k
+            dispatch[count] = at
+            size[count] = total
+            delivery[count] = d
+            count += 1
+            k = m
+        d += 1
         i = j
     first[count] = n
-    return first[: count + 1], dispatch[:count], size[:count]
+    return first[: count + 1], dispatch[:count], size[:count], delivery[:count]
 
 
 @njit(cache=True)

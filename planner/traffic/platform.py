@@ -17,14 +17,17 @@ import numpy as np
 
 from ground.coldstart import InitModel
 from ground.errors import CalibrationError
+from ground.frontdoor import BATCHER_MEMORY_MB
 from ground.plan import Plan
 from planner.calibration import Calibration, ColdStartReference, load_calibration
 from planner.replay import calibration_of
-from planner.traffic.simulate import Platform
+from planner.traffic.simulate import FrontDoor, Platform
 from planner.traffic.workflow import Functions
 
 __all__ = [
+    "FRONT_DOOR_FIELDS",
     "TRAFFIC_FIELDS",
+    "front_door_for",
     "calibrated_cold_document",
     "init_model",
     "platform_for",
@@ -40,6 +43,21 @@ TRAFFIC_FIELDS = (
     "scheduler_invocation_usd",
     "cold_start_reference",
 )
+# The front door's limits and prices: filled like the traffic fields; a calibration without
+# them simulates the front door's batching by the policy as given, unpriced (with a note).
+FRONT_DOOR_FIELDS = (
+    "sqs_request_usd",
+    "sqs_request_chunk_bytes",
+    "sqs_message_max_bytes",
+    "sqs_receive_max_messages",
+    "sqs_long_poll_s",
+    "sqs_idle_pollers",
+    "esm_batching_window_max_s",
+    "esm_batch_size_max",
+    "esm_batch_size_max_without_window",
+    "start_execution_s",
+    "batcher_import_s",
+)
 
 
 def traffic_calibration(
@@ -51,10 +69,11 @@ def traffic_calibration(
     file), so a plan made before `moelambda calibrate --cold` can still be simulated.
     """
     own = calibration_of(plan)
-    if all(getattr(own, name) is not None for name in TRAFFIC_FIELDS):
+    fields = TRAFFIC_FIELDS + FRONT_DOOR_FIELDS
+    if all(getattr(own, name) is not None for name in fields):
         return own, "plan"
     other = calibration or load_calibration()
-    update = {n: getattr(other, n) for n in TRAFFIC_FIELDS if getattr(own, n) is None}
+    update = {n: getattr(other, n) for n in fields if getattr(own, n) is None}
     where = str(other.source_path or "the calibration file")
     return own.model_copy(update=update), where
 
@@ -93,6 +112,30 @@ def init_model(calibration: Calibration) -> InitModel:
     )
 
 
+def front_door_for(calibration: Calibration) -> FrontDoor | None:
+    """The front door's limits and prices, and its batcher's INIT (None: not calibrated)."""
+    c = calibration
+    if any(getattr(c, n) is None for n in FRONT_DOOR_FIELDS) or c.init_image_start_s is None:
+        return None
+    assert c.batcher_import_s is not None and c.start_execution_s is not None
+    return FrontDoor(
+        window_limit_s=float(c.esm_batching_window_max_s),  # type: ignore[arg-type]
+        records_max=int(c.esm_batch_size_max),  # type: ignore[arg-type]
+        records_max_without_window=int(c.esm_batch_size_max_without_window),  # type: ignore[arg-type]
+        sqs_request_usd=float(c.sqs_request_usd),  # type: ignore[arg-type]
+        chunk_bytes=int(c.sqs_request_chunk_bytes),  # type: ignore[arg-type]
+        receive_max=int(c.sqs_receive_max_messages),  # type: ignore[arg-type]
+        idle_pollers=int(c.sqs_idle_pollers),  # type: ignore[arg-type]
+        long_poll_s=float(c.sqs_long_poll_s),  # type: ignore[arg-type]
+        batcher_memory_mb=float(BATCHER_MEMORY_MB),
+        batcher_init_s=c.init_image_start_s + c.batcher_import_s,
+        start_s=c.start_execution_s,
+        put_s=c.s3_access_delay_s,
+        input_limit_bytes=c.step_functions_payload_bytes,
+        s3_put_usd=c.s3_put_request_usd,
+    )
+
+
 def platform_for(
     calibration: Calibration, functions: Functions, arch: str, *, idle_s: float | None = None
 ) -> Platform:
@@ -125,6 +168,7 @@ def platform_for(
         billing_mb_per_gb=calibration.billing_mb_per_gb,
         provisioned_allocated_usd=None if pc is None else pc.allocated_gb_second_usd,
         provisioned_duration_usd=None if pc is None else pc.duration_gb_second_usd,
+        front_door=front_door_for(calibration),
     )
 
 

@@ -1,9 +1,10 @@
 """A plan over a request stream: its policies, and one call that simulates it and reports.
 
-A plan made with `--traffic` carries its batch policy and a capacity policy per function; any
-other plan is served as today's steady-state plan is deployed: one execution per arriving
-request (requests arriving at the same instant share one, up to the plan's batch), no capacity
-policy. `simulate_plan` is what `moelambda traffic` prints.
+A plan made with `--traffic` carries its batch policy and a capacity policy per function, and
+is deployed behind the batching front door (`ground.frontdoor`); any other plan is served as
+today's steady-state plan is deployed: no front door, one execution per arriving request
+(requests arriving at the same instant share one, up to the plan's batch), no capacity policy.
+`simulate_plan` is what `moelambda traffic` prints.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def policies_of(plan: Plan) -> tuple[BatchPolicy, list[Capacity] | None, float |
     if plan.traffic is not None:
         t = plan.traffic
         return BatchPolicy(t.max_batch_tokens, t.max_wait_s), capacity_of(plan), t.slo_p99_s
-    return BatchPolicy(plan.totals.tokens, 0.0), None, plan.totals.slo_s
+    return BatchPolicy(plan.totals.tokens, 0.0, front_door=False), None, plan.totals.slo_s
 
 
 def simulate_plan(
@@ -85,6 +86,8 @@ def simulate_plan(
     policy = BatchPolicy(
         policy.max_tokens if max_batch_tokens is None else int(max_batch_tokens),
         policy.max_wait_s if max_wait_s is None else float(max_wait_s),
+        # Batching asked for by an override goes through the front door, as deployed.
+        front_door=policy.front_door or max_batch_tokens is not None or max_wait_s is not None,
     )
     slo = slo_s if slo_s is not None else plan_slo
     cal, where = traffic_calibration(plan, calibration)
@@ -106,7 +109,11 @@ def simulate_plan(
         "plan": plan.solver,
         "traffic": arrivals.describe(),
         **summary,
-        "batch_policy": {"max_tokens": policy.max_tokens, "max_wait_s": policy.max_wait_s},
+        "batch_policy": {
+            "max_tokens": policy.max_tokens,
+            "max_wait_s": policy.max_wait_s,
+            "front_door": policy.front_door,
+        },
         "capacity": "none"
         if capacity is None
         else {

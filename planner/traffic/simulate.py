@@ -1,7 +1,13 @@
 """The deployment over a request stream: a discrete-event simulation of batches and environments.
 
-1. The front door batches requests (`BatchPolicy`: at most `max_tokens` per batch, at most
-   `max_wait_s` after a batch opens; `_kernels.batch_requests` states the exact rule).
+1. The front door batches requests (`BatchPolicy`: at most `max_tokens` per execution, a wait
+   of `max_wait_s`, which deploys rounded up to whole seconds): with a `FrontDoor` (a plan
+   made for traffic is deployed behind an SQS queue and a batching function), by the deployed
+   rule, `ground.frontdoor` (the event source mapping's whole-second window and batch size,
+   then the batcher's split), which `_kernels.batch_requests` compiles; each execution starts
+   when the batcher reaches its StartExecution, after the batcher's INIT if its environment
+   was cold. Without one (a plan not made for traffic: clients start one execution per
+   request), requests arriving at the same instant share an execution.
 2. Each batch is one workflow execution. Its warm latency, its bill by item, and each function's
    start and billed seconds are the plan's cost model at the batch's size (`workflow.py`).
 3. Each function has a pool of execution environments (`ground.coldstart`: one invocation at
@@ -16,16 +22,25 @@
 5. The bill of the period: the batches' bills (cost model), INIT billed at the functions' rate,
    what cold starts make others wait (a direct gate billed while its experts start; a pipelined
    replica billed while its gate starts; an Express execution's longer duration), provisioned
-   concurrency (its allocation, less the lower duration rate of the invocations it serves), and
-   warmers (a request, a warm start's duration and a scheduler invocation per ping).
+   concurrency (its allocation, less the lower duration rate of the invocations it serves),
+   warmers (a request, a warm start's duration and a scheduler invocation per ping), and the
+   front door (`front_door_usd`: SQS requests in 64 KB chunks, the event source's receives and
+   deletes and its pollers' empty long polls, the batcher's invocations, duration and INIT, and
+   the S3 PUT of each input too large to travel in the execution's input;
+   `ground.frontdoor.planned`).
 
 Approximations, each named where it is made: the workflow's timings are the cost model's and
 interpolated between grid sizes; a stage's functions start cold independently; a direct gate's
 environment is held for its warm duration only; a pipelined layer's replicas are sequenced after
 their gate's cold start (they start with it, so this overstates a cold gate's delay when the
 replicas are cold too); a throttled invocation's retries wait their mean jittered time; the
-bill counts a failed execution whole; the front door's own cost (the SQS batching function) is
-not modelled. An expert function's reserved concurrency (its `max_replicas`, as the stack
+bill counts a failed execution whole; the front door is modelled with one event-source poller
+(Lambda scales them under load, which can only cut deliveries smaller), its batcher's
+environment is cold only after an idle gap longer than the idle time (never because two
+deliveries overlap), its duration counts a StartExecution per execution and an S3 request's
+delay per stored input, not the bytes (a stored 65,536-token input is 524 KB: 7 ms at B^s),
+and which inputs are stored is decided on an upper bound of their JSON size. An
+expert function's reserved concurrency (its `max_replicas`, as the stack
 reserves it) throttles invocations beyond it (`ground.coldstart`); the summary names the
 functions that reached their reservation (`reserved_concurrency_reached`).
 """
@@ -38,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from ground import frontdoor
 from ground.coldstart import init_phase, retry_waits
 from planner.traffic._kernels import batch_requests, run_pools
 from planner.traffic.spec import Arrivals
@@ -46,6 +62,7 @@ from planner.traffic.workflow import BILL_ITEMS, WorkflowModel
 __all__ = [
     "BatchPolicy",
     "Capacity",
+    "FrontDoor",
     "Platform",
     "TrafficResult",
     "batches_of",
@@ -55,10 +72,51 @@ __all__ = [
 
 @dataclass(frozen=True)
 class BatchPolicy:
-    """How the front door turns requests into executions."""
+    """How the front door turns requests into executions.
+
+    `front_door` False: no queue, clients start one execution per request (a plan not made
+    for traffic); requests arriving at the same instant share one, up to `max_tokens`.
+    """
 
     max_tokens: int
     max_wait_s: float
+    front_door: bool = True
+
+
+@dataclass(frozen=True)
+class FrontDoor:
+    """The front door's limits and prices (calibration file) and the batcher's INIT.
+
+    `batcher_init_s` is its INIT (image start, interpreter, import of `functions.batcher`);
+    `start_s` what the batcher spends per execution it starts (a StartExecution call), `put_s`
+    more for one whose input exceeds `input_limit_bytes` and is stored (an S3 PUT).
+    """
+
+    window_limit_s: float
+    records_max: int
+    records_max_without_window: int
+    sqs_request_usd: float
+    chunk_bytes: int
+    receive_max: int
+    idle_pollers: int
+    long_poll_s: float
+    batcher_memory_mb: float
+    batcher_init_s: float
+    start_s: float
+    put_s: float
+    input_limit_bytes: int
+    s3_put_usd: float
+
+    def deployed(self, policy: BatchPolicy) -> tuple[int, int]:
+        """(the event source's window in whole seconds, its batch size) for `policy`."""
+        window = frontdoor.deployed_window_s(policy.max_wait_s, self.window_limit_s)
+        records = frontdoor.records_per_delivery(
+            policy.max_tokens,
+            window,
+            max_records=self.records_max,
+            max_records_without_window=self.records_max_without_window,
+        )
+        return window, records
 
 
 @dataclass(frozen=True)
@@ -101,6 +159,7 @@ class Platform:
     provisioned_allocated_usd: float | None = None  # per GB-second; None: not sourced
     provisioned_duration_usd: float | None = None
     load_s: np.ndarray | None = None  # (F,) the first call's weight load (None: 0)
+    front_door: FrontDoor | None = None  # None: not priced (batching by the policy as given)
 
     def cold_s(self) -> tuple[np.ndarray, np.ndarray]:
         """(seconds a new environment delays its first invocation, seconds it bills): the
@@ -128,6 +187,7 @@ class TrafficResult:
     period_s: float
     wall_s: float
     notes: list[str] = field(default_factory=list)
+    front_door: dict[str, Any] = field(default_factory=dict)  # its deployment and usage
 
     def quantiles(self) -> dict[str, float | None]:
         """p50, p95, p99, max of request latency (None where refused requests make it
@@ -163,19 +223,99 @@ class TrafficResult:
             "peak_environments": self.peak_environments,
             "reserved_concurrency_reached": self.over_reserved,
             "bill_usd": self.bill_usd,
+            "front_door": self.front_door,
             "wall_s": round(self.wall_s, 3),
             "notes": self.notes,
         }
 
 
-def batches_of(arrivals: Arrivals, policy: BatchPolicy) -> tuple[np.ndarray, ...]:
-    """(first request of each batch plus the end, dispatch seconds, tokens) of `arrivals`."""
+def batches_of(
+    arrivals: Arrivals, policy: BatchPolicy, front_door: FrontDoor | None = None
+) -> tuple[np.ndarray, ...]:
+    """(first request of each execution plus the end, delivery seconds, tokens, delivery
+    index) of `arrivals`: by the deployed rule with `front_door` (`ground.frontdoor`), else
+    with the policy's wait as given and no batch-size limit; without a front door at all
+    (`policy.front_door` False), only simultaneous requests share."""
+    if not policy.front_door:
+        window, records = 0.0, max(arrivals.requests, 1)
+    elif front_door is not None:
+        window, records = front_door.deployed(policy)
+    else:
+        window, records = float(policy.max_wait_s), max(arrivals.requests, 1)
     return batch_requests(
         np.ascontiguousarray(arrivals.times_s, dtype=np.float64),
         np.ascontiguousarray(arrivals.tokens, dtype=np.int64),
         int(policy.max_tokens),
-        float(policy.max_wait_s),
+        float(window),
+        int(records),
     )
+
+
+def _front_door(
+    door: FrontDoor,
+    policy: BatchPolicy,
+    arrivals: Arrivals,
+    first: np.ndarray,
+    delivery: np.ndarray,
+    delivered_at: np.ndarray,
+    platform: Platform,
+) -> tuple[np.ndarray, dict[str, float], dict[str, Any]]:
+    """(each execution's start after its delivery, the front door's bill by item, its summary).
+
+    The batcher starts a delivery's executions one after another (`start_s` each, plus `put_s`
+    for an input too large to travel inline, `ground.frontdoor.execution_input_bytes`), after
+    its INIT when its environment is cold: the first delivery, or one after an idle gap longer
+    than the idle time. Its requests, GB-seconds and INIT, the SQS requests (the pollers' empty
+    long polls over the period too) and the inputs' S3 PUTs are billed
+    (`ground.frontdoor.planned`).
+    """
+    window, records = door.deployed(policy)
+    count = int(delivery[-1]) + 1 if delivery.size else 0
+    executions = np.bincount(delivery, minlength=count)
+    members = np.diff(first)  # requests per execution
+    messages = np.bincount(delivery, weights=members, minlength=count).astype(np.int64)
+    size = np.add.reduceat(arrivals.tokens, first[:-1]) if delivery.size else np.zeros(0)
+    inline = frontdoor.MESSAGE_ENVELOPE_BYTES + frontdoor.REQUEST_ROW_BYTES * members
+    stored = inline + frontdoor.MESSAGE_BYTES_PER_TOKEN * size > door.input_limit_bytes
+    step = door.start_s + np.where(stored, door.put_s, 0.0)  # (executions,)
+    within = np.cumsum(step)  # each execution's start within its delivery, from the first
+    starts_of = np.concatenate([[0], np.cumsum(executions)[:-1]]).astype(np.int64)
+    before = np.concatenate([[0.0], within])[starts_of][delivery]
+    at = np.zeros(count)
+    at[delivery] = delivered_at
+    busy = np.bincount(delivery, weights=step, minlength=count)
+    gaps = at[1:] - (at[:-1] + busy[:-1])
+    cold = np.concatenate([[count > 0], gaps > platform.idle_s])[:count].astype(bool)
+    wait_s, billed_s = init_phase(door.batcher_init_s, platform.init_limit_s)
+    offset = np.where(cold[delivery], wait_s, 0.0) + within - before
+    usage = frontdoor.planned(
+        [frontdoor.message_bytes(int(n)) for n in arrivals.tokens],
+        messages.tolist(),
+        int(delivery.size),
+        int(stored.sum()),
+        chunk_bytes=door.chunk_bytes,
+        receive_max=door.receive_max,
+    )
+    idle_polls = door.idle_pollers * arrivals.period_s / door.long_poll_s
+    gb = door.batcher_memory_mb / platform.billing_mb_per_gb
+    gb_s = float(busy.sum()) * gb
+    init_gb_s = float(cold.sum()) * billed_s * gb if platform.init_billed else 0.0
+    bill = {
+        "sqs_usd": (usage.sqs_requests + idle_polls) * door.sqs_request_usd,
+        "batcher_usd": usage.batcher_invocations * platform.request_usd
+        + gb_s * platform.gb_second_usd,
+        "batcher_init_usd": init_gb_s * platform.gb_second_usd,
+        "inputs_s3_usd": usage.stored * door.s3_put_usd,
+    }
+    summary = {
+        "window_s": window,
+        "records_per_delivery": records,
+        "deliveries": count,
+        "batcher_cold_starts": int(cold.sum()),
+        "usage": usage.as_dict() | {"sqs_idle_receive_requests": round(idle_polls)},
+        "bill_usd": bill,
+    }
+    return offset, bill, summary
 
 
 def _capacity_arrays(
@@ -228,7 +368,15 @@ def simulate(
         reserved = np.zeros_like(reserved)
     if provisioned.any() and platform.provisioned_allocated_usd is None:
         raise ValueError("provisioned concurrency without its prices")
-    first, dispatch, size = batches_of(arrivals, policy)
+    door = platform.front_door if policy.front_door else None
+    first, dispatch, size, delivery = batches_of(arrivals, policy, door)
+    door_bill: dict[str, float] = {}
+    door_summary: dict[str, Any] = {}
+    if door is not None:
+        started_after, door_bill, door_summary = _front_door(
+            door, policy, arrivals, first, delivery, dispatch, platform
+        )
+        dispatch = dispatch + started_after
     batch_of = np.repeat(np.arange(size.size), np.diff(first))
     served = size <= model.feasible_tokens
     wait_s, billed_init_s = platform.cold_s()
@@ -284,6 +432,7 @@ def simulate(
             )
         ).sum()
     )
+    bill["front_door_usd"] = float(sum(door_bill.values()))
     bill["total_usd"] = sum(bill.values())
     total_tokens = arrivals.total_tokens
     bill["per_million_tokens_usd"] = (
@@ -291,10 +440,15 @@ def simulate(
     )
     names = fns.names
     notes = []
-    if policy.max_wait_s > 0:
+    if policy.front_door and door is None:
         notes.append(
-            "the front door that holds requests for a batch (a queue and its batching "
-            "function) is not in the bill: it is not part of the deployed stack yet"
+            "the front door (the queue and the batching function) is not priced: the "
+            "calibration lacks its parameters, and the wait is taken as given"
+        )
+    elif door is not None and door_summary["window_s"] != policy.max_wait_s:
+        notes.append(
+            f"the event source batches by whole seconds: a {policy.max_wait_s:g} s wait is "
+            f"deployed, and simulated, as {door_summary['window_s']} s"
         )
     return TrafficResult(
         latency_s=latency,
@@ -315,6 +469,7 @@ def simulate(
         period_s=period,
         wall_s=time.perf_counter() - started,
         notes=notes,
+        front_door=door_summary,
     )
 
 

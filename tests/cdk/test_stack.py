@@ -666,6 +666,7 @@ def test_the_image_holds_every_package_the_handlers_import_and_pins_no_threads()
 
     code = (
         "import sys, functions.head, functions.layer, functions.expert, functions.tail, "
+        "functions.batcher, "
         "functions.cleanup; print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
     )
     done = subprocess.run(
@@ -692,6 +693,7 @@ def test_the_image_holds_every_package_the_handlers_import_and_pins_no_threads()
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)$", "\n".join(project), re.M))
     needed = {"numpy", "transformers", "tokenizers", "safetensors", "pydantic", "boto3"}
+    needed |= {"aws-lambda-powertools"}  # the gates' EMF metrics (functions/metrics.py)
     assert needed <= set(locked) and len(locked) >= 40
     for name in needed:
         assert locked[name] == pins[name], f"{name}: image {locked[name]}, pinned {pins[name]}"

@@ -133,3 +133,122 @@ def test_provisioned_beyond_the_reservation_is_refused(tmp_path: Path) -> None:
     path = Plan.model_validate(doc).save(tmp_path / "plan.json")
     with pytest.raises(UsageError, match="exceeds"):
         build_app(path, tmp_path / "cdk.out")
+
+
+def _only(template: dict[str, Any], kind: str) -> tuple[str, dict[str, Any]]:
+    (found,) = _resources(template, kind).items()
+    return found
+
+
+def test_the_front_door_is_a_queue_with_a_dead_letter_queue_and_a_mapping(synthesised) -> None:  # type: ignore[no-untyped-def]
+    """The plan's policy (2,048 tokens, 0.5 s) deploys as a 1 s window (whole seconds) and
+    2,048 messages per delivery; both queues are encrypted and refuse plain HTTP."""
+    from ground.frontdoor import deployed_window_s, records_per_delivery
+
+    template, _ = synthesised
+    queues = _resources(template, "AWS::SQS::Queue")
+    assert len(queues) == 2
+    (main_id,) = [k for k, q in queues.items() if "RedrivePolicy" in q["Properties"]]
+    (dlq_id,) = [k for k in queues if k != main_id]
+    redrive = queues[main_id]["Properties"]["RedrivePolicy"]
+    assert redrive == {
+        "deadLetterTargetArn": {"Fn::GetAtt": [dlq_id, "Arn"]},
+        "maxReceiveCount": 5,
+    }
+    for queue in queues.values():
+        assert queue["Properties"]["SqsManagedSseEnabled"] is True
+    policies = _resources(template, "AWS::SQS::QueuePolicy").values()
+    secured = {p["Properties"]["Queues"][0]["Ref"] for p in policies}
+    assert secured == set(queues)
+    for policy in policies:
+        (statement,) = policy["Properties"]["PolicyDocument"]["Statement"]
+        assert statement["Effect"] == "Deny"
+        assert statement["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    _, mapping = _only(template, "AWS::Lambda::EventSourceMapping")
+    props = mapping["Properties"]
+    plan = traffic_plan()
+    assert plan.traffic is not None
+    window = deployed_window_s(plan.traffic.max_wait_s, 300)
+    assert props["MaximumBatchingWindowInSeconds"] == window == 1
+    assert props["BatchSize"] == records_per_delivery(
+        plan.traffic.max_batch_tokens, window, max_records=10_000, max_records_without_window=10
+    )
+    assert props["EventSourceArn"] == {"Fn::GetAtt": [main_id, "Arn"]}
+    assert props["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+    batcher_id = props["FunctionName"]["Ref"]
+    batcher = template["Resources"][batcher_id]["Properties"]
+    assert batcher["ImageConfig"]["Command"] == ["functions.batcher.handler"]
+    assert batcher["Environment"]["Variables"]["MOELAMBDA_MAX_BATCH_TOKENS"] == "2048"
+    assert batcher["Environment"]["Variables"]["MOELAMBDA_INPUT_LIMIT"] == "262144"
+    # The queue hides a delivered message longer than the batcher may run.
+    assert queues[main_id]["Properties"]["VisibilityTimeout"] >= 6 * batcher["Timeout"]
+
+
+def test_the_batcher_may_only_consume_its_queue_start_its_workflow_and_write_inputs(
+    synthesised,  # type: ignore[no-untyped-def]
+) -> None:
+    from tests.cdk.test_stack import _policies
+
+    template, _ = synthesised
+    _, mapping = _only(template, "AWS::Lambda::EventSourceMapping")
+    batcher = template["Resources"][mapping["Properties"]["FunctionName"]["Ref"]]
+    statements = _policies(template, batcher)
+    queue = mapping["Properties"]["EventSourceArn"]["Fn::GetAtt"][0]
+    machine, _ = _only(template, "AWS::StepFunctions::StateMachine")
+    bucket, _ = _only(template, "AWS::S3::Bucket")
+    group = batcher["Properties"]["LoggingConfig"]["LogGroup"]["Ref"]
+    got = sorted(
+        (
+            tuple(sorted([s["Action"]] if isinstance(s["Action"], str) else s["Action"])),
+            s["Resource"],
+        )
+        for s in statements
+    )
+    assert all(s["Effect"] == "Allow" and "Condition" not in s for s in statements)
+    assert got == sorted(
+        [
+            (("s3:PutObject",), f"<{bucket}.Arn>/inputs/fd-*"),
+            (
+                ("sqs:DeleteMessage", "sqs:GetQueueAttributes", "sqs:ReceiveMessage"),
+                f"<{queue}.Arn>",
+            ),
+            (("states:StartExecution",), f"<Ref:{machine}>"),
+            (("logs:CreateLogStream", "logs:PutLogEvents"), f"<{group}.Arn>:*"),
+        ]
+    )
+
+
+def test_a_plan_without_traffic_has_no_front_door() -> None:
+    """The small plan's stack (tests/cdk/test_stack.py) as synthesised there, without traffic."""
+    import aws_cdk as cdk
+
+    from cdk.stack import MoeServingStack
+    from tests.cdk.test_stack import small_plan
+
+    stack = MoeServingStack(cdk.App(), "NoTraffic", plan=small_plan(("s3",)))
+    template = cdk.assertions.Template.from_stack(stack).to_json()
+    assert stack.front_door is None and stack.functions.batcher is None
+    kinds = {r["Type"] for r in template["Resources"].values()}
+    assert not kinds & {"AWS::SQS::Queue", "AWS::Lambda::EventSourceMapping"}
+
+
+def test_cdk_nag_fails_a_wildcard_added_to_the_batcher(tmp_path: Path) -> None:
+    """The batcher's one acknowledged wildcard is its `inputs/fd-*` key pattern: a statement
+    letting it start any state machine fails synthesis, named at its role."""
+    import aws_cdk as cdk
+    from aws_cdk import aws_iam as iam
+
+    from cdk.app import add_stack
+    from cdk.nag import REPORT, add_checks, findings
+
+    app = cdk.App(outdir=str(tmp_path / "bad"))
+    stack = add_stack(app, traffic_plan().save(tmp_path / "plan.json"))
+    stack.functions.batcher.role.add_to_principal_policy(
+        iam.PolicyStatement(actions=["states:StartExecution"], resources=["*"])
+    )
+    add_checks(app)
+    with pytest.raises(RuntimeError, match="ValidationFailed"):
+        app.synth()
+    found = findings(tmp_path / "bad" / REPORT)
+    assert found and all(rule.startswith("AwsSolutions-IAM5") for rule, _ in found)
+    assert all("/BatcherRole/" in path for _, path in found)

@@ -11,30 +11,39 @@ import numpy as np
 
 
 def brute_batches(
-    times: list[float], tokens: list[int], max_tokens: int, max_wait_s: float
+    times: list[float], tokens: list[int], max_tokens: int, window_s: float, records: int
 ) -> list[tuple[list[int], float, int]]:
-    """(members, dispatch, tokens) per batch, by walking the stream one arrival at a time with
-    an open batch that a timer, a full batch or an overflowing arrival closes."""
+    """(members, dispatch, tokens) per execution, by walking the stream one arrival at a time
+    with an open delivery (the event source mapping) that its window or its message count
+    closes, and splitting each closed delivery as the batcher does, one request at a time."""
     out: list[tuple[list[int], float, int]] = []
-    members: list[int] = []
+
+    def close(delivered: list[int], at: float) -> None:
+        members: list[int] = []
+        total = 0
+        for r in delivered:
+            if members and total + tokens[r] > max_tokens:
+                out.append((members, at, total))
+                members, total = [], 0
+            members.append(r)
+            total += tokens[r]
+        if members:
+            out.append((members, at, total))
+
+    open_: list[int] = []
     opened = 0.0
-    total = 0
-    for r, (t, n) in enumerate(zip(times, tokens, strict=True)):
-        if members and t > opened + max_wait_s:  # the timer fired before this arrival
-            out.append((members, opened + max_wait_s, total))
-            members = []
-        if members and total + n > max_tokens:  # this arrival does not fit: close now
-            out.append((members, t, total))
-            members = []
-        if not members:
-            members, opened, total = [], t, 0
-        members.append(r)
-        total += n
-        if total >= max_tokens:  # exactly full (or one oversized request): close now
-            out.append((members, t, total))
-            members = []
-    if members:
-        out.append((members, opened + max_wait_s, total))
+    for r, t in enumerate(times):
+        if open_ and t > opened + window_s:  # the window ended before this arrival
+            close(open_, opened + window_s)
+            open_ = []
+        if not open_:
+            opened = t
+        open_.append(r)
+        if len(open_) == records:  # the batch size reached: delivered at once
+            close(open_, t)
+            open_ = []
+    if open_:
+        close(open_, opened + window_s)
     return out
 
 

@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from functions.metrics import emit
+from functions.metrics import emit, expert_counts_record
 from ground.errors import UsageError
-from ground.routing_metrics import expert_counts_record
 from moelambda.cli import app
 from planner.drift import SAVING_THRESHOLD, read_metrics, replan
 from planner.traffic.workflow import _per_expert_counts
@@ -37,7 +36,8 @@ def test_a_record_is_cloudwatch_emf(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     (directive,) = record["_aws"]["CloudWatchMetrics"]
     assert directive["Namespace"] == "moelambda" and directive["Dimensions"] == [["Layer"]]
     assert [m["Name"] for m in directive["Metrics"]] == [f"Expert{e:02d}Tokens" for e in range(3)]
-    assert record["Layer"] == "2" and record["Expert02Tokens"] == 7
+    assert record["Layer"] == "2" and record["Expert02Tokens"] == [7.0]  # Powertools' samples
+    assert record["request_id"] == "abc"
     monkeypatch.delenv("AWS_LAMBDA_FUNCTION_NAME", raising=False)
     emit(record, None)  # a local run without a metrics file writes nothing anywhere
     path = tmp_path / "m.jsonl"
@@ -51,6 +51,16 @@ def test_read_metrics_sums_and_skips_other_lines(tmp_path: Path) -> None:
         handle.write("START RequestId: x\n" + json.dumps({"_aws": {}, "x": 1}) + "\n")
     counts, records = read_metrics(path, 2, 4)
     assert counts.tolist() == [[2, 4, 6, 8], [8, 6, 4, 2]] and records.tolist() == [2, 2]
+    # A record with plain numbers (EMF allows both; the gates wrote these before Powertools).
+    plain = {
+        "_aws": {"CloudWatchMetrics": [{"Namespace": "moelambda", "Dimensions": [["Layer"]]}]},
+        "Layer": "0",
+        **{f"Expert{e:02d}Tokens": 1 for e in range(4)},
+    }
+    with path.open("a") as handle:
+        handle.write(json.dumps(plain) + "\n")
+    counts, records = read_metrics(path, 2, 4)
+    assert counts.tolist() == [[3, 5, 7, 9], [8, 6, 4, 2]] and records.tolist() == [3, 2]
     with pytest.raises(UsageError, match="3 layers of 4"):
         read_metrics(_write(tmp_path / "b", np.ones((3, 5))), 3, 4)
     (tmp_path / "empty").write_text("nothing\n")

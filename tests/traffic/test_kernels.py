@@ -192,26 +192,39 @@ def test_pools_equal_brute_force(seed: int) -> None:
 def test_batcher_by_hand() -> None:
     times = np.array([0.0, 0.0, 0.3, 0.4, 2.0, 5.0])
     tokens = np.array([10, 20, 50, 30, 200, 5])
-    first, dispatch, size = batch_requests(times, tokens, 100, 1.0)
-    # [0, 0, 0.3] = 80 tokens; 0.4's 30 would overflow: dispatched at 0.4. [0.4] alone until
-    # its timer (1.4). 2.0's 200 tokens exceed the cap: a batch of its own, at once. 5.0 times out.
+    first, dispatch, size, delivery = batch_requests(times, tokens, 100, 1.0, 100)
+    # The window opened at 0.0 gathers [0, 0, 0.3, 0.4] and is delivered at 1.0: 80 tokens,
+    # then 0.4's 30 in an execution of its own (it does not fit). 2.0's 200 tokens exceed the
+    # cap: alone, delivered at 3.0. 5.0 at 6.0.
     assert first.tolist() == [0, 3, 4, 5, 6]
-    np.testing.assert_allclose(dispatch, [0.4, 1.4, 2.0, 6.0])
+    np.testing.assert_allclose(dispatch, [1.0, 1.0, 3.0, 6.0])
     assert size.tolist() == [80, 30, 200, 5]
-    first, dispatch, size = batch_requests(times, tokens, 100, 0.0)
-    assert first.tolist() == [0, 2, 3, 4, 5, 6]  # no wait: only simultaneous arrivals share
+    assert delivery.tolist() == [0, 0, 1, 2]
+    first, dispatch, size, delivery = batch_requests(times, tokens, 100, 0.0, 10)
+    assert first.tolist() == [0, 2, 3, 4, 5, 6]  # no window: only simultaneous arrivals share
     np.testing.assert_allclose(dispatch, [0.0, 0.3, 0.4, 2.0, 5.0])
+    first, dispatch, size, delivery = batch_requests(times, tokens, 100, 1.0, 2)
+    # Two messages per delivery: the second arrival closes the first delivery at once.
+    assert first.tolist() == [0, 2, 4, 5, 6]
+    np.testing.assert_allclose(dispatch, [0.0, 0.4, 3.0, 6.0])
+    assert delivery.tolist() == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_batcher_equals_brute_force(seed: int) -> None:
+def test_batcher_equals_brute_force_and_the_ground_rule(seed: int) -> None:
+    from ground.frontdoor import batches
+
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 300))
     times = np.sort(np.round(rng.exponential(0.3, n).cumsum(), 1))  # ties now and then
     tokens = rng.integers(1, 400, n)
-    cap, wait = int(rng.integers(50, 1500)), float(rng.choice([0.0, 0.2, 1.0, 3.0]))
-    first, dispatch, size = batch_requests(times, tokens, cap, wait)
-    want = brute_batches(times.tolist(), tokens.tolist(), cap, wait)
+    cap, wait = int(rng.integers(50, 1500)), float(rng.choice([0.0, 1.0, 3.0]))
+    records = int(rng.choice([2, 10, 10_000]))
+    first, dispatch, size, delivery = batch_requests(times, tokens, cap, wait, records)
+    want = brute_batches(times.tolist(), tokens.tolist(), cap, wait, records)
     assert [list(range(first[k], first[k + 1])) for k in range(len(want))] == [w[0] for w in want]
     np.testing.assert_allclose(dispatch, [w[1] for w in want])
     assert size.tolist() == [w[2] for w in want]
+    rule = batches(times.tolist(), tokens.tolist(), cap, wait, records)
+    assert [(a, b) for a, b, _, _ in rule] == [(first[k], first[k + 1]) for k in range(len(rule))]
+    assert [d for *_, d in rule] == delivery.tolist()

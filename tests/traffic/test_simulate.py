@@ -135,7 +135,9 @@ def test_simulation_equals_brute_force(model, seed: int) -> None:  # type: ignor
     ]
     platform = _platform(fns.count, init, idle_s=idle)
     result = simulate(model, stream, policy, platform, capacity)
-    batches = brute_batches(times.tolist(), tokens.tolist(), policy.max_tokens, policy.max_wait_s)
+    batches = brute_batches(
+        times.tolist(), tokens.tolist(), policy.max_tokens, policy.max_wait_s, n + 1
+    )
     size = np.array([b[2] for b in batches])
     dispatch = np.array([b[1] for b in batches])
     want = brute_pools(
@@ -160,3 +162,67 @@ def test_simulation_equals_brute_force(model, seed: int) -> None:  # type: ignor
     np.testing.assert_allclose(result.latency_s, latency, rtol=0, atol=1e-9)
     cold = want["cold"].sum(axis=0) + want["cold_pings"]
     assert list(result.cold_starts.values()) == cold.tolist()
+
+
+def _door(**extra: float) -> object:
+    from planner.traffic.simulate import FrontDoor
+
+    args = dict(
+        window_limit_s=300.0,
+        records_max=10_000,
+        records_max_without_window=10,
+        sqs_request_usd=4e-7,
+        chunk_bytes=65536,
+        receive_max=10,
+        idle_pollers=5,
+        long_poll_s=20.0,
+        batcher_memory_mb=1769.0,
+        batcher_init_s=0.7,
+        start_s=0.05,
+        put_s=0.02,
+        input_limit_bytes=262144,
+        s3_put_usd=5e-6,
+    )
+    return FrontDoor(**(args | extra))  # type: ignore[arg-type]
+
+
+def test_the_front_door_by_hand() -> None:
+    """Requests at 0, 0.2 (300 tokens each) and 100 s (3,000), cap 512, wait 0.4 s deployed as
+    1 s: deliveries at 1 s (two executions: 300 + 300 do not fit 512) and 101 s (one); the
+    batcher starts cold (0.7 s), then warm; each execution starts a step after the previous."""
+    model = workflow_model(tiny_plan(method="s3"), 4096)
+    fns = model.functions
+    stream = _stream([0.0, 0.2, 100.0], np.array([300, 300, 3000]), 200.0)
+    platform = _platform(fns.count, idle_s=600.0, front_door=_door())  # type: ignore[arg-type]
+    cold = _platform(fns.count, idle_s=600.0)
+    result = simulate(model, stream, BatchPolicy(512, 0.4), platform)
+    plain = simulate(model, stream, BatchPolicy(512, 1.0), cold)  # the same batches, no door
+    assert result.batch_tokens.tolist() == [300, 300, 3000]
+    delay = np.array([1.0 + 0.7 + 0.05, 1.0 - 0.2 + 0.7 + 0.1, 1.0 + 0.05])
+    np.testing.assert_allclose(result.latency_s - plain.latency_s, delay - [1.0, 0.8, 1.0])
+    door = result.front_door
+    assert (door["window_s"], door["records_per_delivery"], door["deliveries"]) == (1, 512, 2)
+    assert door["batcher_cold_starts"] == 1
+    assert door["usage"]["sqs_requests"] == 3 + 2 + 2  # sends, receives, deletes
+    gb = 1769 / 1024
+    want = {
+        "sqs_usd": (7 + 5 * 200 / 20) * 4e-7,
+        "batcher_usd": 2 * 2e-7 + 3 * 0.05 * gb * RATE,
+        "batcher_init_usd": 0.7 * gb * RATE,
+        "inputs_s3_usd": 0.0,  # every input fits the execution's (inline ids)
+    }
+    assert door["bill_usd"] == pytest.approx(want)
+    bill = result.bill_usd
+    assert bill["front_door_usd"] == pytest.approx(sum(want.values()))
+    others = sum(v for k, v in bill.items() if k not in ("total_usd", "per_million_tokens_usd"))
+    assert bill["total_usd"] == pytest.approx(others)
+    assert any("whole seconds" in note for note in result.notes)
+    # With a 2 KB input limit the 3,000-token batch's ids go to S3: a PUT, and 20 ms more.
+    small = _platform(fns.count, front_door=_door(input_limit_bytes=2048))  # type: ignore[arg-type]
+    stored = simulate(model, stream, BatchPolicy(512, 0.4), small)
+    assert stored.front_door["usage"]["s3_put"] == 1
+    assert stored.front_door["bill_usd"]["inputs_s3_usd"] == pytest.approx(5e-6)
+    np.testing.assert_allclose(stored.latency_s - result.latency_s, [0, 0, 0.02], atol=1e-12)
+    direct = simulate(model, stream, BatchPolicy(512, 0.4, front_door=False), platform)
+    assert direct.bill_usd["front_door_usd"] == 0.0 and direct.front_door == {}
+    assert direct.batch_tokens.tolist() == [300, 300, 3000]  # no window: none shares

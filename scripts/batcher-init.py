@@ -1,0 +1,38 @@
+"""Measure the front door's batcher INIT on this machine: a fresh interpreter's import of
+`functions.batcher` plus its first call's boto3 import and S3 and Step Functions clients, the
+median of N fresh processes (the calibration file's `batcher_import_s`).
+
+    PYTHONPATH=. python scripts/batcher-init.py [N]
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+
+CODE = (
+    "import time; t = time.perf_counter(); import functions.batcher as b; "
+    "import os; os.environ.setdefault('AWS_DEFAULT_REGION', 'us-east-1'); "
+    "b._client('s3'); b._client('stepfunctions'); print(time.perf_counter() - t)"
+)
+
+
+def main() -> None:
+    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    times = [
+        float(
+            subprocess.run(
+                [sys.executable, "-c", CODE], capture_output=True, text=True, check=True
+            ).stdout
+        )
+        for _ in range(runs)
+    ]
+    print(
+        f"median {statistics.median(times):.3f} s over {runs} processes: "
+        + ", ".join(f"{t:.3f}" for t in times)
+    )
+
+
+if __name__ == "__main__":
+    main()
