@@ -15,7 +15,7 @@ from planner.traffic.planning import moe_plan_at, plan_for_traffic
 from tests.traffic.plans import counts_of, tiny_manifest
 
 CAPS = (512, 2048)
-WAITS = (0.0, 0.5)
+WAITS = (0.0, 1.0)
 
 
 @pytest.fixture(scope="module")
