@@ -133,6 +133,7 @@ def front_door_for(calibration: Calibration) -> FrontDoor | None:
         put_s=c.s3_access_delay_s,
         input_limit_bytes=c.step_functions_payload_bytes,
         s3_put_usd=c.s3_put_request_usd,
+        s3_get_usd=c.s3_get_request_usd,
     )
 
 

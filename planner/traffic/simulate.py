@@ -89,7 +89,9 @@ class FrontDoor:
 
     `batcher_init_s` is its INIT (image start, interpreter, import of `functions.batcher`);
     `start_s` what the batcher spends per execution it starts (a StartExecution call), `put_s`
-    more for one whose input exceeds `input_limit_bytes` and is stored (an S3 PUT).
+    more for one whose input exceeds `input_limit_bytes` and is stored (an S3 PUT). An input
+    that travels inline saves the head's GET of it, which the workflow's bill (the cost model's
+    requests, `ground.semantics.request_counts`) counts for every execution.
     """
 
     window_limit_s: float
@@ -106,6 +108,7 @@ class FrontDoor:
     put_s: float
     input_limit_bytes: int
     s3_put_usd: float
+    s3_get_usd: float
 
     def deployed(self, policy: BatchPolicy) -> tuple[int, int]:
         """(the event source's window in whole seconds, its batch size) for `policy`."""
@@ -259,8 +262,9 @@ def _front_door(
     delivery: np.ndarray,
     delivered_at: np.ndarray,
     platform: Platform,
-) -> tuple[np.ndarray, dict[str, float], dict[str, Any]]:
-    """(each execution's start after its delivery, the front door's bill by item, its summary).
+) -> tuple[np.ndarray, np.ndarray, dict[str, float], dict[str, Any]]:
+    """(each execution's start after its delivery, whether its input is stored, the front
+    door's bill by item, its summary).
 
     The batcher starts a delivery's executions one after another (`start_s` each, plus `put_s`
     for an input too large to travel inline, `ground.frontdoor.execution_input_bytes`), after
@@ -315,7 +319,7 @@ def _front_door(
         "usage": usage.as_dict() | {"sqs_idle_receive_requests": round(idle_polls)},
         "bill_usd": bill,
     }
-    return offset, bill, summary
+    return offset, stored, bill, summary
 
 
 def _capacity_arrays(
@@ -372,8 +376,9 @@ def simulate(
     first, dispatch, size, delivery = batches_of(arrivals, policy, door)
     door_bill: dict[str, float] = {}
     door_summary: dict[str, Any] = {}
+    stored = np.ones(size.size, dtype=bool)  # without a front door every input is stored
     if door is not None:
-        started_after, door_bill, door_summary = _front_door(
+        started_after, stored, door_bill, door_summary = _front_door(
             door, policy, arrivals, first, delivery, dispatch, platform
         )
         dispatch = dispatch + started_after
@@ -408,6 +413,8 @@ def simulate(
     gb = fns.memory_mb / platform.billing_mb_per_gb
     rate = platform.gb_second_usd
     bill = {name: float(model.at(model.bill_usd[name], tokens).sum()) for name in BILL_ITEMS}
+    if door is not None:  # the head's GET of an input that came inline is not made
+        bill["s3_usd"] -= float((~stored[served]).sum()) * door.s3_get_usd
     init_gb_s = ((cold_b + cold_p) * billed_init_s * gb).sum() if platform.init_billed else 0.0
     bill["init_usd"] = float(init_gb_s * rate)
     bill["cold_wait_usd"] = float(

@@ -182,6 +182,7 @@ def _door(**extra: float) -> object:
         put_s=0.02,
         input_limit_bytes=262144,
         s3_put_usd=5e-6,
+        s3_get_usd=4e-7,
     )
     return FrontDoor(**(args | extra))  # type: ignore[arg-type]
 
@@ -223,6 +224,9 @@ def test_the_front_door_by_hand() -> None:
     assert stored.front_door["usage"]["s3_put"] == 1
     assert stored.front_door["bill_usd"]["inputs_s3_usd"] == pytest.approx(5e-6)
     np.testing.assert_allclose(stored.latency_s - result.latency_s, [0, 0, 0.02], atol=1e-12)
+    # An inline input saves the head's GET of it: the workflow's S3 is one GET less for each.
+    assert plain.bill_usd["s3_usd"] - result.bill_usd["s3_usd"] == pytest.approx(3 * 4e-7)
+    assert plain.bill_usd["s3_usd"] - stored.bill_usd["s3_usd"] == pytest.approx(2 * 4e-7)
     direct = simulate(model, stream, BatchPolicy(512, 0.4, front_door=False), platform)
     assert direct.bill_usd["front_door_usd"] == 0.0 and direct.front_door == {}
     assert direct.batch_tokens.tolist() == [300, 300, 3000]  # no window: none shares
