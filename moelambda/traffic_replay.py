@@ -7,17 +7,19 @@ a new one paying its INIT and its first call's weight load. This module realises
 with real processes and real clocks, independently of the simulator's kernels, and runs the
 plan's own workflow through it:
 
-- **moto as a server.** A moto server (a werkzeug server on a thread of this process) holds S3,
-  IAM, Lambda and Step Functions; the plan's synthesised template is deployed on it and the
-  weights uploaded, as `run-local` does in-process (`pipeline.local`). moto's Step Functions
-  interpreter runs the template's state machine; its Lambda invoke is routed to the pool below.
-  S3 requests are served one at a time (a real S3 is atomic per request; moto's dicts are not).
+- **One moto for every process.** This process holds moto (`mock_aws`: S3, IAM, Lambda, Step
+  Functions); the plan's synthesised template is deployed on it and the weights uploaded, as
+  in-process `run-local` does (`pipeline.local`), and moto's Step Functions interpreter runs the
+  template's state machine, its Lambda invoke routed to the pool below. The environments reach
+  the same moto through a small HTTP endpoint (`_bridge`: each request handed to moto's request
+  dispatcher, as an in-process client's is; moto's own server needs flask, which is not
+  installed). S3 requests are served one at a time (`pipeline.local.atomic_s3`).
 - **Execution environments are processes.** An environment is a fresh `python -c` process
-  started for one function with that function's environment variables (endpoint: the moto
-  server): it imports the function's handler module (Lambda's INIT phase), then serves one
+  started for one function with that function's environment variables (its AWS endpoint: the
+  bridge): it imports the function's handler module (Lambda's INIT phase), then serves one
   invocation at a time (a JSON line in, a JSON line out); the handler loads its weights from
-  moto S3 on its first call, as on Lambda. A direct gate invokes its experts through the Lambda
-  API of the server, which routes them to the pool like the state machine's calls.
+  moto S3 on its first call, as on Lambda. A direct gate invokes its experts through moto's
+  Lambda API, which routes them to the pool like the state machine's calls.
 - **The pool manager** keeps per function a stack of idle environments: an invocation takes the
   most recently used idle one, or starts a new one and waits for it (a cold start); an
   environment idle longer than the idle time is reclaimed (its process ended), by a reaper
@@ -45,6 +47,8 @@ simulator always does), a `Platform` whose INIT and load are the measured ones, 
 limit (a local process has none) and the replay's idle time, and the plan's batch policy. The
 prewarmed environments enter the simulation as one warmer ping per function at time 0, the
 arrivals shifted after its INIT; those prewarm cold starts are not counted on either side.
+Nothing is reclaimed before the trace starts (the last warm execution used every function just
+before it), so the idle clock of both sides starts with the trace.
 
 Contention, stated rather than tuned: the processes share this machine's cores, so environments
 that start at the same time slow each other (and warm calls) down. The replay records each cold
@@ -92,8 +96,15 @@ POLL_S = 0.05  # how often running executions are polled
 
 # An execution environment: import the handler (INIT), say so, then serve one JSON line at a
 # time. The handler's own prints (EMF metrics) go to stderr; stdout carries the protocol only.
+# It ends itself if the replay's process goes away.
 WORKER = r"""
-import json, os, sys, time
+import json, os, sys, threading, time
+parent = os.getppid()
+def orphaned():  # the replay ended without ending this environment: end it
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
+threading.Thread(target=orphaned, daemon=True).start()
 out = os.fdopen(os.dup(1), "w", buffering=1)
 os.dup2(2, 1)
 sys.stdout = sys.stderr
@@ -206,6 +217,7 @@ class ColdStart:
     init_s: float
     import_s: float
     concurrent: int
+    queued_s: float = 0.0  # waited for `start_limit` before the process started
 
 
 class EnvironmentPool:
@@ -214,7 +226,9 @@ class EnvironmentPool:
     `invoke` runs one invocation: on the most recently used idle environment of the function,
     or on a new one it starts and waits for (a cold start). An environment idle for more than
     `idle_s` is reclaimed: its process ends. `reserved` concurrency and `max_environments`
-    refuse an invocation with `Throttled` before it runs.
+    refuse an invocation with `Throttled` before it runs. `start_limit` (None: none) bounds
+    the environments in INIT at once: a further start waits for one to finish (the wait is
+    recorded with the cold start).
     """
 
     def __init__(
@@ -224,12 +238,15 @@ class EnvironmentPool:
         idle_s: float,
         logs: Path,
         max_environments: int,
+        start_limit: int | None = None,
     ) -> None:
         self.functions = functions
         self.base_env = base_env
         self.idle_s = idle_s
         self.logs = logs
         self.max_environments = max_environments
+        self._start_gate: Any = None
+        self.limit_starts(start_limit)
         self.invocations: list[Invocation] = []
         self.cold_starts: list[ColdStart] = []
         self.reclaimed: Counter[str] = Counter()
@@ -272,9 +289,11 @@ class EnvironmentPool:
         try:
             if env is None:
                 try:
-                    env = _Environment(
-                        spec, self.base_env, self.logs / f"{spec.label.replace('/', '-')}.log"
-                    )
+                    asked = time.monotonic()
+                    with self._start_gate:
+                        queued = time.monotonic() - asked
+                        log = self.logs / f"{spec.label.replace('/', '-')}.log"
+                        env = _Environment(spec, self.base_env, log)
                 except BaseException:
                     with self._lock:
                         self._live -= 1
@@ -283,7 +302,9 @@ class EnvironmentPool:
                 with self._lock:
                     self._starting -= 1
                     self.cold_starts.append(
-                        ColdStart(spec.label, env.spawned, env.init_s, env.import_s, concurrent)
+                        ColdStart(
+                            spec.label, env.spawned, env.init_s, env.import_s, concurrent, queued
+                        )
                     )
             ok, body = env.call(event)
             return ok, body
@@ -318,6 +339,10 @@ class EnvironmentPool:
                 expired = self._expire(time.monotonic())
             for env in expired:
                 env.close()
+
+    def limit_starts(self, limit: int | None) -> None:
+        """From now on, at most `limit` environments in INIT at once (None: no bound)."""
+        self._start_gate = threading.BoundedSemaphore(limit) if limit else contextlib.nullcontext()
 
     def reset_counts(self) -> None:
         """Forget the invocations, cold starts and reclaims so far (the trace starts now)."""
@@ -645,6 +670,7 @@ def replay_traffic(
     prewarm_concurrency: int = 1,
     calibration_repeats: int = 2,
     max_environments: int = 40,
+    start_limit: int | None = None,
     seed: int = 0,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
@@ -661,6 +687,8 @@ def replay_traffic(
         prewarm_concurrency: Environments started at once before the trace. Defaults to 1.
         calibration_repeats: Warm executions per batch size measured before the trace.
         max_environments: The most live processes (memory); invocations beyond are throttled.
+        start_limit: The most environments in INIT at once during the trace (None: no bound,
+            as on Lambda); a further cold start waits, which the simulator does not model.
         seed: Seeds the shuffle of the text windows requests are cut from.
         progress: Called with a message as each step starts.
 
@@ -822,6 +850,7 @@ def replay_traffic(
         runner.executions.clear()
         pool.reset_counts()
         pool.idle_s = idle_c
+        pool.limit_starts(start_limit)
 
         # The trace.
         say(f"replaying {arrivals.requests} requests over {period_c:.0f} s")
@@ -920,6 +949,8 @@ def replay_traffic(
             "max": round(float(init.max()), 3),
         },
         "starting_at_once": dict(sorted(Counter(c.concurrent for c in tracked).items())),
+        "start_limit": start_limit,
+        "queued_for_start_s": round(float(sum(c.queued_s for c in tracked)), 3),
         "warm_call_vs_fed": {
             "median": round(float(np.median(ratios)), 3) if ratios else None,
             "p90": round(float(np.quantile(ratios, 0.9)), 3) if ratios else None,

@@ -126,6 +126,15 @@ def run_local(
             rich_help_panel="Traffic replay",
         ),
     ] = 1,
+    start_limit: Annotated[
+        int | None,
+        typer.Option(
+            help="With --traffic: the most environments starting at once during the trace "
+            "(default: no bound, as on Lambda; a bound makes starts wait, which the simulator "
+            "does not model).",
+            rich_help_panel="Traffic replay",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the plan's Step Functions workflow on moto, handlers in-process, and check the result.
@@ -154,6 +163,7 @@ def run_local(
             idle_s,
             max_environments,
             start_concurrency,
+            start_limit,
             seed,
             as_json,
             given={
@@ -231,6 +241,7 @@ def _replay(
     idle_s: float | None,
     max_environments: int,
     start_concurrency: int,
+    start_limit: int | None,
     seed: int,
     as_json: bool,
     given: dict[str, bool],
@@ -255,6 +266,8 @@ def _replay(
         raise UsageError(f"--idle-s {idle_s} is not positive.", "pass e.g. --idle-s 600.")
     if start_concurrency < 1:
         raise UsageError(f"--start-concurrency {start_concurrency} is below 1.", "pass 1 or more.")
+    if start_limit is not None and start_limit < 1:
+        raise UsageError(f"--start-limit {start_limit} is below 1.", "pass 1 or more.")
     if max_environments < 1:
         raise UsageError(f"--max-environments {max_environments} is below 1.", "pass 1 or more.")
     period_h = hours if hours is not None else (10.0 if minutes is None else minutes) / 60
@@ -291,6 +304,7 @@ def _replay(
             idle_s=idle_s,
             max_environments=max_environments,
             prewarm_concurrency=start_concurrency,
+            start_limit=start_limit,
             seed=seed,
             progress=status.update,
         )
