@@ -654,7 +654,7 @@ def _warm_timings(
         offset.append(np.nanmedian([r["offset"] for r in runs], axis=0))
         duration.append(np.median([r["duration"] for r in runs], axis=0))
     off = np.array(offset)
-    # A function a batch did not invoke (no tokens reached it) starts with its stage's others.
+    # A function no batch of that size invoked (no token reached it) is not simulated there.
     off = np.where(np.isnan(off), np.nanmin(off, axis=1, keepdims=True), off)
     tokens = np.array(sizes, dtype=float) * WINDOW
     return tokens, np.array(latency), off, np.array(duration)
@@ -985,7 +985,7 @@ def replay_traffic(
         },
         "idle_reclaim_s": {"uncompressed": idle, "replayed": idle_c},
         "batch_policy": {"max_tokens": policy.max_tokens, "max_wait_s": policy.max_wait_s},
-        "capacity_policies_replayed": capacity is None,
+        "capacity_policies_ignored": capacity is not None,
         "measured": measured,
         "simulated": simulated,
         "agreement": agreement,
