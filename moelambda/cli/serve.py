@@ -363,21 +363,31 @@ def _print_replay(summary: dict[str, Any]) -> None:
     contention = summary["contention"]
     agreement = summary["agreement"]
     console.print(
-        f"{arrivals['requests']:,} requests over {arrivals['period_s']:g} s (compressed "
+        f"{arrivals['requests']:,} request(s) over {arrivals['period_s']:g} s (compressed "
         f"{summary['compression']:g}x from {summary['traffic']['period_s']:g} s), idle reclaim "
         f"{idle['replayed']:g} s ({idle['uncompressed']:g} s uncompressed); trace "
         f"{summary['trace_wall_s']:g} s, all {summary['wall_s']:g} s."
     )
+    trace_init = contention["trace_init_s"]
     console.print(
-        f"INIT fed to the simulator: median {contention['fed_init_s']['median']} s; INIT of "
-        f"the trace's cold starts: median {contention['trace_init_s']['median']} s, max "
-        f"{contention['trace_init_s']['max']} s; warm calls took "
-        f"{contention['warm_call_vs_fed']['median']}x their fed duration (median)."
+        f"INIT fed to the simulator: median {contention['fed_init_s']['median']} s; "
+        + (
+            "no cold start in the trace"
+            if trace_init["median"] is None
+            else f"INIT of the trace's cold starts: median {trace_init['median']} s, max "
+            f"{trace_init['max']} s, at most "
+            f"{max(map(int, contention['starting_at_once']))} starting at once"
+        )
+        + f"; warm calls took {contention['warm_call_vs_fed']['median']}x their fed duration "
+        "(median)."
     )
-    console.print(
-        f"cold starts measured/simulated {agreement['cold_starts_measured_over_simulated']}, "
-        f"p99 measured/simulated {agreement['p99_measured_over_simulated']}."
-    )
+
+    def ratio(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    cold = ratio(agreement["cold_starts_measured_over_simulated"])
+    p99 = ratio(agreement["p99_measured_over_simulated"])
+    console.print(f"measured / simulated: cold starts {cold}, p99 {p99}.")
 
 
 def _batch(
