@@ -50,11 +50,15 @@ arrivals shifted after its INIT; those prewarm cold starts are not counted on ei
 Nothing is reclaimed before the trace starts (the last warm execution used every function just
 before it), so the idle clock of both sides starts with the trace.
 
-Contention, stated rather than tuned: the processes share this machine's cores, so environments
-that start at the same time slow each other (and warm calls) down. The replay records each cold
-start's real INIT and how many other environments were starting with it, and every warm call's
-duration, and reports them beside the values the simulator was given (`contention`). Nothing is
-fitted to the run's own outcome.
+Contention, bounded rather than modelled: the processes share this machine's cores, so
+environments that start at the same time slow each other (and warm calls) down, and the
+simulator's INIT is a constant per function. The replay records each cold start's real INIT and
+how many environments were starting with it, and every warm call's duration, and reports them
+beside the values the simulator was given (`contention`). When starts overlap the agreement
+breaks (docs/traffic.md measures it); the remedy taken is to replay at rates at which they do
+not, and to say when they did (`starting_at_once`). `start_limit` bounds the environments in
+INIT at once instead, but the starts it holds back queue, which the simulator does not model
+either. Nothing is fitted to the run's own outcome.
 
 What is not replayed: the plan's warmers and provisioned concurrency (a traffic plan is replayed
 and simulated without them), IAM enforcement (in-process `run-local` checks it), faults.
