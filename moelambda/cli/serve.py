@@ -66,6 +66,75 @@ def run_local(
             "call) to this file, as a deployed gate prints them: `moelambda replan` reads it."
         ),
     ] = None,
+    traffic: Annotated[
+        str | None,
+        typer.Option(
+            help="Replay this request stream instead (a CSV, 'azure-conv', 'poisson:RATE', "
+            "'diurnal:PEAK,TROUGH'), compressed, with every execution environment a real "
+            "process, against the traffic simulator's prediction for the same arrivals.",
+            rich_help_panel="Traffic replay",
+        ),
+    ] = None,
+    scale: Annotated[
+        float,
+        typer.Option(
+            help="With --traffic: multiply the arrival rate (a trace's times are divided by it).",
+            rich_help_panel="Traffic replay",
+        ),
+    ] = 1.0,
+    hours: Annotated[
+        float | None,
+        typer.Option(
+            help="With --traffic: the period, in hours.", rich_help_panel="Traffic replay"
+        ),
+    ] = None,
+    minutes: Annotated[
+        float | None,
+        typer.Option(
+            help="With --traffic: the period, in minutes. Default: 10 (neither given).",
+            rich_help_panel="Traffic replay",
+        ),
+    ] = None,
+    compress: Annotated[
+        float,
+        typer.Option(
+            help="With --traffic: divide the arrival times and the idle time by this (INIT and "
+            "compute run in real time).",
+            rich_help_panel="Traffic replay",
+        ),
+    ] = 10.0,
+    idle_s: Annotated[
+        float | None,
+        typer.Option(
+            help="With --traffic: idle seconds before an environment is reclaimed, before "
+            "compression. Default: the calibration's assumption (600 s).",
+            rich_help_panel="Traffic replay",
+        ),
+    ] = None,
+    max_environments: Annotated[
+        int,
+        typer.Option(
+            help="With --traffic: the most live environment processes (memory).",
+            rich_help_panel="Traffic replay",
+        ),
+    ] = 40,
+    start_concurrency: Annotated[
+        int,
+        typer.Option(
+            help="With --traffic: environments started at once before the trace (one per "
+            "function; their INIT is what the simulator is given).",
+            rich_help_panel="Traffic replay",
+        ),
+    ] = 1,
+    start_limit: Annotated[
+        int | None,
+        typer.Option(
+            help="With --traffic: the most environments starting at once during the trace "
+            "(default: no bound, as on Lambda; a bound makes starts wait, which the simulator "
+            "does not model).",
+            rich_help_panel="Traffic replay",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the plan's Step Functions workflow on moto, handlers in-process, and check the result.
@@ -74,10 +143,42 @@ def run_local(
     would produce; the output is compared with the monolithic MoE forward of the same input. One
     execution is metered (functions warm, as the plan prices them): its billed requests,
     transitions and GB-seconds are set against the plan's, and both are priced.
+
+    With --traffic, a compressed request stream runs through the same workflow with every
+    Lambda execution environment a real process (real imports, weights loaded from moto S3,
+    reclaimed after the compressed idle time), and its measured cold starts and latencies are
+    set beside the traffic simulator's for the same arrivals (`moelambda.traffic_replay`).
     """
     from ground.plan import Plan
     from pipeline.faults import Faults
 
+    if traffic is not None:
+        _replay(
+            plan,
+            traffic,
+            scale,
+            hours,
+            minutes,
+            compress,
+            idle_s,
+            max_environments,
+            start_concurrency,
+            start_limit,
+            seed,
+            as_json,
+            given={
+                "--text": text is not None,
+                "--tokens": tokens is not None,
+                "--corpus": corpus is not None,
+                "--requests": requests != 1,
+                "--faults": faults is not None,
+                "--metrics-out": metrics_out is not None,
+            },
+        )
+        return
+    for flag, value in (("--hours", hours), ("--minutes", minutes), ("--idle-s", idle_s)):
+        if value is not None:
+            raise UsageError(f"{flag} needs --traffic.", f"pass --traffic SPEC, or drop {flag}.")
     for flag, value, least in (
         ("--requests", requests, 1),
         ("--max-tokens", max_tokens, 2),
@@ -125,6 +226,168 @@ def run_local(
         _print_summary(summary)
     if failed:
         raise typer.Exit(1)
+
+
+MAX_REPLAY_REQUESTS = 3000  # every request runs on this machine
+
+
+def _replay(
+    plan: Path,
+    spec: str,
+    scale: float,
+    hours: float | None,
+    minutes: float | None,
+    compress: float,
+    idle_s: float | None,
+    max_environments: int,
+    start_concurrency: int,
+    start_limit: int | None,
+    seed: int,
+    as_json: bool,
+    given: dict[str, bool],
+) -> None:
+    """`run-local --traffic`: check every argument, then replay (see `replay_traffic`)."""
+    from ground.plan import Plan
+    from planner.traffic import load_arrivals
+
+    clash = [flag for flag, used in given.items() if used]
+    if clash:
+        raise UsageError(
+            f"--traffic replays a request stream; {', '.join(clash)} shape one batch.",
+            f"drop {', '.join(clash)}, or leave --traffic out.",
+        )
+    if hours is not None and minutes is not None:
+        raise UsageError("--hours and --minutes both give the period.", "pass one of them.")
+    if minutes is not None and not minutes > 0:
+        raise UsageError(f"--minutes {minutes} is not positive.", "pass e.g. --minutes 10.")
+    if not compress > 0:
+        raise UsageError(f"--compress {compress} is not positive.", "pass e.g. --compress 10.")
+    if idle_s is not None and not idle_s > 0:
+        raise UsageError(f"--idle-s {idle_s} is not positive.", "pass e.g. --idle-s 600.")
+    if start_concurrency < 1:
+        raise UsageError(f"--start-concurrency {start_concurrency} is below 1.", "pass 1 or more.")
+    if start_limit is not None and start_limit < 1:
+        raise UsageError(f"--start-limit {start_limit} is below 1.", "pass 1 or more.")
+    if max_environments < 1:
+        raise UsageError(f"--max-environments {max_environments} is below 1.", "pass 1 or more.")
+    period_h = hours if hours is not None else (10.0 if minutes is None else minutes) / 60
+    arrivals = load_arrivals(spec, scale=scale, hours=period_h, seed=seed)
+    if arrivals.requests == 0:
+        raise UsageError(
+            f"--traffic {spec!r} at --scale {scale:g} has no request in {period_h * 60:g} "
+            "minutes.",
+            "pass a larger --scale or a longer --minutes.",
+        )
+    if arrivals.requests > MAX_REPLAY_REQUESTS:
+        raise UsageError(
+            f"{arrivals.requests:,} requests: the replay runs every one on this machine "
+            f"(at most {MAX_REPLAY_REQUESTS:,}).",
+            "pass a smaller --scale or fewer --minutes.",
+        )
+    document = Plan.load(plan)
+    ref = document.model
+    if ref.model_type.startswith("shape:"):
+        raise UsageError(
+            f"'{plan}' plans the model shape {ref.model}, which has no weights to run.",
+            "run-local runs real weights: plan a model you have (--traces or --counts).",
+        )
+    # Every argument is checked: only now start the model, moto, the CDK and the processes.
+    from moelambda.traffic_replay import replay_traffic
+
+    model = load_with_status(ref.model, ref.experts, ref.top_k, ref.seed, True, ref.moefy)
+    with err.status("replaying the traffic") as status:
+        summary = replay_traffic(
+            plan,
+            model,
+            arrivals,
+            compress=compress,
+            idle_s=idle_s,
+            max_environments=max_environments,
+            prewarm_concurrency=start_concurrency,
+            start_limit=start_limit,
+            seed=seed,
+            progress=status.update,
+        )
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        _print_replay(summary)
+    if summary["measured"]["failed_batches"]:
+        raise typer.Exit(1)
+
+
+def _print_replay(summary: dict[str, Any]) -> None:
+    """Measured against simulated: cold starts, latency quantiles, per function, contention."""
+    from rich.table import Table
+
+    measured, simulated = summary["measured"], summary["simulated"]
+
+    def cell(value: Any) -> str:
+        if value is None:
+            return "-"
+        return f"{value:.2f}" if isinstance(value, float) else f"{value:,}"
+
+    table = Table(title="replay on real processes vs the traffic simulator, same arrivals")
+    for column in ("", "measured", "simulated"):
+        table.add_column(column, justify="left" if not column else "right")
+    table.add_row("batches", cell(measured["batches"]), cell(simulated["batches"]))
+    table.add_row(
+        "failed batches", cell(measured["failed_batches"]), cell(simulated["failed_batches"])
+    )
+    table.add_row(
+        "cold starts",
+        cell(measured["cold_starts"]["count"]),
+        cell(simulated["cold_starts"]["count"]),
+    )
+    for q in ("p50", "p95", "p99", "max"):
+        table.add_row(
+            f"latency {q} (s)", cell(measured["latency_s"][q]), cell(simulated["latency_s"][q])
+        )
+    console = stdout()
+    console.print(table)
+    per = Table(title="cold starts per function")
+    for column in ("function", "measured", "simulated"):
+        per.add_column(column, justify="left" if column == "function" else "right")
+    names = dict.fromkeys(
+        [*measured["cold_starts"]["per_function"], *simulated["cold_starts"]["per_function"]]
+    )
+    for name in names:
+        per.add_row(
+            name,
+            str(measured["cold_starts"]["per_function"].get(name, 0)),
+            str(simulated["cold_starts"]["per_function"].get(name, 0)),
+        )
+    if names:
+        console.print(per)
+    arrivals, idle = summary["arrivals"], summary["idle_reclaim_s"]
+    contention = summary["contention"]
+    agreement = summary["agreement"]
+    console.print(
+        f"{arrivals['requests']:,} request(s) over {arrivals['period_s']:g} s (compressed "
+        f"{summary['compression']:g}x from {summary['traffic']['period_s']:g} s), idle reclaim "
+        f"{idle['replayed']:g} s ({idle['uncompressed']:g} s uncompressed); trace "
+        f"{summary['trace_wall_s']:g} s, all {summary['wall_s']:g} s."
+    )
+    trace_init = contention["trace_init_s"]
+    console.print(
+        f"INIT fed to the simulator: median {contention['fed_init_s']['median']} s; "
+        + (
+            "no cold start in the trace"
+            if trace_init["median"] is None
+            else f"INIT of the trace's cold starts: median {trace_init['median']} s, max "
+            f"{trace_init['max']} s, at most "
+            f"{max(map(int, contention['starting_at_once']))} starting at once"
+        )
+        + f"; warm calls took {contention['warm_call_vs_fed']['median']}x their fed duration "
+        "(median)."
+    )
+
+    def ratio(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    cold = ratio(agreement["cold_starts_measured_over_simulated"])
+    p99 = ratio(agreement["p99_measured_over_simulated"])
+    console.print(f"measured / simulated: cold starts {cold}, p99 {p99}.")
 
 
 def _batch(

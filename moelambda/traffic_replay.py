@@ -1,0 +1,1017 @@
+"""`moelambda run-local --traffic`: a compressed trace through real execution environments,
+measured against the traffic simulator's prediction for the same arrivals.
+
+The simulator (`planner.traffic.simulate`) models every function's execution environments:
+one invocation at a time, the most recently used idle one first, reclaimed after an idle time,
+a new one paying its INIT and its first call's weight load. This module realises that mechanism
+with real processes and real clocks, independently of the simulator's kernels, and runs the
+plan's own workflow through it:
+
+- **One moto for every process.** This process holds moto (`mock_aws`: S3, IAM, Lambda, Step
+  Functions); the plan's synthesised template is deployed on it and the weights uploaded, as
+  in-process `run-local` does (`pipeline.local`), and moto's Step Functions interpreter runs the
+  template's state machine, its Lambda invoke routed to the pool below. The environments reach
+  the same moto through a small HTTP endpoint (`_bridge`: each request handed to moto's request
+  dispatcher, as an in-process client's is; moto's own server needs flask, which is not
+  installed). S3 requests are served one at a time (`pipeline.local.atomic_s3`).
+- **Execution environments are processes.** An environment is a fresh `python -c` process
+  started for one function with that function's environment variables (its AWS endpoint: the
+  bridge): it imports the function's handler module (Lambda's INIT phase), then serves one
+  invocation at a time (a JSON line in, a JSON line out); the handler loads its weights from
+  moto S3 on its first call, as on Lambda. A direct gate invokes its experts through moto's
+  Lambda API, which routes them to the pool like the state machine's calls.
+- **The pool manager** keeps per function a stack of idle environments: an invocation takes the
+  most recently used idle one, or starts a new one and waits for it (a cold start); an
+  environment idle longer than the idle time is reclaimed (its process ended), by a reaper
+  thread every 0.2 s and at every invocation. A function's reserved concurrency (the template's
+  `ReservedConcurrentExecutions`) throttles invocations beyond it (Lambda's 429, which the
+  state machine retries with its own policy). `max_environments` bounds all live processes
+  (this machine's memory), like an account's concurrency limit; reaching it is reported, and
+  then the comparison does not hold.
+- **The front door** batches arrivals in real time with the plan's batch policy (a batch opens
+  at its first request and is dispatched when full, when the next request would not fit, or
+  `max_wait_s` after it opened; `planner.traffic.simulate.BatchPolicy`), uploads the batch's
+  token ids and starts one execution. A request of n tokens runs as ceil(n / 128) windows of
+  128 tokens of embedded Wikipedia text; the simulator gets the same rounded sizes.
+- **Time is compressed** by `compress`: arrival times and the idle time are divided by it; the
+  real processes' INIT, weight loads and compute are not (they are what they are on this
+  machine). The simulator is given the compressed arrivals and idle time too.
+
+Before the trace (the **measurement at the start of the replay**): one environment per function
+is started, at most `prewarm_concurrency` at a time, timing its INIT (process start to handler
+imported) and its first call's weight load (a warmer's ping, `functions.warm`); then a few warm
+executions at batch sizes spanning the trace's measure each function's start offset after the
+dispatch and its duration, and the end-to-end latency. The simulator is fed exactly these: a
+`WorkflowModel` whose warm timings are the measured ones (interpolated over batch size as the
+simulator always does), a `Platform` whose INIT and load are the measured ones, with no INIT
+limit (a local process has none) and the replay's idle time, and the plan's batch policy. The
+prewarmed environments enter the simulation as one warmer ping per function at time 0, the
+arrivals shifted after its INIT; those prewarm cold starts are not counted on either side.
+Nothing is reclaimed before the trace starts (the last warm execution used every function just
+before it), so the idle clock of both sides starts with the trace.
+
+Contention, bounded rather than modelled: the processes share this machine's cores, so
+environments that start at the same time slow each other (and warm calls) down, and the
+simulator's INIT is a constant per function. The replay records each cold start's real INIT and
+how many environments were starting with it, and every warm call's duration, and reports them
+beside the values the simulator was given (`contention`). When starts overlap the agreement
+breaks (docs/traffic.md measures it); the remedy taken is to replay at rates at which they do
+not, and to say when they did (`starting_at_once`). `start_limit` bounds the environments in
+INIT at once instead, but the starts it holds back queue, which the simulator does not model
+either. Nothing is fitted to the run's own outcome.
+
+What is not replayed: the plan's warmers and provisioned concurrency (a traffic plan is replayed
+and simulated without them), IAM enforcement (in-process `run-local` checks it), faults.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ground.errors import UsageError
+
+if TYPE_CHECKING:
+    from moe import MoEModel
+    from planner.traffic.simulate import BatchPolicy
+    from planner.traffic.spec import Arrivals
+
+__all__ = ["WINDOW", "EnvironmentPool", "front_door", "replay_traffic"]
+
+WINDOW = 128  # tokens per window, as run-local and `moelambda profile` cut them
+REAP_S = 0.2  # how often idle environments are checked for reclaim
+POLL_S = 0.05  # how often running executions are polled
+
+# An execution environment: import the handler (INIT), say so, then serve one JSON line at a
+# time. The handler's own prints (EMF metrics) go to stderr; stdout carries the protocol only.
+# It ends itself if the replay's process goes away.
+WORKER = r"""
+import json, os, sys, threading, time
+parent = os.getppid()
+def orphaned():  # the replay ended without ending this environment: end it
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
+threading.Thread(target=orphaned, daemon=True).start()
+out = os.fdopen(os.dup(1), "w", buffering=1)
+os.dup2(2, 1)
+sys.stdout = sys.stderr
+import importlib
+module, _, attr = sys.argv[1].rpartition(".")
+t0 = time.perf_counter()
+handler = getattr(importlib.import_module(module), attr)
+out.write(json.dumps({"ready": True, "import_s": time.perf_counter() - t0}) + "\n")
+for line in sys.stdin:
+    event = json.loads(line)
+    t0 = time.perf_counter()
+    try:
+        body, ok = handler(event, None), True
+    except Exception as error:
+        body, ok = {"errorType": type(error).__name__, "errorMessage": str(error)}, False
+    out.write(json.dumps({"ok": ok, "body": body, "s": time.perf_counter() - t0}) + "\n")
+"""
+
+Progress = Callable[[str], None]
+
+
+class Throttled(Exception):
+    """An invocation refused before it ran: reserved concurrency or the environment bound."""
+
+
+@dataclasses.dataclass
+class FunctionSpec:
+    """One deployed function: its label (head, layer03, layer03/expert01, tail, cleanup), the
+    template's handler path, its environment variables and its reserved concurrency (0: none)."""
+
+    label: str
+    handler: str
+    env: dict[str, str]
+    reserved: int
+
+
+class _Environment:
+    """One execution environment: a process serving one function, one invocation at a time."""
+
+    def __init__(self, spec: FunctionSpec, base_env: dict[str, str], log: Path) -> None:
+        self.spec = spec
+        self.spawned = time.monotonic()
+        self._log = log.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", WORKER, spec.handler],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=base_env | spec.env,
+            text=True,
+            bufsize=1,
+        )
+        assert self.proc.stdout is not None and self.proc.stdin is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            self.close()
+            raise RuntimeError(f"{spec.label}: the environment died in its INIT (see {log})")
+        self.ready = time.monotonic()
+        self.init_s = self.ready - self.spawned
+        self.import_s = float(json.loads(line)["import_s"])
+        self.last_used = self.ready
+        self.calls = 0
+
+    def call(self, event: dict[str, Any]) -> tuple[bool, Any]:
+        """(ok, body) of one invocation: the result, or the error as Lambda reports it."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(event) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.spec.label}: the environment's process died")
+        self.calls += 1
+        answer = json.loads(line)
+        return bool(answer["ok"]), answer["body"]
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._log.close()
+
+
+@dataclasses.dataclass
+class Invocation:
+    """One invocation as the pool saw it (monotonic seconds)."""
+
+    function: str
+    request_id: str | None
+    start: float
+    end: float
+    cold: bool
+    ok: bool
+
+
+@dataclasses.dataclass
+class ColdStart:
+    """One environment started: its function, when, its INIT, and how many environments were
+    starting at the same time (itself included) when it began."""
+
+    function: str
+    spawned: float
+    init_s: float
+    import_s: float
+    concurrent: int
+    queued_s: float = 0.0  # waited for `start_limit` before the process started
+
+
+class EnvironmentPool:
+    """Execution environments per function: real processes, MRU first, reclaimed when idle.
+
+    `invoke` runs one invocation: on the most recently used idle environment of the function,
+    or on a new one it starts and waits for (a cold start). An environment idle for more than
+    `idle_s` is reclaimed: its process ends. `reserved` concurrency and `max_environments`
+    refuse an invocation with `Throttled` before it runs. `start_limit` (None: none) bounds
+    the environments in INIT at once: a further start waits for one to finish (the wait is
+    recorded with the cold start).
+    """
+
+    def __init__(
+        self,
+        functions: dict[str, FunctionSpec],
+        base_env: dict[str, str],
+        idle_s: float,
+        logs: Path,
+        max_environments: int,
+        start_limit: int | None = None,
+    ) -> None:
+        self.functions = functions
+        self.base_env = base_env
+        self.idle_s = idle_s
+        self.logs = logs
+        self.max_environments = max_environments
+        self._start_gate: Any = None
+        self.limit_starts(start_limit)
+        self.invocations: list[Invocation] = []
+        self.cold_starts: list[ColdStart] = []
+        self.reclaimed: Counter[str] = Counter()
+        self.throttled: Counter[str] = Counter()
+        self.limit_reached = 0
+        self._lock = threading.Lock()
+        self._idle: dict[str, list[_Environment]] = defaultdict(list)  # oldest first
+        self._in_flight: Counter[str] = Counter()
+        self._live = 0
+        self._starting = 0
+        self.peak: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._reaper = threading.Thread(target=self._reap_loop, daemon=True)
+        self._reaper.start()
+
+    def invoke(self, name: str, event: dict[str, Any]) -> tuple[bool, Any]:
+        """(ok, body) of `event` run by function `name` (see the class docstring)."""
+        spec = self.functions[name]
+        with self._lock:
+            now = time.monotonic()
+            expired = self._expire(now)
+            if spec.reserved and self._in_flight[name] >= spec.reserved:
+                self.throttled[spec.label] += 1
+                raise Throttled(f"reserved concurrency {spec.reserved} of {spec.label}")
+            stack = self._idle[name]
+            env = stack.pop() if stack else None
+            if env is None:
+                if self._live - len(expired) >= self.max_environments:
+                    self.limit_reached += 1
+                    raise Throttled(f"{self.max_environments} environments are live")
+                self._live += 1
+                self._starting += 1
+                concurrent = self._starting
+            self._in_flight[name] += 1
+            self.peak[spec.label] = max(self.peak[spec.label], self._in_flight[name])
+        for old in expired:
+            old.close()
+        cold = env is None
+        ok, body = False, None
+        try:
+            if env is None:
+                try:
+                    asked = time.monotonic()
+                    with self._start_gate:
+                        queued = time.monotonic() - asked
+                        log = self.logs / f"{spec.label.replace('/', '-')}.log"
+                        env = _Environment(spec, self.base_env, log)
+                except BaseException:
+                    with self._lock:
+                        self._live -= 1
+                        self._starting -= 1
+                    raise
+                with self._lock:
+                    self._starting -= 1
+                    self.cold_starts.append(
+                        ColdStart(
+                            spec.label, env.spawned, env.init_s, env.import_s, concurrent, queued
+                        )
+                    )
+            ok, body = env.call(event)
+            return ok, body
+        finally:
+            end = time.monotonic()
+            with self._lock:
+                self._in_flight[name] -= 1
+                if env is not None and env.proc.poll() is None:
+                    env.last_used = end
+                    self._idle[name].append(env)
+                elif env is not None:
+                    self._live -= 1
+                rid = event.get("request_id") if isinstance(event, dict) else None
+                self.invocations.append(Invocation(spec.label, rid, now, end, cold, ok))
+
+    def _expire(self, now: float) -> list[_Environment]:
+        """Take out (under the lock) every environment idle longer than the idle time."""
+        expired = []
+        for name, stack in self._idle.items():
+            keep = [e for e in stack if e.last_used >= now - self.idle_s]
+            for env in stack:
+                if env.last_used < now - self.idle_s:
+                    expired.append(env)
+                    self.reclaimed[self.functions[name].label] += 1
+            stack[:] = keep
+        self._live -= len(expired)
+        return expired
+
+    def _reap_loop(self) -> None:
+        while not self._stop.wait(REAP_S):
+            with self._lock:
+                expired = self._expire(time.monotonic())
+            for env in expired:
+                env.close()
+
+    def limit_starts(self, limit: int | None) -> None:
+        """From now on, at most `limit` environments in INIT at once (None: no bound)."""
+        self._start_gate = threading.BoundedSemaphore(limit) if limit else contextlib.nullcontext()
+
+    def reset_counts(self) -> None:
+        """Forget the invocations, cold starts and reclaims so far (the trace starts now)."""
+        with self._lock:
+            self.invocations.clear()
+            self.cold_starts.clear()
+            self.reclaimed.clear()
+            self.throttled.clear()
+            self.peak.clear()
+            self.limit_reached = 0
+
+    def close(self) -> None:
+        """End every environment (idle ones; busy ones are ended by their invocation's end)."""
+        self._stop.set()
+        self._reaper.join()
+        with self._lock:
+            envs = [e for stack in self._idle.values() for e in stack]
+            self._idle.clear()
+        for env in envs:
+            env.close()
+
+
+def front_door(
+    times_s: np.ndarray,
+    tokens: np.ndarray,
+    policy: BatchPolicy,
+    origin: float,
+    dispatch: Callable[[list[int], float], None],
+) -> None:
+    """Batch arrivals in real time and dispatch each batch (its requests, the monotonic time).
+
+    Request i arrives at `origin + times_s[i]` (monotonic). A batch opens at its first request
+    and takes the following ones while they arrive by its deadline (`max_wait_s` after it
+    opened) and fit `max_tokens`; it is dispatched when exactly full, when the next request
+    would not fit (at that arrival), or at its deadline. A request larger than the cap is a
+    batch of its own.
+    """
+
+    def sleep_until(t: float) -> float:
+        delay = t - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        return t
+
+    batch: list[int] = []
+    total = 0
+    deadline = math.inf
+    i, n = 0, times_s.size
+    while i < n or batch:
+        arrival = origin + float(times_s[i]) if i < n else math.inf
+        if batch and deadline < arrival:
+            dispatch(batch, sleep_until(deadline))
+            batch, total, deadline = [], 0, math.inf
+            continue
+        now = sleep_until(arrival)
+        request, i = i, i + 1
+        size = int(tokens[request])
+        if batch and total + size <= policy.max_tokens:
+            batch.append(request)
+            total += size
+        else:
+            if batch:
+                dispatch(batch, now)
+            batch, total, deadline = [request], size, arrival + policy.max_wait_s
+        if total >= policy.max_tokens:
+            dispatch(batch, now)
+            batch, total, deadline = [], 0, math.inf
+
+
+# ---------------------------------------------------------------------------------------------
+# moto as a server, its Lambda invoke routed to the pool
+
+
+@contextlib.contextmanager
+def _bridge() -> Iterator[str]:
+    """An HTTP endpoint on a free local port for the environments' AWS clients; its URL.
+
+    Each request is handed to the moto mock of this process (`mock_aws` must be active), as
+    an in-process client's request is (moto's botocore stubber): the service is read from the
+    request's signature, the URL rewritten to that service's AWS endpoint. So every process
+    sees one moto: the parent's S3, Lambda and Step Functions. (moto's own server needs flask,
+    which this project does not install.)
+    """
+    import re
+
+    from botocore.awsrequest import AWSPreparedRequest
+    from botocore.compat import HTTPHeaders
+    from moto.core.models import botocore_stubber
+    from werkzeug.serving import WSGIRequestHandler, make_server
+    from werkzeug.wrappers import Request, Response
+
+    class Quiet(WSGIRequestHandler):
+        def log_request(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+    scope = re.compile(r"Credential=[^/]+/[^/]+/([^/]+)/([^/]+)/aws4_request")
+
+    @Request.application  # type: ignore[misc]
+    def app(request: Request) -> Response:
+        found = scope.search(request.headers.get("Authorization", ""))
+        region, service = found.groups() if found else ("us-east-1", "s3")
+        host = "s3.amazonaws.com" if service == "s3" else f"{service}.{region}.amazonaws.com"
+        raw = request.environ.get("RAW_URI") or request.environ.get("REQUEST_URI") or "/"
+        headers = HTTPHeaders()
+        for key, value in request.headers.items():
+            if key.lower() != "host":
+                headers[key] = value
+        headers["Host"] = host
+        answer = botocore_stubber.process_request(
+            AWSPreparedRequest(
+                method=request.method,
+                url=f"https://{host}{raw}",
+                headers=headers,
+                body=request.get_data(),
+                stream_output=False,
+            )
+        )
+        if answer is None:
+            return Response(b"", status=404)
+        status, out_headers, body = answer
+        return Response(body, status=status, headers={k: str(v) for k, v in out_headers.items()})
+
+    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        thread.join()
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str], drop: tuple[str, ...]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in (*values, *drop)}
+    for k in drop:
+        os.environ.pop(k, None)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def _lambda_routed_to(pool: EnvironmentPool) -> Iterator[None]:
+    """moto's Lambda invoke runs the function on the pool (a 429 when it throttles)."""
+    from moto.awslambda.models import LambdaFunction
+
+    from pipeline.local import _moto_throttle
+
+    def invoke(function: LambdaFunction, event: Any = None) -> tuple[str, bool, str]:
+        payload = event if isinstance(event, dict) else json.loads(event or "{}")
+        try:
+            ok, body = pool.invoke(function.function_name, payload)
+        except Throttled:
+            raise _moto_throttle(function.function_name) from None
+        except Exception as error:  # the environment died: the runtime reports an error
+            body, ok = {"errorType": type(error).__name__, "errorMessage": str(error)}, False
+        return json.dumps(body), not ok, ""
+
+    original = LambdaFunction._invoke_lambda
+    LambdaFunction._invoke_lambda = invoke  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        LambdaFunction._invoke_lambda = original  # type: ignore[method-assign]
+
+
+# ---------------------------------------------------------------------------------------------
+# the replay
+
+
+@dataclasses.dataclass
+class _Execution:
+    requests: list[int]
+    tokens: int
+    dispatched: float
+    arn: str = ""
+    request_id: str = ""
+    status: str = "RUNNING"
+
+
+class _Runner:
+    """Starts executions of the deployed state machine and follows them to their end."""
+
+    def __init__(self, s3: Any, sfn: Any, bucket: str, machine: str, windows: list[np.ndarray]):
+        self.s3, self.sfn, self.bucket, self.machine = s3, sfn, bucket, machine
+        self.windows = windows  # token ids per request, (windows, 128)
+        self.executions: list[_Execution] = []
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._count = 0
+        self._run = uuid.uuid4().hex[:8]
+
+    def dispatch(
+        self, requests: list[int], at: float, ids: np.ndarray | None = None
+    ) -> _Execution:
+        """Start one execution of `requests` (or of `ids`) dispatched at `at`, in a thread."""
+        from ground import layout
+        from pipeline.tensorio import encode
+
+        batch = ids if ids is not None else np.concatenate([self.windows[r] for r in requests])
+        with self._lock:
+            name = f"{self._run}-{self._count:05d}"
+            self._count += 1
+            execution = _Execution(list(requests), int(batch.size), at)
+            self.executions.append(execution)
+
+        def start() -> None:
+            self.s3.put_object(
+                Bucket=self.bucket,
+                Key=layout.input_key(name),
+                Body=encode(batch.astype(np.int64)),
+            )
+            arn = self.sfn.start_execution(stateMachineArn=self.machine, name=name, input="{}")[
+                "executionArn"
+            ]
+            execution.arn, execution.request_id = arn, layout.request_id_of(arn)
+
+        thread = threading.Thread(target=start, daemon=True)
+        thread.start()
+        with self._lock:
+            self._threads.append(thread)
+        return execution
+
+    def wait(self, deadline: float) -> None:
+        """Until every execution stopped (or `deadline`, monotonic)."""
+        for thread in list(self._threads):
+            thread.join(max(deadline - time.monotonic(), 0.1))
+        pending = [e for e in self.executions if e.status == "RUNNING" and e.arn]
+        while pending and time.monotonic() < deadline:
+            for execution in pending:
+                info = self.sfn.describe_execution(executionArn=execution.arn)
+                execution.status = info["status"]
+            pending = [e for e in pending if e.status == "RUNNING"]
+            if pending:
+                time.sleep(POLL_S)
+
+
+def _functions(template: dict[str, Any], names: dict[str, str], lambdas: Any) -> dict[str, Any]:
+    from pipeline.local import function_label
+
+    reserved = {
+        names[k]: int(r["Properties"].get("ReservedConcurrentExecutions") or 0)
+        for k, r in template["Resources"].items()
+        if r["Type"] == "AWS::Lambda::Function"
+    }
+    return {
+        name: FunctionSpec(function_label(handler, env), handler, dict(env), reserved[name])
+        for name, (handler, env) in lambdas.functions.items()
+    }
+
+
+def _quantiles(latency: np.ndarray) -> dict[str, float | None]:
+    """p50, p95, p99, max as the simulator reports them (empirical, None when unbounded)."""
+    if latency.size == 0:
+        return {"p50": None, "p95": None, "p99": None, "max": None}
+    qs = np.quantile(latency, [0.5, 0.95, 0.99, 1.0], method="inverted_cdf")
+    return {
+        k: (round(float(v), 4) if np.isfinite(v) else None)
+        for k, v in zip(("p50", "p95", "p99", "max"), qs, strict=True)
+    }
+
+
+def _warm_timings(
+    pool: EnvironmentPool,
+    runner: _Runner,
+    sizes: list[int],
+    repeats: int,
+    ids: np.ndarray,
+    order: list[str],
+    timeout_s: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(sizes, latency (S,), offset (S, F), duration (S, F)) of warm executions, one at a time,
+    the median of `repeats` at each size; a first execution warms the path and is dropped."""
+
+    def one(windows: int) -> dict[str, Any]:
+        pool.reset_counts()
+        execution = runner.dispatch([], time.monotonic(), ids[:windows])
+        runner.wait(time.monotonic() + timeout_s)
+        if execution.status != "SUCCEEDED":
+            raise RuntimeError(f"a warm execution of {windows} windows ended {execution.status}")
+        calls = [c for c in pool.invocations if c.request_id == execution.request_id]
+        if any(c.cold for c in calls):
+            raise RuntimeError("a calibration execution found a function cold")
+        start = {
+            f: min(c.start for c in calls if c.function == f)
+            for f in order
+            if any(c.function == f for c in calls)
+        }
+        longest = {f: max(c.end - c.start for c in calls if c.function == f) for f in start}
+        tail_end = max(c.end for c in calls if c.function == "tail")
+        return {
+            "latency": tail_end - execution.dispatched,
+            "offset": [start[f] - execution.dispatched if f in start else np.nan for f in order],
+            "duration": [longest.get(f, 0.0) for f in order],
+        }
+
+    one(sizes[0])
+    latency, offset, duration = [], [], []
+    for windows in sizes:
+        runs = [one(windows) for _ in range(repeats)]
+        latency.append(float(np.median([r["latency"] for r in runs])))
+        offset.append(np.nanmedian([r["offset"] for r in runs], axis=0))
+        duration.append(np.median([r["duration"] for r in runs], axis=0))
+    off = np.array(offset)
+    # A function no batch of that size invoked (no token reached it) is not simulated there.
+    off = np.where(np.isnan(off), np.nanmin(off, axis=1, keepdims=True), off)
+    tokens = np.array(sizes, dtype=float) * WINDOW
+    return tokens, np.array(latency), off, np.array(duration)
+
+
+def replay_traffic(
+    plan: Path,
+    model: MoEModel,
+    arrivals: Arrivals,
+    *,
+    compress: float = 10.0,
+    idle_s: float | None = None,
+    prewarm_concurrency: int = 1,
+    calibration_repeats: int = 2,
+    max_environments: int = 40,
+    start_limit: int | None = None,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Replay `arrivals`, compressed, through the plan's workflow on real processes, and set
+    what was measured beside the simulator's prediction for the same arrivals.
+
+    Args:
+        plan: The plan JSON (`moelambda plan`; a traffic plan's batch policy is used).
+        model: The plan's model, loaded (its weights are exported to moto S3).
+        arrivals: The request stream, uncompressed (`planner.traffic.load_arrivals`).
+        compress: Arrival times and the idle time are divided by this. Defaults to 10.
+        idle_s: Idle seconds before an environment is reclaimed, uncompressed. Default: the
+            calibration's assumption (600 s).
+        prewarm_concurrency: Environments started at once before the trace. Defaults to 1.
+        calibration_repeats: Warm executions per batch size measured before the trace.
+        max_environments: The most live processes (memory); invocations beyond are throttled.
+        start_limit: The most environments in INIT at once during the trace (None: no bound,
+            as on Lambda); a further cold start waits, which the simulator does not model.
+        seed: Seeds the shuffle of the text windows requests are cut from.
+        progress: Called with a message as each step starts.
+
+    Returns:
+        `measured` and `simulated` (each `cold_starts {count, per_function}`, `latency_s {p50,
+        p95, p99, max}`, batches), the arrivals used, the compression, what the simulator was
+        fed (`platform`), `contention`, `agreement` and `wall_s`: what `moelambda run-local
+        --traffic --json` prints.
+
+    Raises:
+        UsageError: a non-positive compression or idle time, no arrivals, or a request or
+            batch larger than the plan serves.
+    """
+    import boto3
+    from moto import mock_aws
+
+    from cdk.app import DEFAULT_STACK, build_app
+    from functions.local import LocalHandlers
+    from ground.plan import Plan
+    from moe import export_model, load_corpus, make_windows
+    from pipeline.local import BUCKET, REGION, InProcessLambdas, _deploy, atomic_s3
+    from pipeline.stacks import flat_template
+    from planner.traffic import Capacity, policies_of, simulate, workflow_model
+    from planner.traffic.platform import platform_for, traffic_calibration
+
+    say = progress or (lambda _: None)
+    started = time.perf_counter()
+    if not compress > 0 or not math.isfinite(compress):
+        raise UsageError(f"--compress {compress} is not positive.", "pass e.g. --compress 10.")
+    if idle_s is not None and not idle_s > 0:
+        raise UsageError(f"--idle-s {idle_s} is not positive.", "pass e.g. --idle-s 600.")
+    if arrivals.requests == 0:
+        raise UsageError(
+            "the traffic holds no request in the period.", "pass a longer --minutes or --hours."
+        )
+    document = Plan.load(plan)
+    policy, capacity, _ = policies_of(document)
+    cal, _ = traffic_calibration(document)
+    assert cal.idle_reclaim_s is not None
+    idle = float(cal.idle_reclaim_s.assumed_s if idle_s is None else idle_s)
+    idle_c = idle / compress
+    windows = np.maximum(np.ceil(arrivals.tokens / WINDOW), 1).astype(np.int64)
+    tokens = windows * WINDOW
+    times_c = arrivals.times_s / compress
+    period_c = arrivals.period_s / compress
+    largest = int(max(tokens.max(), policy.max_tokens))
+    wf = workflow_model(document, largest)
+    if tokens.max() > wf.feasible_tokens:
+        raise UsageError(
+            f"a request of {int(tokens.max())} tokens (whole {WINDOW}-token windows) is larger "
+            f"than the plan serves ({wf.feasible_tokens}).",
+            "replay a trace of smaller requests, or plan a larger batch.",
+        )
+    say("cutting text windows for the requests")
+    pool_windows = make_windows(
+        load_corpus("wiki"), model.tokenizer, tokens=WINDOW * 256, window=WINDOW, seed=seed
+    )
+    offsets = np.concatenate([[0], np.cumsum(windows)[:-1]])
+    request_ids = [
+        pool_windows[(o + np.arange(w)) % pool_windows.shape[0]]
+        for o, w in zip(offsets, windows, strict=True)
+    ]
+    fake = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+    }
+    drop = ("AWS_SESSION_TOKEN", "AWS_PROFILE")
+    with contextlib.ExitStack() as stack:
+        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="moelambda-replay-")))
+        say("exporting weights and synthesising the stack")
+        export_model(model, root / "weights")
+        source = plan
+        if document.traffic is not None:  # its warmers and aliases are not replayed
+            source = document.model_copy(update={"traffic": None}).save(root / "plan.json")
+        build_app(source, root / "cdk.out", stack_name=DEFAULT_STACK)
+        template = flat_template(root / "cdk.out", DEFAULT_STACK)
+        say("deploying the stack on moto")
+        logging.getLogger("moto.stepfunctions").setLevel(logging.CRITICAL)
+        stack.enter_context(_environ(fake, drop))
+        stack.enter_context(mock_aws(config={"stepfunctions": {"execute_state_machine": True}}))
+        stack.enter_context(atomic_s3())
+        url = stack.enter_context(_bridge())
+        run = uuid.uuid4().hex[:8]
+        bucket = f"{BUCKET}-{run}"
+        names: dict[str, str] = {}
+        for logical, res in template["Resources"].items():
+            if res["Type"] == "AWS::S3::Bucket":
+                names[logical] = bucket
+            elif res["Type"] == "AWS::Lambda::Function":
+                names[logical] = f"fn-{run}-{logical}"[:64]
+        s3 = boto3.client("s3", region_name=REGION)
+        sfn = boto3.client("stepfunctions", region_name=REGION)
+        s3.create_bucket(Bucket=bucket)
+        for path in sorted(p for p in (root / "weights").rglob("*") if p.is_file()):
+            s3.upload_file(
+                str(path), bucket, "weights/" + path.relative_to(root / "weights").as_posix()
+            )
+        registry = InProcessLambdas(LocalHandlers())
+        machine = _deploy(template["Resources"], names, bucket, registry)
+        specs = _functions(template, names, registry)
+        (root / "logs").mkdir()
+        base_env = {k: v for k, v in os.environ.items() if k not in drop} | fake
+        base_env["AWS_ENDPOINT_URL"] = url
+        # Nothing is reclaimed while the environments are started and measured: the idle
+        # time runs from the trace's start (the last warm execution used every function).
+        pool = EnvironmentPool(specs, base_env, math.inf, root / "logs", max_environments)
+        stack.callback(pool.close)
+        stack.enter_context(_lambda_routed_to(pool))
+        order = list(wf.functions.names)
+        by_label = {s.label: name for name, s in specs.items()}
+        missing = [f for f in order if f not in by_label]
+        if missing:
+            raise RuntimeError(f"the template lacks the plan's functions {missing}")
+
+        # The measurement at the start: INIT and first load per function, then warm timings.
+        init = np.zeros(len(order))
+        load = np.zeros(len(order))
+        from functions.warm import PING
+
+        say(f"starting one environment per function ({len(order)})")
+        errors: list[BaseException] = []
+        gate = threading.Semaphore(max(1, prewarm_concurrency))
+
+        def start_one(k: int, label: str) -> None:
+            with gate:
+                try:
+                    t0 = time.monotonic()
+                    ok, body = pool.invoke(by_label[label], dict(PING))
+                    first = time.monotonic() - t0
+                    if not ok:
+                        raise RuntimeError(f"{label}'s warm-up failed: {body}")
+                    (start,) = [c for c in pool.cold_starts if c.function == label]
+                    init[k], load[k] = start.init_s, first - start.init_s
+                except BaseException as error:  # reported below
+                    errors.append(error)
+
+        threads = [threading.Thread(target=start_one, args=(k, f)) for k, f in enumerate(order)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        runner = _Runner(s3, sfn, bucket, machine, request_ids)
+        sizes = sorted(
+            {
+                1,
+                int(np.median(windows)),
+                int(np.quantile(windows, 0.9)),
+                int(min(windows.max(), policy.max_tokens // WINDOW or 1)),
+            }
+        )
+        say(f"measuring warm executions at {', '.join(str(s * WINDOW) for s in sizes)} tokens")
+        calib_ids = np.concatenate([pool_windows] * math.ceil(max(sizes) / pool_windows.shape[0]))
+        grid, warm_latency, warm_offset, warm_duration = _warm_timings(
+            pool, runner, sizes, calibration_repeats, calib_ids, order, timeout_s=300
+        )
+        runner.executions.clear()
+        pool.reset_counts()
+        pool.idle_s = idle_c
+        pool.limit_starts(start_limit)
+
+        # The trace.
+        say(f"replaying {arrivals.requests} requests over {period_c:.0f} s")
+        origin = time.monotonic() + 0.5
+        front_door(times_c, tokens, policy, origin, runner.dispatch)
+        runner.wait(time.monotonic() + 600)
+        trace_end = time.monotonic()
+        invocations = list(pool.invocations)
+        cold_starts = list(pool.cold_starts)
+        reclaimed = dict(pool.reclaimed)
+        throttled = dict(pool.throttled)
+        peak = dict(pool.peak)
+        limit_reached = pool.limit_reached
+        executions = list(runner.executions)
+
+    # Measured: per request, its batch's end (the tail's return) minus its arrival.
+    ends: dict[str, float] = {}
+    for c in invocations:
+        if c.function == "tail" and c.request_id and c.ok:
+            ends[c.request_id] = max(ends.get(c.request_id, 0.0), c.end)
+    latency = np.full(arrivals.requests, np.inf)
+    for e in executions:
+        if e.status == "SUCCEEDED" and e.request_id in ends:
+            for r in e.requests:
+                latency[r] = ends[e.request_id] - (origin + times_c[r])
+    tracked = [c for c in cold_starts if c.function in order]
+    measured_cold = Counter(c.function for c in tracked)
+    measured = {
+        "requests": int(arrivals.requests),
+        "batches": len(executions),
+        "failed_batches": sum(e.status != "SUCCEEDED" for e in executions),
+        "cold_starts": {
+            "count": len(tracked),
+            "per_function": dict(sorted(measured_cold.items())),
+        },
+        "latency_s": _quantiles(latency),
+        "peak_environments": {f: int(peak[f]) for f in order if peak.get(f)},
+        "reclaimed": reclaimed,
+        "throttled": throttled,
+        "environment_limit_reached": limit_reached,
+        "other_cold_starts": dict(
+            Counter(c.function for c in cold_starts if c.function not in order)
+        ),
+    }
+
+    # Simulated: the same arrivals, with what the replay realised.
+    fed = dataclasses.replace(
+        wf,
+        sizes=grid if grid.size > 1 else np.array([grid[0], grid[0] + 1.0]),
+        latency_s=warm_latency if grid.size > 1 else np.repeat(warm_latency, 2),
+        offset_s=warm_offset if grid.size > 1 else np.repeat(warm_offset, 2, axis=0),
+        duration_s=warm_duration if grid.size > 1 else np.repeat(warm_duration, 2, axis=0),
+    )
+    base = platform_for(cal, wf.functions, document.arch, idle_s=idle_c)
+    platform = dataclasses.replace(
+        base, init_s=init, load_s=load, init_limit_s=math.inf, ping_s=0.0
+    )
+    lead = float(platform.cold_s()[0].max()) + 1e-3
+    from planner.traffic.spec import Arrivals as _Arrivals
+
+    sim_arrivals = _Arrivals(times_c + lead, tokens, period_c + lead, arrivals.source)
+    sim_capacity = [
+        Capacity("warmer", warmer_interval_s=period_c + lead + 1.0, warmer_concurrency=1)
+    ] * len(order)
+    result = simulate(fed, sim_arrivals, policy, platform, sim_capacity, reserve=True)
+    # Each function's one ping at time 0 is the prewarm: one cold start each, not counted.
+    sim_cold = {f: n - 1 for f, n in result.cold_starts.items() if n > 1}
+    simulated = {
+        "requests": int(result.latency_s.size),
+        "batches": int(result.batch_tokens.size),
+        "failed_batches": result.failed_batches + result.refused_batches,
+        "cold_starts": {"count": int(sum(sim_cold.values())), "per_function": sim_cold},
+        "latency_s": _quantiles(result.latency_s),
+        "peak_environments": {f: n for f, n in result.peak_environments.items() if n},
+    }
+
+    # Contention: what the trace's cold starts and warm calls took against what was fed.
+    index = {f: k for k, f in enumerate(order)}
+    warm_calls = [c for c in invocations if not c.cold and c.function in index and c.ok]
+    batch_tokens = {e.request_id: e.tokens for e in executions if e.request_id}
+    ratios = []
+    for c in warm_calls:
+        if c.request_id not in batch_tokens:
+            continue
+        e_tokens = batch_tokens[c.request_id]
+        expect = float(np.interp(e_tokens, fed.sizes, fed.duration_s[:, index[c.function]]))
+        if expect > 0:
+            ratios.append((c.end - c.start) / expect)
+    contention = {
+        "trace_init_s": {
+            "median": round(float(np.median([c.init_s for c in tracked])), 3) if tracked else None,
+            "max": round(float(max(c.init_s for c in tracked)), 3) if tracked else None,
+        },
+        "fed_init_s": {
+            "median": round(float(np.median(init)), 3),
+            "max": round(float(init.max()), 3),
+        },
+        "starting_at_once": dict(sorted(Counter(c.concurrent for c in tracked).items())),
+        "start_limit": start_limit,
+        "queued_for_start_s": round(float(sum(c.queued_s for c in tracked)), 3),
+        "warm_call_vs_fed": {
+            "median": round(float(np.median(ratios)), 3) if ratios else None,
+            "p90": round(float(np.quantile(ratios, 0.9)), 3) if ratios else None,
+        },
+    }
+    contention["prewarm_concurrency"] = prewarm_concurrency
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None or b == 0 else round(a / b, 3)
+
+    cold_m, cold_s = measured["cold_starts"]["count"], simulated["cold_starts"]["count"]
+    p99_m, p99_s = measured["latency_s"]["p99"], simulated["latency_s"]["p99"]
+    cold_diff = abs(cold_m - cold_s) / max(cold_s, 1)
+    agreement = {
+        "cold_starts_measured_over_simulated": ratio(cold_m, cold_s),
+        "p99_measured_over_simulated": ratio(p99_m, p99_s),
+        "cold_starts_within_20pct": cold_diff <= 0.2,
+        "p99_within_30pct": p99_m is not None
+        and p99_s is not None
+        and abs(p99_m - p99_s) <= 0.3 * p99_s,
+    }
+    return {
+        "plan": document.solver,
+        "traffic": arrivals.describe(),
+        "compression": compress,
+        "arrivals": {
+            "requests": int(arrivals.requests),
+            "tokens": int(tokens.sum()),
+            "period_s": round(period_c, 3),
+            "time_s": [round(float(t), 4) for t in times_c],
+            "tokens_per_request": [int(t) for t in tokens],
+        },
+        "idle_reclaim_s": {"uncompressed": idle, "replayed": idle_c},
+        "batch_policy": {"max_tokens": policy.max_tokens, "max_wait_s": policy.max_wait_s},
+        "capacity_policies_ignored": capacity is not None,
+        "measured": measured,
+        "simulated": simulated,
+        "agreement": agreement,
+        "platform": {
+            "init_s": {f: round(float(s), 3) for f, s in zip(order, init, strict=True)},
+            "load_s": {f: round(float(s), 3) for f, s in zip(order, load, strict=True)},
+            "warm_tokens": [int(t) for t in grid],
+            "warm_latency_s": [round(float(s), 4) for s in warm_latency],
+            "warm_offset_s": {
+                f: [round(float(v), 4) for v in warm_offset[:, k]] for k, f in enumerate(order)
+            },
+            "warm_duration_s": {
+                f: [round(float(v), 4) for v in warm_duration[:, k]] for k, f in enumerate(order)
+            },
+        },
+        "latency_per_request_s": {
+            "measured": [round(float(v), 4) if np.isfinite(v) else None for v in latency],
+            "simulated": [
+                round(float(v), 4) if np.isfinite(v) else None for v in result.latency_s
+            ],
+        },
+        "contention": contention,
+        "trace_wall_s": round(trace_end - origin, 3),
+        "wall_s": round(time.perf_counter() - started, 3),
+    }

@@ -1,0 +1,128 @@
+"""`run-local --traffic`: a short compressed trace through real environment processes, beside
+the simulator's prediction for the same arrivals (`moelambda.traffic_replay`).
+
+A benchmark-style test: one replay of 11 Azure conversation requests over 22.5 s, on a one-layer
+tiny Mixtral (4 functions, each environment a real process importing its handler). It checks the
+JSON's structure and that what was measured is consistent with the arrivals and the mechanism,
+not timing-tight agreement (the machine is shared; docs/traffic.md reports the full-size run).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from typer.testing import CliRunner
+
+from moe import resolve_model
+from moelambda.cli import app
+from planner.traffic import load_arrivals
+
+runner = CliRunner()
+TRACE = ["--traffic", "azure-conv", "--scale", "0.1", "--minutes", "1.5", "--compress", "4"]
+
+
+def _cli(*args: str) -> dict[str, Any]:
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def one_layer_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A one-layer tiny Mixtral, its four experts packed in one function: head, gate, experts,
+    tail (and the cleanup, which a successful run never starts)."""
+    root = tmp_path_factory.mktemp("replay")
+    config = transformers.MixtralConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=None,
+    )
+    torch.manual_seed(0)
+    model = transformers.MixtralForCausalLM(config)
+    model.save_pretrained(root / "mixtral")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(resolve_model("minilm").path)
+    tokenizer.save_pretrained(root / "mixtral")
+    _cli("profile", "--model", str(root / "mixtral"), "--tokens", "4096", "--out", str(root / "t"))
+    plan = root / "plan.json"
+    traces = str(root / "t")
+    _cli("plan", "--traces", traces, "--tokens", "2048", "--pack", "4", "--out", str(plan))
+    return plan
+
+
+def test_a_short_replay_reports_measured_beside_simulated(one_layer_plan: Path) -> None:
+    out = _cli("run-local", "--plan", str(one_layer_plan), *TRACE, "--start-concurrency", "2")
+    expected = load_arrivals("azure-conv", scale=0.1, hours=1.5 / 60)
+    arrivals = out["arrivals"]
+    assert out["compression"] == 4
+    assert arrivals["requests"] == expected.requests == 11
+    np.testing.assert_allclose(arrivals["time_s"], expected.times_s / 4, atol=1e-4)
+    windows = np.ceil(expected.tokens / 128)
+    assert arrivals["tokens_per_request"] == (windows * 128).astype(int).tolist()
+    assert out["idle_reclaim_s"] == {"uncompressed": 600.0, "replayed": 150.0}
+    functions = ["head", "layer00", "layer00/expert00", "tail"]
+    assert list(out["platform"]["init_s"]) == functions
+    assert all(s > 0 for s in out["platform"]["init_s"].values())
+    for side in ("measured", "simulated"):
+        report = out[side]
+        assert report["requests"] == 11 and report["failed_batches"] == 0
+        cold = report["cold_starts"]
+        assert set(cold) == {"count", "per_function"}
+        assert cold["count"] == sum(cold["per_function"].values())
+        assert set(cold["per_function"]) <= set(functions)
+        q = report["latency_s"]
+        assert 0 < q["p50"] <= q["p95"] <= q["p99"] <= q["max"]
+    measured, simulated = out["measured"], out["simulated"]
+    # The same front door: requests at the same instant share a batch, in both.
+    assert measured["batches"] == simulated["batches"] <= 11
+    # The mechanism: with every function prewarmed and nothing reclaimed (150 s of idle time in
+    # a 22.5 s trace), a function starts an environment only when all it has are busy, so it
+    # ends with one more than its cold starts, and that many were busy at once.
+    assert measured["reclaimed"] == {} and measured["environment_limit_reached"] == 0
+    for name in functions:
+        starts = measured["cold_starts"]["per_function"].get(name, 0)
+        assert starts <= measured["batches"] - 1
+        assert measured["peak_environments"][name] == 1 + starts, name
+    assert measured["other_cold_starts"] == {}  # the cleanup never ran
+    # Every request's latency is at least the warm latency of the smallest batch measured.
+    lat = out["latency_per_request_s"]
+    assert len(lat["measured"]) == len(lat["simulated"]) == 11
+    assert min(lat["measured"]) >= 0.5 * out["platform"]["warm_latency_s"][0]
+    assert out["contention"]["fed_init_s"]["median"] > 0
+    assert set(out["agreement"]) >= {
+        "cold_starts_measured_over_simulated",
+        "p99_measured_over_simulated",
+    }
+    assert out["wall_s"] >= out["trace_wall_s"] >= arrivals["time_s"][-1]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--traffic", "no-such-trace.csv"], "neither a file nor a spec"),
+        (["--traffic", "poisson:fast"], "not a positive number"),
+        ([*TRACE, "--requests", "3"], "--traffic replays a request stream"),
+        ([*TRACE, "--hours", "1"], "--hours and --minutes"),
+        ([*TRACE[:-1], "0"], "--compress 0"),
+        (["--minutes", "3"], "--minutes needs --traffic"),
+    ],
+)
+def test_bad_traffic_arguments_exit_2_before_anything_starts(
+    extra: list[str], message: str, tmp_path: Path
+) -> None:
+    """Checked before the plan is read: an absent plan file is never reached."""
+    result = runner.invoke(app, ["run-local", "--plan", str(tmp_path / "absent.json"), *extra])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
