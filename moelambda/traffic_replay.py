@@ -92,7 +92,14 @@ if TYPE_CHECKING:
     from planner.traffic.simulate import BatchPolicy
     from planner.traffic.spec import Arrivals
 
-__all__ = ["WINDOW", "EnvironmentPool", "front_door", "replay_traffic"]
+__all__ = [
+    "MAX_REPLAY_REQUESTS",
+    "WINDOW",
+    "EnvironmentPool",
+    "front_door",
+    "replay_arrivals",
+    "replay_traffic",
+]
 
 WINDOW = 128  # tokens per window, as run-local and `moelambda profile` cut them
 REAP_S = 0.2  # how often idle environments are checked for reclaim
@@ -662,6 +669,75 @@ def _warm_timings(
     off = np.where(np.isnan(off), np.nanmin(off, axis=1, keepdims=True), off)
     tokens = np.array(sizes, dtype=float) * WINDOW
     return tokens, np.array(latency), off, np.array(duration)
+
+
+MAX_REPLAY_REQUESTS = 3000  # every request runs on this machine
+
+
+def replay_arrivals(
+    spec: str,
+    *,
+    scale: float,
+    hours: float | None = None,
+    minutes: float | None = None,
+    compress: float = 10.0,
+    idle_s: float | None = None,
+    max_environments: int = 40,
+    start_concurrency: int = 1,
+    start_limit: int | None = None,
+    seed: int = 0,
+) -> Arrivals:
+    """The arrivals a replay runs, every setting of it checked first: a replay starts real
+    processes for minutes, so a setting it cannot use must fail before any of them.
+
+    Args:
+        spec: The traffic, as `planner.traffic.load_arrivals` reads it.
+        scale: Multiplies the trace's arrival rate.
+        hours: The period; or `minutes`; 10 minutes when neither is given.
+        minutes: The period in minutes.
+        compress, idle_s, max_environments, start_concurrency, start_limit: As
+            `replay_traffic` takes them; checked here.
+        seed: Seeds a generated stream.
+
+    Raises:
+        UsageError: A setting out of range, or a stream with no request or more than
+            `MAX_REPLAY_REQUESTS`.
+
+    Example::
+
+        arrivals = replay_arrivals("azure-conv", scale=0.01, minutes=24)
+    """
+    from planner.traffic import load_arrivals
+
+    if hours is not None and minutes is not None:
+        raise UsageError("--hours and --minutes both give the period.", "pass one of them.")
+    if minutes is not None and not minutes > 0:
+        raise UsageError(f"--minutes {minutes} is not positive.", "pass e.g. --minutes 10.")
+    if not compress > 0:
+        raise UsageError(f"--compress {compress} is not positive.", "pass e.g. --compress 10.")
+    if idle_s is not None and not idle_s > 0:
+        raise UsageError(f"--idle-s {idle_s} is not positive.", "pass e.g. --idle-s 600.")
+    if start_concurrency < 1:
+        raise UsageError(f"--start-concurrency {start_concurrency} is below 1.", "pass 1 or more.")
+    if start_limit is not None and start_limit < 1:
+        raise UsageError(f"--start-limit {start_limit} is below 1.", "pass 1 or more.")
+    if max_environments < 1:
+        raise UsageError(f"--max-environments {max_environments} is below 1.", "pass 1 or more.")
+    period_h = hours if hours is not None else (10.0 if minutes is None else minutes) / 60
+    arrivals = load_arrivals(spec, scale=scale, hours=period_h, seed=seed)
+    if arrivals.requests == 0:
+        raise UsageError(
+            f"--traffic {spec!r} at --scale {scale:g} has no request in {period_h * 60:g} "
+            "minutes.",
+            "pass a larger --scale or a longer --minutes.",
+        )
+    if arrivals.requests > MAX_REPLAY_REQUESTS:
+        raise UsageError(
+            f"{arrivals.requests:,} requests: the replay runs every one on this machine "
+            f"(at most {MAX_REPLAY_REQUESTS:,}).",
+            "pass a smaller --scale or fewer --minutes.",
+        )
+    return arrivals
 
 
 def replay_traffic(

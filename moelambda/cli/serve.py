@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from ground.errors import UsageError
+from moelambda.cli import _render_serve
 from moelambda.cli._app import (
     JsonOpt,
     app,
@@ -223,12 +223,9 @@ def run_local(
     if as_json:
         print(json.dumps(summary))
     else:
-        _print_summary(summary)
+        _render_serve.run_local(stdout(), summary)
     if failed:
         raise typer.Exit(1)
-
-
-MAX_REPLAY_REQUESTS = 3000  # every request runs on this machine
 
 
 def _replay(
@@ -248,7 +245,7 @@ def _replay(
 ) -> None:
     """`run-local --traffic`: check every argument, then replay (see `replay_traffic`)."""
     from ground.plan import Plan
-    from planner.traffic import load_arrivals
+    from moelambda.traffic_replay import replay_arrivals
 
     clash = [flag for flag, used in given.items() if used]
     if clash:
@@ -256,34 +253,18 @@ def _replay(
             f"--traffic replays a request stream; {', '.join(clash)} shape one batch.",
             f"drop {', '.join(clash)}, or leave --traffic out.",
         )
-    if hours is not None and minutes is not None:
-        raise UsageError("--hours and --minutes both give the period.", "pass one of them.")
-    if minutes is not None and not minutes > 0:
-        raise UsageError(f"--minutes {minutes} is not positive.", "pass e.g. --minutes 10.")
-    if not compress > 0:
-        raise UsageError(f"--compress {compress} is not positive.", "pass e.g. --compress 10.")
-    if idle_s is not None and not idle_s > 0:
-        raise UsageError(f"--idle-s {idle_s} is not positive.", "pass e.g. --idle-s 600.")
-    if start_concurrency < 1:
-        raise UsageError(f"--start-concurrency {start_concurrency} is below 1.", "pass 1 or more.")
-    if start_limit is not None and start_limit < 1:
-        raise UsageError(f"--start-limit {start_limit} is below 1.", "pass 1 or more.")
-    if max_environments < 1:
-        raise UsageError(f"--max-environments {max_environments} is below 1.", "pass 1 or more.")
-    period_h = hours if hours is not None else (10.0 if minutes is None else minutes) / 60
-    arrivals = load_arrivals(spec, scale=scale, hours=period_h, seed=seed)
-    if arrivals.requests == 0:
-        raise UsageError(
-            f"--traffic {spec!r} at --scale {scale:g} has no request in {period_h * 60:g} "
-            "minutes.",
-            "pass a larger --scale or a longer --minutes.",
-        )
-    if arrivals.requests > MAX_REPLAY_REQUESTS:
-        raise UsageError(
-            f"{arrivals.requests:,} requests: the replay runs every one on this machine "
-            f"(at most {MAX_REPLAY_REQUESTS:,}).",
-            "pass a smaller --scale or fewer --minutes.",
-        )
+    arrivals = replay_arrivals(
+        spec,
+        scale=scale,
+        hours=hours,
+        minutes=minutes,
+        compress=compress,
+        idle_s=idle_s,
+        max_environments=max_environments,
+        start_concurrency=start_concurrency,
+        start_limit=start_limit,
+        seed=seed,
+    )
     document = Plan.load(plan)
     ref = document.model
     if ref.model_type.startswith("shape:"):
@@ -311,83 +292,9 @@ def _replay(
     if as_json:
         print(json.dumps(summary))
     else:
-        _print_replay(summary)
+        _render_serve.replay(stdout(), summary)
     if summary["measured"]["failed_batches"]:
         raise typer.Exit(1)
-
-
-def _print_replay(summary: dict[str, Any]) -> None:
-    """Measured against simulated: cold starts, latency quantiles, per function, contention."""
-    from rich.table import Table
-
-    measured, simulated = summary["measured"], summary["simulated"]
-
-    def cell(value: Any) -> str:
-        if value is None:
-            return "-"
-        return f"{value:.2f}" if isinstance(value, float) else f"{value:,}"
-
-    table = Table(title="replay on real processes vs the traffic simulator, same arrivals")
-    for column in ("", "measured", "simulated"):
-        table.add_column(column, justify="left" if not column else "right")
-    table.add_row("batches", cell(measured["batches"]), cell(simulated["batches"]))
-    table.add_row(
-        "failed batches", cell(measured["failed_batches"]), cell(simulated["failed_batches"])
-    )
-    table.add_row(
-        "cold starts",
-        cell(measured["cold_starts"]["count"]),
-        cell(simulated["cold_starts"]["count"]),
-    )
-    for q in ("p50", "p95", "p99", "max"):
-        table.add_row(
-            f"latency {q} (s)", cell(measured["latency_s"][q]), cell(simulated["latency_s"][q])
-        )
-    console = stdout()
-    console.print(table)
-    per = Table(title="cold starts per function")
-    for column in ("function", "measured", "simulated"):
-        per.add_column(column, justify="left" if column == "function" else "right")
-    names = dict.fromkeys(
-        [*measured["cold_starts"]["per_function"], *simulated["cold_starts"]["per_function"]]
-    )
-    for name in names:
-        per.add_row(
-            name,
-            str(measured["cold_starts"]["per_function"].get(name, 0)),
-            str(simulated["cold_starts"]["per_function"].get(name, 0)),
-        )
-    if names:
-        console.print(per)
-    arrivals, idle = summary["arrivals"], summary["idle_reclaim_s"]
-    contention = summary["contention"]
-    agreement = summary["agreement"]
-    console.print(
-        f"{arrivals['requests']:,} request(s) over {arrivals['period_s']:g} s (compressed "
-        f"{summary['compression']:g}x from {summary['traffic']['period_s']:g} s), idle reclaim "
-        f"{idle['replayed']:g} s ({idle['uncompressed']:g} s uncompressed); trace "
-        f"{summary['trace_wall_s']:g} s, all {summary['wall_s']:g} s."
-    )
-    trace_init = contention["trace_init_s"]
-    console.print(
-        f"INIT fed to the simulator: median {contention['fed_init_s']['median']} s; "
-        + (
-            "no cold start in the trace"
-            if trace_init["median"] is None
-            else f"INIT of the trace's cold starts: median {trace_init['median']} s, max "
-            f"{trace_init['max']} s, at most "
-            f"{max(map(int, contention['starting_at_once']))} starting at once"
-        )
-        + f"; warm calls took {contention['warm_call_vs_fed']['median']}x their fed duration "
-        "(median)."
-    )
-
-    def ratio(value: float | None) -> str:
-        return "-" if value is None else f"{value:.2f}"
-
-    cold = ratio(agreement["cold_starts_measured_over_simulated"])
-    p99 = ratio(agreement["p99_measured_over_simulated"])
-    console.print(f"measured / simulated: cold starts {cold}, p99 {p99}.")
 
 
 def _batch(
@@ -406,90 +313,3 @@ def _batch(
     with err.status("cutting the corpus into windows"):
         source = load_corpus(corpus or "wiki")
         return make_windows(source, tokenizer, tokens=tokens, window=WINDOW, seed=seed)
-
-
-def _print_summary(summary: dict[str, Any]) -> None:
-    """Per function predicted against measured seconds, metered against planned, the verdict."""
-    from rich.table import Table
-
-    compared = summary["predicted_vs_measured"]
-    table = Table(title="seconds per call: cost model (Lambda) vs measured (in-process, moto)")
-    for column in ("function", "predicted", "measured", "calls"):
-        table.add_column(column, justify="left" if column == "function" else "right")
-    rows = sorted(compared["functions"].items(), key=lambda kv: -(kv[1]["measured_s"] or 0.0))
-    for name, entry in rows:
-        predicted = entry["predicted_s"]
-        table.add_row(
-            name,
-            "-" if predicted is None else f"{predicted:.3f}",
-            "-" if entry["measured_s"] is None else f"{entry['measured_s']:.3f}",
-            str(entry["calls"]),
-        )
-    console = stdout()
-    console.print(table)
-    if summary["metered"] is not None:
-        # Polls and GB-seconds depend on timing (handlers here run slower than on Lambda); the
-        # requests and transitions of a successful run do not.
-        console.print(
-            _side_by_side(
-                "usage: metered on moto vs planned",
-                ("metered", "planned"),
-                (summary["metered"], summary["planned"]),
-                _amount,
-            )
-        )
-        bill = summary["bill"]
-        console.print(
-            _side_by_side(
-                "bill in USD, at the plan's prices",
-                ("planned", "metered"),
-                (bill["planned"], bill["metered"]),
-                lambda usd: f"{usd:.3g}",
-            )
-        )
-    request = compared["request"]
-    diff = summary["max_abs_diff_vs_monolithic"]
-    console.print(
-        f"{summary['status']}: {summary['succeeded']} of {summary['requests']} request(s) of "
-        f"{summary['tokens']} tokens succeeded in {summary['wall_s']} s; "
-        f"max |output - monolithic| = {'-' if diff is None else f'{diff:.2g}'}; "
-        f"intermediates left: {summary['intermediates_left']}; request latency predicted "
-        f"{request['predicted_s']} s, measured {request['measured_s']} s."
-    )
-    if summary["faults_injected"]:
-        injected = ", ".join(f"{k} x{v}" for k, v in sorted(summary["faults_injected"].items()))
-        console.print(f"Faults injected: {injected}.")
-    denied = summary["access_denied"]
-    console.print(
-        "Every S3 request and Invoke was checked against its function's IAM policy: "
-        + (
-            "none refused."
-            if not denied
-            else f"[red]{len(denied)} refused[/red], e.g. {denied[0]}."
-        )
-    )
-    if summary["metered"] is None:
-        console.print("Metering needs one execution and no faults: --requests 1, no --faults.")
-    for failure in summary["failed"]:
-        console.print(f"[red]{failure['error']}[/red]: {failure['cause']}")
-
-
-def _side_by_side(
-    title: str, columns: tuple[str, str], values: tuple[dict, dict], fmt: Callable[[float], str]
-) -> Any:
-    """A table of two dicts by key (the first dict's order, then the second's other keys)."""
-    from rich.table import Table
-
-    table = Table(title=title)
-    for column in ("item", *columns):
-        table.add_column(column, justify="left" if column == "item" else "right")
-    first, second = values
-    for key in [*first, *(k for k in second if k not in first)]:
-        cells = [first.get(key), second.get(key)]
-        table.add_row(key, *("-" if v is None else fmt(v) for v in cells))
-    return table
-
-
-def _amount(value: float) -> str:
-    """A count with thousands separators; a fractional amount (GB-s) to three decimals."""
-    return f"{value:,.3f}" if value != int(value) else f"{int(value):,}"

@@ -1,0 +1,170 @@
+"""What `moelambda run-local` prints: a local run's check and bill, a replay's measured
+against simulated."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+
+__all__ = ["replay", "run_local"]
+
+
+def replay(console: Console, summary: dict[str, Any]) -> None:
+    """Measured against simulated: cold starts, latency quantiles, per function, contention."""
+    from rich.table import Table
+
+    measured, simulated = summary["measured"], summary["simulated"]
+
+    def cell(value: Any) -> str:
+        if value is None:
+            return "-"
+        return f"{value:.2f}" if isinstance(value, float) else f"{value:,}"
+
+    table = Table(title="replay on real processes vs the traffic simulator, same arrivals")
+    for column in ("", "measured", "simulated"):
+        table.add_column(column, justify="left" if not column else "right")
+    table.add_row("batches", cell(measured["batches"]), cell(simulated["batches"]))
+    table.add_row(
+        "failed batches", cell(measured["failed_batches"]), cell(simulated["failed_batches"])
+    )
+    table.add_row(
+        "cold starts",
+        cell(measured["cold_starts"]["count"]),
+        cell(simulated["cold_starts"]["count"]),
+    )
+    for q in ("p50", "p95", "p99", "max"):
+        table.add_row(
+            f"latency {q} (s)", cell(measured["latency_s"][q]), cell(simulated["latency_s"][q])
+        )
+    console.print(table)
+    per = Table(title="cold starts per function")
+    for column in ("function", "measured", "simulated"):
+        per.add_column(column, justify="left" if column == "function" else "right")
+    names = dict.fromkeys(
+        [*measured["cold_starts"]["per_function"], *simulated["cold_starts"]["per_function"]]
+    )
+    for name in names:
+        per.add_row(
+            name,
+            str(measured["cold_starts"]["per_function"].get(name, 0)),
+            str(simulated["cold_starts"]["per_function"].get(name, 0)),
+        )
+    if names:
+        console.print(per)
+    arrivals, idle = summary["arrivals"], summary["idle_reclaim_s"]
+    contention = summary["contention"]
+    agreement = summary["agreement"]
+    console.print(
+        f"{arrivals['requests']:,} request(s) over {arrivals['period_s']:g} s (compressed "
+        f"{summary['compression']:g}x from {summary['traffic']['period_s']:g} s), idle reclaim "
+        f"{idle['replayed']:g} s ({idle['uncompressed']:g} s uncompressed); trace "
+        f"{summary['trace_wall_s']:g} s, all {summary['wall_s']:g} s."
+    )
+    trace_init = contention["trace_init_s"]
+    console.print(
+        f"INIT fed to the simulator: median {contention['fed_init_s']['median']} s; "
+        + (
+            "no cold start in the trace"
+            if trace_init["median"] is None
+            else f"INIT of the trace's cold starts: median {trace_init['median']} s, max "
+            f"{trace_init['max']} s, at most "
+            f"{max(map(int, contention['starting_at_once']))} starting at once"
+        )
+        + f"; warm calls took {contention['warm_call_vs_fed']['median']}x their fed duration "
+        "(median)."
+    )
+
+    def ratio(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    cold = ratio(agreement["cold_starts_measured_over_simulated"])
+    p99 = ratio(agreement["p99_measured_over_simulated"])
+    console.print(f"measured / simulated: cold starts {cold}, p99 {p99}.")
+
+
+def run_local(console: Console, summary: dict[str, Any]) -> None:
+    """Per function predicted against measured seconds, metered against planned, the verdict."""
+    from rich.table import Table
+
+    compared = summary["predicted_vs_measured"]
+    table = Table(title="seconds per call: cost model (Lambda) vs measured (in-process, moto)")
+    for column in ("function", "predicted", "measured", "calls"):
+        table.add_column(column, justify="left" if column == "function" else "right")
+    rows = sorted(compared["functions"].items(), key=lambda kv: -(kv[1]["measured_s"] or 0.0))
+    for name, entry in rows:
+        predicted = entry["predicted_s"]
+        table.add_row(
+            name,
+            "-" if predicted is None else f"{predicted:.3f}",
+            "-" if entry["measured_s"] is None else f"{entry['measured_s']:.3f}",
+            str(entry["calls"]),
+        )
+    console.print(table)
+    if summary["metered"] is not None:
+        # Polls and GB-seconds depend on timing (handlers here run slower than on Lambda); the
+        # requests and transitions of a successful run do not.
+        console.print(
+            _side_by_side(
+                "usage: metered on moto vs planned",
+                ("metered", "planned"),
+                (summary["metered"], summary["planned"]),
+                _amount,
+            )
+        )
+        bill = summary["bill"]
+        console.print(
+            _side_by_side(
+                "bill in USD, at the plan's prices",
+                ("planned", "metered"),
+                (bill["planned"], bill["metered"]),
+                lambda usd: f"{usd:.3g}",
+            )
+        )
+    request = compared["request"]
+    diff = summary["max_abs_diff_vs_monolithic"]
+    console.print(
+        f"{summary['status']}: {summary['succeeded']} of {summary['requests']} request(s) of "
+        f"{summary['tokens']} tokens succeeded in {summary['wall_s']} s; "
+        f"max |output - monolithic| = {'-' if diff is None else f'{diff:.2g}'}; "
+        f"intermediates left: {summary['intermediates_left']}; request latency predicted "
+        f"{request['predicted_s']} s, measured {request['measured_s']} s."
+    )
+    if summary["faults_injected"]:
+        injected = ", ".join(f"{k} x{v}" for k, v in sorted(summary["faults_injected"].items()))
+        console.print(f"Faults injected: {injected}.")
+    denied = summary["access_denied"]
+    console.print(
+        "Every S3 request and Invoke was checked against its function's IAM policy: "
+        + (
+            "none refused."
+            if not denied
+            else f"[red]{len(denied)} refused[/red], e.g. {denied[0]}."
+        )
+    )
+    if summary["metered"] is None:
+        console.print("Metering needs one execution and no faults: --requests 1, no --faults.")
+    for failure in summary["failed"]:
+        console.print(f"[red]{failure['error']}[/red]: {failure['cause']}")
+
+
+def _side_by_side(
+    title: str, columns: tuple[str, str], values: tuple[dict, dict], fmt: Callable[[float], str]
+) -> Any:
+    """A table of two dicts by key (the first dict's order, then the second's other keys)."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("item", *columns):
+        table.add_column(column, justify="left" if column == "item" else "right")
+    first, second = values
+    for key in [*first, *(k for k in second if k not in first)]:
+        cells = [first.get(key), second.get(key)]
+        table.add_row(key, *("-" if v is None else fmt(v) for v in cells))
+    return table
+
+
+def _amount(value: float) -> str:
+    """A count with thousands separators; a fractional amount (GB-s) to three decimals."""
+    return f"{value:,.3f}" if value != int(value) else f"{int(value):,}"
