@@ -34,7 +34,7 @@ demo: setup
 	$(BIN)/moelambda run-local --plan out/plan.json
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 bench: setup
 	$(BIN)/moelambda bench profiler

@@ -15,6 +15,15 @@ from moelambda.cli import app
 runner = CliRunner()
 
 
+@pytest.fixture(autouse=True)
+def _width_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests check what a command prints when piped with no width given; pytest-xdist's
+    workers set $COLUMNS to 80 (and $LINES), which the commands honour as a width the user
+    set."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
+
+
 def _run(*args: str) -> Result:
     result = runner.invoke(app, list(args))
     assert result.exit_code == 0, result.output
