@@ -3,65 +3,13 @@
 from __future__ import annotations
 
 import json
-from datetime import date
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from ground.errors import UsageError
 from moelambda.cli._app import JsonOpt, app, err, stdout, user_errors
-
-if TYPE_CHECKING:
-    from planner import Calibration
-    from planner.calibration import ExpertComputeReference
-    from planner.compute import ExpertTiming
-
-BUSY_CPUS = 0.25  # other processes' CPU use above which the timings are flagged as inflated
-
-
-def _check(tokens: int, repeats: int, out: Path) -> None:
-    """Fail on bad arguments before loading the model or timing anything."""
-    if tokens < 1:
-        raise UsageError(
-            f"--tokens {tokens} is not a batch size.", "pass --tokens 1 or more (default 1024)."
-        )
-    if repeats < 1:
-        raise UsageError(f"--repeats {repeats} times nothing.", "pass --repeats 1 or more.")
-    if out.is_dir():
-        raise UsageError(f"--out '{out}' is a directory.", "pass a calibration file name.")
-
-
-def _summary(
-    path: Path,
-    timing: ExpertTiming,
-    reference: ExpertComputeReference,
-    calibration: Calibration,
-    busy: float | None,
-    repeats: int,
-) -> dict[str, Any]:
-    """The JSON object `--json` prints: the measurement, and U_j as written to `path`."""
-    return {
-        "file": str(path),
-        "batch_tokens": timing.batch_tokens,
-        "repeats": repeats,
-        "hidden": reference.hidden,
-        "width": reference.width,
-        "flops_per_token": reference.flops_per_token,
-        "t1_s_per_token": timing.t1_s_per_token,
-        "t2_s_per_token": timing.t2_s_per_token,
-        "threads_efficiency": timing.threads_efficiency,
-        "cpu_model": reference.cpu_model,
-        "torch_version": reference.torch_version,
-        "background_cpus": busy,
-        "options": [
-            {"memory_mb": m, "vcpus": calibration.vcpus_at(m), "expert_token_compute_s": u}
-            for m, u in zip(
-                calibration.memory_options_mb, calibration.expert_token_compute_s, strict=True
-            )
-        ],
-    }
 
 
 def _print_table(summary: dict[str, Any]) -> None:
@@ -125,7 +73,7 @@ def calibrate(
     expert_compute_reference into the calibration file. Run it on an idle machine. With
     --cold, measures the handlers' INIT instead (`moelambda.coldstart.calibrate_cold`).
     """
-    from planner import compute, default_calibration_path, load_calibration
+    from planner import default_calibration_path
 
     source = calibration or default_calibration_path()
     target = out or source
@@ -134,26 +82,20 @@ def calibrate(
 
         calibrate_cold(source, target, cold_repeats, as_json)
         return
-    _check(tokens, repeats, target)
-    start = load_calibration(source)
-    document = compute.read_document(source)
+    from planner.calibrate import BUSY_CPUS, calibrate_compute, check_calibrate
+
+    check_calibrate(tokens, repeats, target)
     with err.status("loading the reference expert") as status:
-        stage = compute.reference_expert(progress=status.update)
-        before = compute.cpu_times()
-        timing = compute.measure_expert(stage, tokens, repeats, progress=status.update)
-        busy = compute.background_cpus(before, compute.cpu_times())
+        summary = calibrate_compute(
+            source, target, tokens=tokens, repeats=repeats, progress=status.update
+        )
+    busy = summary["background_cpus"]
     if busy is not None and busy > BUSY_CPUS:
         err.print(
             f"[yellow]warning:[/] other processes kept {busy:.2f} CPUs busy while measuring; "
             "the times are likely too slow. Re-run on an idle machine.",
             highlight=False,
         )
-    reference = compute.expert_reference(stage, timing)
-    compute_s = compute.token_compute_s(start, timing.t1_s_per_token, timing.threads_efficiency)
-    written = compute.write_calibration(
-        compute.calibrated_document(document, compute_s, reference, date.today()), target
-    )
-    summary = _summary(target, timing, reference, written, busy, repeats)
     if as_json:
         print(json.dumps(summary))
     else:

@@ -251,6 +251,29 @@ def test_calibrate_updates_in_place_by_default(calibration_copy: Path) -> None:
     assert load_calibration(calibration_copy).expert_compute_reference is not None
 
 
+@pytest.mark.usefixtures("small_reference")
+def test_calibrate_from_python(calibration_copy: Path, tmp_path: Path) -> None:
+    """`planner.calibrate.calibrate_compute` is the command: the same summary, the file it
+    names written with it."""
+    from planner.calibrate import calibrate_compute
+
+    lines: list[str] = []
+    summary = calibrate_compute(
+        calibration_copy, tmp_path / "api.json", tokens=32, repeats=2, progress=lines.append
+    )
+    written = load_calibration(tmp_path / "api.json")
+    assert summary["file"] == str(tmp_path / "api.json") and lines
+    assert [row["expert_token_compute_s"] for row in summary["options"]] == list(
+        written.expert_token_compute_s or ()
+    )
+    printed = runner.invoke(
+        app,
+        ["calibrate", "--calibration", str(calibration_copy), "--out", str(tmp_path / "cli.json")]
+        + ["--tokens", "32", "--repeats", "2", "--json"],
+    )
+    assert sorted(json.loads(printed.stdout)) == sorted(summary)
+
+
 def _not_json(path: Path) -> Path:
     path.write_text('{"schema_version": 1,', encoding="utf-8")
     return path
