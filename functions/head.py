@@ -7,6 +7,11 @@ from typing import Any
 import numpy as np
 import torch
 
+# Building this stage needs Hugging Face's model classes: their common base (the bulk of the
+# import) loads in INIT, where the cold-start model (`ground.coldstart`) counts each role's
+# imports, not in the first call's weight load. The expert handler needs none of it.
+import transformers.modeling_utils  # noqa: F401
+
 from functions import config, warm, weights
 from functions.common import s3_client, use_lambda_threads
 from ground import layout

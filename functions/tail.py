@@ -5,6 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+# Building this stage needs Hugging Face's model classes: their common base (the bulk of the
+# import) loads in INIT, where the cold-start model (`ground.coldstart`) counts each role's
+# imports, not in the first call's weight load. The expert handler needs none of it.
+import transformers.modeling_utils  # noqa: F401
 from botocore.exceptions import ClientError
 
 from functions import config, warm, weights

@@ -9,6 +9,7 @@ monolithic forward.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -114,8 +115,6 @@ class StageLoader:
     """Reads the manifest of an export and builds any one stage from its own file."""
 
     def __init__(self, root: str | Path) -> None:
-        from transformers import AutoConfig
-
         self.root = Path(root)
         path = self.root / "manifest.json"
         if not path.is_file():
@@ -135,9 +134,16 @@ class StageLoader:
                 f"version {MANIFEST_VERSION}.",
                 "re-export the model with this version of moelambda.",
             )
+
+    @cached_property
+    def family(self) -> Family:
+        """The model's Hugging Face classes, read when a stage other than an expert is built:
+        an expert function never imports transformers (about 4 s of every cold start)."""
+        from transformers import AutoConfig
+
         config = AutoConfig.from_pretrained(self.root / "config")
         config._attn_implementation = "eager"
-        self.family = Family(self.manifest.family, config, self.manifest.classes)
+        return Family(self.manifest.family, config, self.manifest.classes)
 
     def _tensors(self, key: str) -> dict[str, torch.Tensor]:
         path = self.root / key

@@ -152,3 +152,29 @@ def test_smollm2_gguf_stages_equal_monolithic(tmp_path: Path) -> None:
     # 30 layers and logits near 20: fp32 rounding is relative here, so the bound is too.
     difference = (run_staged(tmp_path / "w", ids) - reference).abs().max()
     assert difference <= TOL * reference.abs().max()
+
+
+@pytest.mark.parametrize("name", ["gelu", "gelu_pytorch_tanh", "relu", "silu", "swish"])
+def test_activations_are_hugging_faces(name: str) -> None:
+    """The experts' own activation table must compute what transformers names the same."""
+    from transformers.activations import ACT2FN
+
+    from moe._experts import _activation
+
+    x = torch.linspace(-6, 6, 1001)
+    assert torch.equal(_activation(name)(x), ACT2FN[name](x))
+
+
+def test_an_expert_handler_does_not_import_transformers(minilm: MoEModel, tmp_path: Path) -> None:
+    """Every cold start of an expert function would pay about 4 s more for it."""
+    import subprocess
+    import sys
+
+    export_model(minilm, tmp_path / "w")
+    code = (
+        "import sys; import functions.expert; from moe import StageLoader; "
+        f"StageLoader({str(tmp_path / 'w')!r}).expert(0, 0); "
+        "print('transformers' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
