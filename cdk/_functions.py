@@ -16,7 +16,9 @@ holds k provisioned environments, which the workflow and the gates then invoke (
 unqualified function would never use them); a warmer as EventBridge Scheduler schedules, one
 per concurrent ping, invoking the function (or its alias) every N minutes with
 `{"warmer": true}` (`functions.warm`), through one role per stack allowed to invoke exactly
-the warmed functions.
+the warmed functions; managed as the function attached to the stack's one capacity provider
+(`cdk._managed`), with the memory of its managed environment and no reserved concurrency
+(its fixed pool of environments is its limit). A plan without managed capacity has no VPC.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_scheduler as scheduler
 from constructs import Construct
 
+from cdk._managed import ManagedInstances
 from ground import access
 from ground.access import Access
 from ground.errors import UsageError
@@ -166,6 +169,16 @@ class ServingFunctions(Construct):
             ecr_assets.Platform.LINUX_ARM64
             if plan.arch == "arm64"
             else ecr_assets.Platform.LINUX_AMD64
+        )
+        self.managed = (
+            ManagedInstances(
+                self,
+                "Managed",
+                instance_type=plan.traffic.managed_instance_type,
+                architecture=self._architecture,
+            )
+            if plan.traffic is not None and plan.traffic.managed_instance_type is not None
+            else None
         )
         keys = {(s.role, s.layer, s.expert): s.key for s in plan.model.stages}
         self._stage_bytes = {s.key: s.bytes for s in plan.model.stages}
@@ -434,6 +447,11 @@ class ServingFunctions(Construct):
     ) -> lambda_.DockerImageFunction:
         scope = scope or self
         prefix = self._options.weights_prefix
+        managed = self._capacity.get(capacity) if capacity is not None else None
+        if managed is None or managed.policy != "managed":
+            managed = None
+        else:
+            reserved = None  # the managed pool is the limit
         if weights is not None:
             access = access.with_weights(prefix, weights)
         self.access[id_] = access
@@ -485,7 +503,7 @@ class ServingFunctions(Construct):
             ephemeral_storage_size=self._storage(weights or []),
             tracing=lambda_.Tracing.ACTIVE if self._options.tracing else None,
             architecture=self._architecture,
-            memory_size=memory_mb,
+            memory_size=memory_mb if managed is None else managed.managed_memory_mb,
             timeout=timeout,
             reserved_concurrent_executions=reserved,
             environment={
@@ -496,7 +514,10 @@ class ServingFunctions(Construct):
             },
             description=f"moelambda {role} {id_}",
         )
-        if capacity is not None:
+        if managed is not None:
+            assert self.managed is not None  # TrafficPlan names the provider
+            self.managed.attach(fn, managed)
+        elif capacity is not None:
             cap = self._capacity.get(capacity)
             if cap is not None and reserved is not None and cap.provisioned_concurrency > reserved:
                 raise UsageError(

@@ -119,6 +119,19 @@ def acknowledge(stack: Any, *, tracing: bool) -> None:
         "The workflow logs ERROR events: logging ALL would bill every state of every "
         "request and record request keys; errors are what an operator needs.",
     )
+    managed = stack.functions.managed
+    if managed is not None:
+        _accept(
+            managed.provider.node.find_child("OperatorRole"),
+            [
+                "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/"
+                "AWSLambdaManagedEC2ResourceOperator]"
+            ],
+            "The capacity provider's operator role: Lambda assumes it to launch and manage the "
+            "EC2 instances of Lambda Managed Instances, and AWS maintains this policy for "
+            "exactly that (CDK's CapacityProvider attaches it); a copy would not follow "
+            "the service's changes.",
+        )
     if not tracing:
         _accept(
             machine,
@@ -160,6 +173,16 @@ _CHECKOV_LOGS = {
     "CKV_AWS_158": "Error logs of the handlers and the workflow, with no tensors or execution "
     "data; CloudWatch Logs encrypts them at rest, and a customer key would add a billed key.",
 }
+_CHECKOV_FLOW_LOGS = {
+    "CKV_AWS_158": "The managed instances' VPC flow logs: addresses and ports of their "
+    "connections to the endpoints, no payload; CloudWatch Logs encrypts them at rest, and a "
+    "customer key would add a billed key.",
+}
+_CHECKOV_MANAGED = _CHECKOV_FUNCTION | {
+    "CKV_AWS_117": "Runs on Lambda Managed Instances, in the stack's VPC: the capacity "
+    "provider carries the subnets and security group (cdk/_managed.py), not the function's "
+    "own VpcConfig, which is what checkov reads.",
+}
 _CHECKOV_BUCKET = {
     "CKV_AWS_18": "Server access logs would need a second bucket for short-lived request "
     "intermediates; CloudTrail data events audit reads and writes instead.",
@@ -171,8 +194,13 @@ _CHECKOV_BUCKET = {
 def skip_checkov(stack: Any) -> None:
     """Record, in each resource's Metadata, the checkov checks the design accepts and why."""
     batcher = stack.functions.batcher
+    managed = stack.functions.managed
+    on_instances = [] if managed is None else managed.functions
     for fn in stack.functions.all():
-        _skip(fn, _CHECKOV_BATCHER if fn is batcher else _CHECKOV_FUNCTION)
+        checks = _CHECKOV_MANAGED if fn in on_instances else _CHECKOV_FUNCTION
+        _skip(fn, _CHECKOV_BATCHER if fn is batcher else checks)
+    if managed is not None:
+        _skip(managed.flow_logs, _CHECKOV_FLOW_LOGS)
     if stack.front_door is not None:
         _skip(stack.front_door.queue, _CHECKOV_QUEUE)
         _skip(stack.front_door.dead_letters, _CHECKOV_QUEUE)

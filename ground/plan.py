@@ -18,7 +18,8 @@ written before packing, which stay valid.
 
 `traffic`, when set, is what `moelambda plan --traffic` chose for a request stream: the front
 door's batch policy (most tokens per batch, longest wait) and a capacity policy per function
-(none, a scheduled warmer, or provisioned concurrency), with the p99 SLO and the simulated
+(none, a scheduled warmer, provisioned concurrency, or Lambda Managed Instances: then the
+stack's one capacity provider's instance type and count), with the p99 SLO and the simulated
 period they were chosen on. Plans without it (every plan before it) stay valid, and mean one
 execution per arriving request with no capacity policy.
 """
@@ -34,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ground.errors import MoelambdaError
 from ground.files import read_document, write_file_atomically
 from ground.kinds import refuse_other_kind
+from ground.managed import MB_PER_GIB, MEMORY_GIB_PER_VCPU
 from ground.manifest import StageEntry
 from ground.semantics import direct_event_bytes
 
@@ -151,17 +153,34 @@ class FunctionCapacity(_Strict):
 
     provisioned: `provisioned_concurrency` environments on a published version (an alias);
     warmer: a schedule invoking the function every `warmer_interval_s` with
-    `warmer_concurrency` concurrent pings (events {"warmer": true}, answered at once).
+    `warmer_concurrency` concurrent pings (events {"warmer": true}, answered at once);
+    managed: `managed_environments` environments of `managed_memory_mb` on the stack's Lambda
+    Managed Instances (`ground.managed`: whole vCPUs at 2 GiB each, one request at a time).
     """
 
     function: str = Field(description="head, layerNN, layerNN/expertMM or tail.")
-    policy: Literal["none", "warmer", "provisioned"]
+    policy: Literal["none", "warmer", "provisioned", "managed"]
     provisioned_concurrency: int = Field(default=0, ge=0)
     warmer_interval_s: float | None = Field(default=None, gt=0)
     warmer_concurrency: int = Field(default=0, ge=0)
+    managed_environments: int = Field(default=0, ge=0)
+    managed_memory_mb: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> FunctionCapacity:
+        step = MEMORY_GIB_PER_VCPU * MB_PER_GIB
+        if self.policy == "managed" and (
+            self.managed_environments < 1
+            or self.managed_memory_mb is None
+            or self.managed_memory_mb % step
+        ):
+            raise ValueError(
+                f"{self.function}: managed needs managed_environments >= 1 and "
+                f"managed_memory_mb a multiple of {step} (whole vCPUs at "
+                f"{MEMORY_GIB_PER_VCPU} GiB each)"
+            )
+        if self.policy != "managed" and (self.managed_environments or self.managed_memory_mb):
+            raise ValueError(f"{self.function}: managed_* set without the policy managed")
         if self.policy == "provisioned" and self.provisioned_concurrency < 1:
             raise ValueError(f"{self.function}: provisioned needs provisioned_concurrency >= 1")
         if self.policy == "warmer" and (
@@ -188,6 +207,23 @@ class TrafficPlan(_Strict):
     idle_reclaim_s: float = Field(gt=0, description="The idle-time assumption planned under.")
     capacity: list[FunctionCapacity]
     simulated: dict[str, Any] = Field(description="p99, attainment and bill over the period.")
+    managed_instance_type: str | None = Field(
+        default=None, description="The capacity provider's EC2 instance type (managed only)."
+    )
+    managed_instances: int = Field(default=0, ge=0, description="Instances it runs.")
+
+    @model_validator(mode="after")
+    def _one_provider(self) -> TrafficPlan:
+        managed = any(c.policy == "managed" for c in self.capacity)
+        provider = self.managed_instance_type is not None and self.managed_instances >= 1
+        if managed and not provider:
+            raise ValueError(
+                "managed capacity needs managed_instance_type and managed_instances >= 1 "
+                "(the stack's capacity provider)"
+            )
+        if not managed and (self.managed_instance_type is not None or self.managed_instances):
+            raise ValueError("managed_instance_type or managed_instances set, no managed function")
+        return self
 
 
 def function_names(layers: list[LayerPlan]) -> list[str]:

@@ -13,6 +13,7 @@ from datetime import date
 from importlib import resources
 from itertools import pairwise
 from pathlib import Path
+from typing import Literal
 
 from pydantic import (
     BaseModel,
@@ -34,6 +35,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Calibration",
     "ColdStartReference",
+    "Ec2InstancePrice",
     "ExpertComputeReference",
     "IdleReclaim",
     "LambdaPrice",
@@ -146,6 +148,19 @@ class ManagedInstancesPrice(BaseModel):
     default_instances: PositiveInt
 
 
+class Ec2InstancePrice(BaseModel):
+    """One EC2 instance type a Lambda Managed Instances capacity provider can run: its size,
+    its architecture (as Lambda spells it: a plan's functions run on one) and its on-demand
+    Linux price per hour, before the management fee."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    vcpus: PositiveInt
+    memory_gib: PositiveFloat
+    hourly_usd: PositiveFloat
+    arch: Literal["x86_64", "arm64"]
+
+
 class ColdStartReference(BaseModel):
     """A handler's INIT on this machine, measured by `moelambda calibrate --cold` in fresh
     processes: the interpreter's start, the import of each role's handler module, and loading a
@@ -242,6 +257,7 @@ class Calibration(BaseModel):
     snapstart_prices: SnapStartPrice | None = None
     scheduler_invocation_usd: PositiveFloat | None = None
     managed_instances_prices: ManagedInstancesPrice | None = None
+    ec2_instance_prices: dict[str, Ec2InstancePrice] | None = None  # instance type -> price
     cold_start_reference: ColdStartReference | None = None
     # The batching front door (SQS, its event source mapping, the batcher): optional too, for
     # the calibration of plans made before it; `planner.traffic.platform` fills them.

@@ -9,15 +9,18 @@
    optimal at any tighter one it still meets);
 3. for each, a capacity policy: none, a warmer every interval of `WARMER_INTERVALS_S` (at most
    the low end of the idle-time range, so a warmed environment survives whichever idle time in
-   that range holds), or provisioned concurrency, each function's concurrency set to a quantile
+   that range holds), provisioned concurrency, or Lambda Managed Instances for every function
+   of the stack (one capacity provider per stack: `planner.traffic.managed` prices it), each
+   function's concurrency (or managed environments, at least one) set to a quantile
    (`LEVELS`) of the environments it had in use at its invocations in the simulation without a
    policy;
 and simulates every combination over the whole stream (`simulate`), keeping the cheapest bill
 of the period whose p99 latency meets the SLO with no refused batch, both at the assumed idle
 time and at the low end of its range (`idle_reclaim_s.low_s`: the idle time is an assumption,
 and a plan that only holds if environments live 10 minutes is fragile); the bill is the one
-at the assumed idle time. Lambda Managed Instances
-and SnapStart are not candidates (the calibration file says what is missing for each).
+at the assumed idle time (managed environments are never reclaimed, so for them the second
+simulation only confirms the first). SnapStart is not a candidate (the calibration file says
+why).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ground.errors import InfeasibleError
+from ground.managed import environment_memory_mb
 from ground.plan import FunctionCapacity, Plan, TrafficPlan
 from planner.calibration import Calibration
 from planner.traffic.platform import platform_for
@@ -81,15 +85,24 @@ def _levels(hist: np.ndarray, level: float) -> np.ndarray:
 
 
 def capacity_candidates(
-    base: TrafficResult, platform: Platform, *, intervals: tuple[float, ...]
+    base: TrafficResult,
+    platform: Platform,
+    *,
+    intervals: tuple[float, ...],
+    memory_mb: np.ndarray | None = None,
 ) -> list[tuple[str, list[Capacity]]]:
-    """Capacity policies to try, from the environments each function used without one."""
+    """Capacity policies to try, from the environments each function used without one.
+
+    Managed candidates need Lambda Managed Instances' prices and `memory_mb` (F,), each
+    function's planned memory, to know an instance type holds its environments.
+    """
     out: list[tuple[str, list[Capacity]]] = []
     seen: set[tuple[Any, ...]] = set()
 
     def add(label: str, policies: list[Capacity]) -> None:
         key = tuple(
-            (c.kind, c.provisioned, c.warmer_interval_s, c.warmer_concurrency) for c in policies
+            (c.kind, c.provisioned, c.warmer_interval_s, c.warmer_concurrency, c.environments)
+            for c in policies
         )
         if key not in seen and any(c.kind != "none" for c in policies):
             seen.add(key)
@@ -106,6 +119,16 @@ def capacity_candidates(
             add(
                 f"provisioned, p{level * 100:g} environments",
                 [Capacity("provisioned", int(n)) if n else Capacity() for n in k],
+            )
+        managed = np.maximum(k, 1)
+        if (
+            platform.managed is not None
+            and memory_mb is not None
+            and platform.managed.choose(memory_mb, managed) is not None
+        ):
+            add(
+                f"managed, p{level * 100:g} environments",
+                [Capacity("managed", environments=int(n)) for n in managed],
             )
     return out
 
@@ -201,7 +224,9 @@ def plan_for_traffic(
             say(f"simulating {cap:,} tokens, wait {wait:g} s: no capacity policy")
             base = simulate(model, arrivals, policy, platform)
             tried = [("none", None, base)]
-            for label, capacity in capacity_candidates(base, platform, intervals=intervals):
+            for label, capacity in capacity_candidates(
+                base, platform, intervals=intervals, memory_mb=model.functions.memory_mb
+            ):
                 say(f"simulating {cap:,} tokens, wait {wait:g} s: {label}")
                 tried.append(
                     (label, capacity, simulate(model, arrivals, policy, platform, capacity))
@@ -261,8 +286,10 @@ def plan_for_traffic(
                 max_batch_tokens=policy.max_tokens,
                 max_wait_s=policy.max_wait_s,
                 idle_reclaim_s=platform.idle_s,
-                capacity=_function_capacity(model, capacity),
+                capacity=_function_capacity(model, capacity, platform),
                 simulated=result.summary(slo_p99_s) | {"capacity": label},
+                managed_instance_type=result.managed.get("instance_type"),
+                managed_instances=result.managed.get("instances", 0),
             ).model_dump()
         }
     )
@@ -270,9 +297,10 @@ def plan_for_traffic(
 
 
 def _function_capacity(
-    model: WorkflowModel, capacity: list[Capacity] | None
+    model: WorkflowModel, capacity: list[Capacity] | None, platform: Platform
 ) -> list[FunctionCapacity]:
     policies = capacity or [Capacity()] * model.functions.count
+    managed = platform.managed
     return [
         FunctionCapacity(
             function=name,
@@ -280,8 +308,14 @@ def _function_capacity(
             provisioned_concurrency=c.provisioned if c.kind == "provisioned" else 0,
             warmer_interval_s=c.warmer_interval_s if c.kind == "warmer" else None,
             warmer_concurrency=c.warmer_concurrency if c.kind == "warmer" else 0,
+            managed_environments=c.environments if c.kind == "managed" else 0,
+            managed_memory_mb=environment_memory_mb(float(mb), managed.mb_per_vcpu)
+            if c.kind == "managed" and managed is not None
+            else None,
         )
-        for name, c in zip(model.functions.names, policies, strict=True)
+        for name, c, mb in zip(
+            model.functions.names, policies, model.functions.memory_mb, strict=True
+        )
     ]
 
 

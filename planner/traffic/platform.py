@@ -21,11 +21,13 @@ from ground.frontdoor import BATCHER_MEMORY_MB
 from ground.plan import Plan
 from planner.calibration import Calibration, ColdStartReference, load_calibration
 from planner.replay import calibration_of
+from planner.traffic.managed import managed_prices
 from planner.traffic.simulate import FrontDoor, Platform
 from planner.traffic.workflow import Functions
 
 __all__ = [
     "FRONT_DOOR_FIELDS",
+    "MANAGED_FIELDS",
     "TRAFFIC_FIELDS",
     "front_door_for",
     "calibrated_cold_document",
@@ -58,6 +60,9 @@ FRONT_DOOR_FIELDS = (
     "start_execution_s",
     "batcher_import_s",
 )
+# Lambda Managed Instances' prices: filled like the traffic fields; without them the planner
+# offers no managed capacity (`planner.traffic.managed`).
+MANAGED_FIELDS = ("managed_instances_prices", "ec2_instance_prices")
 
 
 def traffic_calibration(
@@ -69,7 +74,7 @@ def traffic_calibration(
     file), so a plan made before `moelambda calibrate --cold` can still be simulated.
     """
     own = calibration_of(plan)
-    fields = TRAFFIC_FIELDS + FRONT_DOOR_FIELDS
+    fields = TRAFFIC_FIELDS + FRONT_DOOR_FIELDS + MANAGED_FIELDS
     if all(getattr(own, name) is not None for name in fields):
         return own, "plan"
     other = calibration or load_calibration()
@@ -141,7 +146,8 @@ def platform_for(
     calibration: Calibration, functions: Functions, arch: str, *, idle_s: float | None = None
 ) -> Platform:
     """The `Platform` of a deployment's functions: each one's INIT, the idle time (the
-    calibration's assumption unless `idle_s` is given) and the prices of `arch`."""
+    calibration's assumption unless `idle_s` is given) and the prices of `arch` (Lambda
+    Managed Instances' with the instance types of `arch`)."""
     model = init_model(calibration)
     phases = np.array(
         [
@@ -170,6 +176,7 @@ def platform_for(
         provisioned_allocated_usd=None if pc is None else pc.allocated_gb_second_usd,
         provisioned_duration_usd=None if pc is None else pc.duration_gb_second_usd,
         front_door=front_door_for(calibration),
+        managed=managed_prices(calibration, arch),
     )
 
 

@@ -33,6 +33,7 @@ def capacity_of(plan: Plan) -> list[Capacity] | None:
             provisioned=c.provisioned_concurrency,
             warmer_interval_s=c.warmer_interval_s or 0.0,
             warmer_concurrency=c.warmer_concurrency,
+            environments=c.managed_environments,
         )
         for c in plan.traffic.capacity
     ]
@@ -101,6 +102,12 @@ def simulate_plan(
                 "provisioned-concurrency prices for.",
                 "add them under provisioned_concurrency_prices, or plan for x86_64.",
             )
+    if capacity and any(c.kind == "managed" for c in capacity) and platform.managed is None:
+        raise CalibrationError(
+            f"the plan runs functions on Lambda Managed Instances on {plan.arch}, which the "
+            "calibration has no instance prices for.",
+            "add managed_instances_prices and ec2_instance_prices of that architecture.",
+        )
     result = simulate(model, arrivals, policy, platform, capacity, reserve=reserve)
     summary = result.summary(slo)
     summary["wall_s"] = round(time.perf_counter() - started, 3)

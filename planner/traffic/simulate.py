@@ -27,7 +27,13 @@
    front door (`front_door_usd`: SQS requests in 64 KB chunks, the event source's receives and
    deletes and its pollers' empty long polls, the batcher's invocations, duration and INIT, and
    the S3 PUT of each input too large to travel in the execution's input;
-   `ground.frontdoor.planned`).
+   `ground.frontdoor.planned`), and Lambda Managed Instances (`managed_instances_usd`: the
+   instances with their fee and the requests, `planner.traffic.managed`, less the duration and
+   requests the cost model's items bill for the managed functions' invocations).
+6. A function on Lambda Managed Instances (`ground.managed`) keeps its `environments` always
+   warm, with no INIT: it is simulated as that many provisioned environments under a reserved
+   concurrency of the same number, so an invocation that finds them all busy is throttled and
+   retried as any throttled invocation is (`_kernels.run_pools`).
 
 Approximations, each named where it is made: the workflow's timings are the cost model's and
 interpolated between grid sizes; a stage's functions start cold independently; a direct gate's
@@ -56,6 +62,7 @@ import numpy as np
 from ground import frontdoor
 from ground.coldstart import init_phase, retry_waits
 from planner.traffic._kernels import batch_requests, run_pools
+from planner.traffic.managed import ManagedPrices
 from planner.traffic.spec import Arrivals
 from planner.traffic.workflow import BILL_ITEMS, WorkflowModel
 
@@ -124,11 +131,13 @@ class FrontDoor:
 
 @dataclass(frozen=True)
 class Capacity:
-    """One function's capacity policy: none, a warmer, or provisioned concurrency.
+    """One function's capacity policy: none, a warmer, provisioned concurrency or managed.
 
     A warmer pings `warmer_concurrency` environments every `warmer_interval_s`; provisioned
-    concurrency keeps `provisioned` environments initialised for the whole period. `reserved`
-    replaces the stack's reserved concurrency of the function (None: the plan's).
+    concurrency keeps `provisioned` environments initialised for the whole period; managed
+    runs the function on the stack's Lambda Managed Instances with `environments` of its own,
+    and no more. `reserved` replaces the stack's reserved concurrency of the function (None:
+    the plan's); a managed function's limit is its `environments`.
     """
 
     kind: str = "none"
@@ -136,10 +145,13 @@ class Capacity:
     warmer_interval_s: float = 0.0
     warmer_concurrency: int = 0
     reserved: int | None = None
+    environments: int = 0
 
     def __post_init__(self) -> None:
-        if self.kind not in ("none", "warmer", "provisioned"):
+        if self.kind not in ("none", "warmer", "provisioned", "managed"):
             raise ValueError(f"unknown capacity policy {self.kind!r}")
+        if self.kind == "managed" and self.environments < 1:
+            raise ValueError("a managed function needs at least one environment")
 
 
 @dataclass(frozen=True)
@@ -163,6 +175,7 @@ class Platform:
     provisioned_duration_usd: float | None = None
     load_s: np.ndarray | None = None  # (F,) the first call's weight load (None: 0)
     front_door: FrontDoor | None = None  # None: not priced (batching by the policy as given)
+    managed: ManagedPrices | None = None  # Lambda Managed Instances (None: not priced)
 
     def cold_s(self) -> tuple[np.ndarray, np.ndarray]:
         """(seconds a new environment delays its first invocation, seconds it bills): the
@@ -191,6 +204,7 @@ class TrafficResult:
     wall_s: float
     notes: list[str] = field(default_factory=list)
     front_door: dict[str, Any] = field(default_factory=dict)  # its deployment and usage
+    managed: dict[str, Any] = field(default_factory=dict)  # instance type and count, if any
 
     def quantiles(self) -> dict[str, float | None]:
         """p50, p95, p99, max of request latency (None where refused requests make it
@@ -227,6 +241,7 @@ class TrafficResult:
             "reserved_concurrency_reached": self.over_reserved,
             "bill_usd": self.bill_usd,
             "front_door": self.front_door,
+            "managed_instances": self.managed,
             "wall_s": round(self.wall_s, 3),
             "notes": self.notes,
         }
@@ -335,11 +350,13 @@ def _capacity_arrays(
     limit = np.array(
         [r if c.reserved is None else c.reserved for c, r in zip(policies, reserved, strict=True)]
     )
+    managed = np.array([c.environments if c.kind == "managed" else 0 for c in policies])
     return (
         provisioned.astype(np.int64),
         interval.astype(float),
         pings.astype(np.int64),
         limit.astype(np.int64),
+        managed.astype(np.int64),
     )
 
 
@@ -363,15 +380,27 @@ def simulate(
         reserve: Whether the stack reserves concurrency (each expert function's
             `max_replicas`, or its capacity's `reserved`), which throttles invocations beyond
             it. Defaults to True, as `moelambda synth` emits the stack; False is
-            `--no-reserve-concurrency`.
+            `--no-reserve-concurrency`. A managed function's environments limit it either way.
     """
     started = time.perf_counter()
     fns = model.functions
-    provisioned, interval, ping_count, reserved = _capacity_arrays(capacity, fns.reserved)
+    provisioned, interval, ping_count, reserved, environments = _capacity_arrays(
+        capacity, fns.reserved
+    )
     if not reserve:
         reserved = np.zeros_like(reserved)
     if provisioned.any() and platform.provisioned_allocated_usd is None:
         raise ValueError("provisioned concurrency without its prices")
+    managed = environments > 0
+    instances = None
+    if managed.any():
+        if platform.managed is None:
+            raise ValueError("managed capacity without Lambda Managed Instances' prices")
+        instances = platform.managed.choose(fns.memory_mb[managed], environments[managed])
+        if instances is None:
+            raise ValueError("a managed environment larger than every instance type")
+    # A managed function: its environments always warm (as provisioned), and no more of them.
+    reserved = np.where(managed, environments, reserved)
     door = platform.front_door if policy.front_door else None
     first, dispatch, size, delivery = batches_of(arrivals, policy, door)
     door_bill: dict[str, float] = {}
@@ -397,7 +426,7 @@ def simulate(
         model.duration_s,
         model.replicas,
         wait_s,
-        provisioned,
+        provisioned + environments,
         reserved,
         np.asarray(retry_waits(), dtype=float),
         platform.idle_s,
@@ -411,21 +440,24 @@ def simulate(
     finish[served] = np.where(failed, np.inf, dispatch[served] + warm + delay_served)
     latency = finish[batch_of] - arrivals.times_s
     gb = fns.memory_mb / platform.billing_mb_per_gb
+    gb_lambda = np.where(managed, 0.0, gb)  # what Lambda bills per second of each function
     rate = platform.gb_second_usd
     bill = {name: float(model.at(model.bill_usd[name], tokens).sum()) for name in BILL_ITEMS}
     if door is not None:  # the head's GET of an input that came inline is not made
         bill["s3_usd"] -= float((~stored[served]).sum()) * door.s3_get_usd
-    init_gb_s = ((cold_b + cold_p) * billed_init_s * gb).sum() if platform.init_billed else 0.0
+    init_gb_s = (
+        ((cold_b + cold_p) * billed_init_s * gb_lambda).sum() if platform.init_billed else 0.0
+    )
     bill["init_usd"] = float(init_gb_s * rate)
     bill["cold_wait_usd"] = float(
-        _waiting_gb_s(model, stage_delay, gb) * rate
+        _waiting_gb_s(model, stage_delay, gb_lambda) * rate
         + model.express_usd_per_s * float(delay_served.sum())
     )
     period = arrivals.period_s
     if platform.provisioned_allocated_usd is not None:
         assert platform.provisioned_duration_usd is not None
         allocated = float((provisioned * gb).sum() * period * platform.provisioned_allocated_usd)
-        credit = float((pc_seconds * gb).sum() * (platform.provisioned_duration_usd - rate))
+        credit = float((pc_seconds * gb_lambda).sum() * (platform.provisioned_duration_usd - rate))
         bill["provisioned_usd"] = allocated + credit
     else:
         bill["provisioned_usd"] = 0.0
@@ -440,6 +472,28 @@ def simulate(
         ).sum()
     )
     bill["front_door_usd"] = float(sum(door_bill.values()))
+    managed_summary: dict[str, Any] = {}
+    if instances is not None:
+        assert platform.managed is not None
+        # The cost model's items bill every invocation on Lambda (duration and a request):
+        # a managed function's are billed by the instances instead.
+        invocations = model.replicas[tokens][:, managed].sum(axis=0).astype(float)
+        lambda_usd = float(
+            (pc_seconds[managed] * gb[managed]).sum() * rate
+            + invocations.sum() * platform.request_usd
+        )
+        bill["managed_instances_usd"] = (
+            platform.managed.bill_usd(instances, period, float(invocations.sum())) - lambda_usd
+        )
+        managed_summary = {
+            "instance_type": instances.instance_type,
+            "instances": instances.instances,
+            "environments": {
+                n: int(environments[f]) for f, n in enumerate(fns.names) if managed[f]
+            },
+        }
+    else:
+        bill["managed_instances_usd"] = 0.0
     bill["total_usd"] = sum(bill.values())
     total_tokens = arrivals.total_tokens
     bill["per_million_tokens_usd"] = (
@@ -477,6 +531,7 @@ def simulate(
         wall_s=time.perf_counter() - started,
         notes=notes,
         front_door=door_summary,
+        managed=managed_summary,
     )
 
 

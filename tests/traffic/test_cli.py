@@ -50,8 +50,8 @@ def test_traffic_json_has_the_issues_keys(plan_path: Path) -> None:
         assert key in out
     assert set(out["latency_s"]) == {"p50", "p95", "p99", "max"}
     assert set(out["cold_starts"]) == {"count", "per_function"}
-    for key in ("init_usd", "provisioned_usd", "warmers_usd", "total_usd",
-                "per_million_tokens_usd"):  # fmt: skip
+    for key in ("init_usd", "provisioned_usd", "warmers_usd", "managed_instances_usd",
+                "total_usd", "per_million_tokens_usd"):  # fmt: skip
         assert key in out["bill_usd"]
     bill = out["bill_usd"]
     parts = sum(v for k, v in bill.items() if k not in ("total_usd", "per_million_tokens_usd"))
