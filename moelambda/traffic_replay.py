@@ -20,10 +20,11 @@ plan's own workflow through it:
   invocation at a time (a JSON line in, a JSON line out); the handler loads its weights from
   moto S3 on its first call, as on Lambda. A direct gate invokes its experts through moto's
   Lambda API, which routes them to the pool like the state machine's calls.
-- **The pool manager** (`moelambda.environments`) keeps per function a stack of idle environments: an invocation takes the
-  most recently used idle one, or starts a new one and waits for it (a cold start); an
-  environment idle longer than the idle time is reclaimed (its process ended), by a reaper
-  thread every 0.2 s and at every invocation. A function's reserved concurrency (the template's
+- **The pool manager** (`moelambda.environments`) keeps per function a stack of idle
+  environments: an invocation takes the most recently used idle one, or starts a new one
+  and waits for it (a cold start); an environment idle longer than the idle time is
+  reclaimed (its process ended), by a reaper thread every 0.2 s and at every invocation.
+  A function's reserved concurrency (the template's
   `ReservedConcurrentExecutions`) throttles invocations beyond it (Lambda's 429, which the
   state machine retries with its own policy). `max_environments` bounds all live processes
   (this machine's memory), like an account's concurrency limit; reaching it is reported, and

@@ -21,6 +21,7 @@ import contextlib
 import io
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -411,6 +412,22 @@ def _deploy(
 
 
 @contextlib.contextmanager
+def _lambda_region() -> Iterator[None]:
+    """The region variables Lambda's runtime sets in every function (boto3 reads them): the
+    batcher's Step Functions client, unlike S3's, needs one. Restored after the run."""
+    saved = {k: os.environ.get(k) for k in ("AWS_REGION", "AWS_DEFAULT_REGION")}
+    os.environ.update(dict.fromkeys(saved, REGION))
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
 def _own_clients(handlers: Handlers) -> Iterator[None]:
     """The functions' S3 clients live as long as the run whose identities they sign with."""
     try:
@@ -659,7 +676,7 @@ def run_front_door(
     ids = [f"request-{i:04d}" for i in range(len(requests))]
     bodies = [frontdoor.body(rid, ids_.tolist()) for rid, ids_ in zip(ids, requests, strict=True)]
     delivered = frontdoor.deliveries(times, window_s, records)
-    with mock_aws(config=config), lambdas.installed(), _own_clients(handlers):
+    with mock_aws(config=config), _lambda_region(), lambdas.installed(), _own_clients(handlers):
         s3 = boto3.client("s3", region_name=REGION)
         s3.create_bucket(Bucket=bucket)
         for path in sorted(p for p in weights_dir.rglob("*") if p.is_file()):

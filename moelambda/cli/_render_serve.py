@@ -168,3 +168,29 @@ def _side_by_side(
 def _amount(value: float) -> str:
     """A count with thousands separators; a fractional amount (GB-s) to three decimals."""
     return f"{value:,.3f}" if value != int(value) else f"{int(value):,}"
+
+
+def front_door(console: Console, summary: dict[str, Any]) -> None:
+    """The executions the batcher started, each request's check, the front door's billing."""
+    from rich.table import Table
+
+    policy = summary["batch_policy"]
+    console.print(
+        f"{len(summary['requests'])} request(s) -> {len(summary['executions'])} execution(s) "
+        f"(batches of at most {policy['max_batch_tokens']:,} tokens, wait "
+        f"{policy['max_wait_s']:g} s)"
+    )
+    table = Table(title="front door: metered on moto vs planned")
+    for column in ("item", "metered", "planned"):
+        table.add_column(column, justify="left" if column == "item" else "right")
+    planned = summary["front_door_planned"]
+    for key, value in summary["front_door_metered"].items():
+        expected = planned.get(key)
+        table.add_row(key, f"{value:g}", "-" if expected is None else f"{expected:g}")
+    console.print(table)
+    worst = summary["max_abs_diff_vs_monolithic"]
+    console.print(
+        f"{summary['status']}: max |output - monolithic| "
+        f"{'-' if worst is None else f'{worst:.2e}'}; front door metered "
+        + ("= planned." if summary["metered_equals_planned"] else "!= planned.")
+    )

@@ -66,6 +66,16 @@ def run_local(
             "call) to this file, as a deployed gate prints them: `moelambda replan` reads it."
         ),
     ] = None,
+    front_door: Annotated[
+        int | None,
+        typer.Option(
+            "--front-door",
+            help="Send the batch as this many requests (whole windows each) through the plan's "
+            "SQS queue and batcher, which start the executions by the plan's batch policy (a "
+            "plan made with --traffic); checks every request's output and the front door's "
+            "billed requests against the planned ones.",
+        ),
+    ] = None,
     traffic: Annotated[
         str | None,
         typer.Option(
@@ -176,6 +186,23 @@ def run_local(
             },
         )
         return
+    if front_door is not None:
+        _front_door(
+            plan,
+            front_door,
+            text,
+            tokens,
+            corpus,
+            seed,
+            max_tokens,
+            as_json,
+            given={
+                "--requests": requests != 1,
+                "--faults": faults is not None,
+                "--metrics-out": metrics_out is not None,
+            },
+        )
+        return
     for flag, value in (("--hours", hours), ("--minutes", minutes), ("--idle-s", idle_s)):
         if value is not None:
             raise UsageError(f"{flag} needs --traffic.", f"pass --traffic SPEC, or drop {flag}.")
@@ -225,6 +252,58 @@ def run_local(
     else:
         _render_serve.run_local(stdout(), summary)
     if failed:
+        raise typer.Exit(1)
+
+
+def _front_door(
+    plan: Path,
+    count: int,
+    text: str | None,
+    tokens: int | None,
+    corpus: str | None,
+    seed: int,
+    max_tokens: int,
+    as_json: bool,
+    given: dict[str, bool],
+) -> None:
+    """`run-local --front-door N`: check the arguments, cut the batch into N requests, run."""
+    import numpy as np
+
+    from ground.plan import Plan
+    from moelambda.front_door_local import run_front_door_locally
+
+    clash = [flag for flag, used in given.items() if used]
+    if clash:
+        raise UsageError(
+            f"--front-door sends one batch as requests through the queue; {', '.join(clash)} "
+            "apply to direct executions.",
+            f"drop {', '.join(clash)}, or leave --front-door out.",
+        )
+    if count < 1:
+        raise UsageError(f"--front-door {count} is below 1.", "pass --front-door 1 or more.")
+    document = Plan.load(plan)
+    if document.traffic is None:
+        raise UsageError(
+            f"'{plan}' has no front door: it was planned for one batch.",
+            "make the plan with `moelambda plan --traffic SPEC --slo-p99 S`, or leave "
+            "--front-door out.",
+        )
+    ref = document.model
+    model = load_with_status(ref.model, ref.experts, ref.top_k, ref.seed, True, ref.moefy)
+    ids = _batch(model.tokenizer, text, tokens or WINDOW * count, corpus, seed, max_tokens)
+    if count > ids.shape[0]:
+        raise UsageError(
+            f"--front-door {count} needs {count} windows; the batch has {ids.shape[0]}.",
+            f"pass --tokens {WINDOW * count} or more, or fewer requests.",
+        )
+    requests = [np.ascontiguousarray(part) for part in np.array_split(ids, count)]
+    with err.status("sending the requests through the front door") as status:
+        summary = run_front_door_locally(plan, model, requests, progress=status.update)
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        _render_serve.front_door(stdout(), summary)
+    if summary["status"] != "SUCCEEDED" or not summary["metered_equals_planned"]:
         raise typer.Exit(1)
 
 

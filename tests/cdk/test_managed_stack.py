@@ -75,7 +75,9 @@ def test_managed_functions_attach_with_their_pool(synthesised) -> None:  # type:
         for k, f in _resources(template, "AWS::Lambda::Function").items()
         if "CapacityProviderConfig" in f["Properties"]
     }
-    pools = sorted(p["FunctionScalingConfig"]["MinExecutionEnvironments"] for p in attached.values())
+    pools = sorted(
+        p["FunctionScalingConfig"]["MinExecutionEnvironments"] for p in attached.values()
+    )
     assert pools == sorted(MANAGED.values())
     for props in attached.values():
         config = props["CapacityProviderConfig"]["LambdaManagedInstancesCapacityProviderConfig"]

@@ -125,3 +125,55 @@ def test_concurrent_requests_all_succeed_with_their_own_keys(
         reference = minilm.forward(torch.from_numpy(ids), reference=True).numpy()
         assert float(np.abs(run["output"] - reference).max()) <= 1e-4
         assert run["intermediates_left"] == 0
+
+
+def _with_front_door(plan: Path, out: Path, max_tokens: int) -> Path:
+    """`plan` with the traffic block `plan --traffic` would add: a batch policy, no capacity."""
+    from ground.plan import Plan, function_names
+
+    doc = Plan.load(plan)
+    traffic = {
+        "traffic": {"spec": "test"},
+        "slo_p99_s": 30.0,
+        "max_batch_tokens": max_tokens,
+        "max_wait_s": 1.0,
+        "idle_reclaim_s": 600.0,
+        "capacity": [{"function": n, "policy": "none"} for n in function_names(doc.layers)],
+        "simulated": {},
+    }
+    return Plan.model_validate(doc.model_dump() | {"traffic": traffic}).save(out)
+
+
+def test_run_local_through_the_front_door(mixed_plan: Path, tmp_path: Path) -> None:
+    """--front-door 3: three 128-token requests reach the queue at once; the batcher starts
+    one execution of the first two (256 tokens, the policy's cap) and one of the third. Every
+    request gets its own rows of the monolithic output, and the front door bills as planned."""
+    plan = _with_front_door(mixed_plan, tmp_path / "traffic-plan.json", 256)
+    result = runner.invoke(
+        app, ["run-local", "--plan", str(plan), "--front-door", "3", "--tokens", "384", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["status"] == "SUCCEEDED" and out["errors"] == [] and out["access_denied"] == []
+    assert out["executions"] == [["request-0000", "request-0001"], ["request-0002"]]
+    assert [r["execution"] for r in out["requests"]] == [0, 0, 1]
+    assert [r["tokens"] for r in out["requests"]] == [128, 128, 128]
+    assert all(r["max_abs_diff_vs_monolithic"] <= 1e-4 for r in out["requests"])
+    assert out["metered_equals_planned"]
+    assert out["front_door_planned"]["sqs_send_requests"] == 3
+    assert out["front_door_planned"]["batcher_invocations"] == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ([], "has no front door"),
+        (["--requests", "2"], "--front-door sends one batch"),
+        (["--front-door", "0"], "--front-door 0 is below 1"),
+    ],
+)
+def test_run_local_front_door_refusals(mixed_plan: Path, extra: list[str], message: str) -> None:
+    args = ["run-local", "--plan", str(mixed_plan), "--front-door", "2", *extra]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert message in result.output
