@@ -20,9 +20,28 @@ from ground.errors import UsageError
 if TYPE_CHECKING:
     import numpy as np
 
+    from ground.plan import Plan
     from moe import MoEModel
 
-__all__ = ["run_front_door_locally"]
+__all__ = ["front_door_plan", "run_front_door_locally"]
+
+
+def front_door_plan(plan: Path) -> Plan:
+    """The plan at `plan`, if it has a front door (a batch policy from `plan --traffic`).
+
+    Raises:
+        UsageError: It was planned for one batch.
+    """
+    from ground.plan import Plan
+
+    document = Plan.load(plan)
+    if document.traffic is None:
+        raise UsageError(
+            f"'{plan}' has no front door: it was planned for one batch.",
+            "make the plan with `moelambda plan --traffic SPEC --slo-p99 S`, or leave "
+            "--front-door out.",
+        )
+    return document
 
 
 def run_front_door_locally(
@@ -59,19 +78,14 @@ def run_front_door_locally(
 
     from cdk.app import DEFAULT_STACK, build_app
     from functions.local import run_front_door
-    from ground.plan import FunctionCapacity, Plan
+    from ground.plan import FunctionCapacity
     from moe import export_model
     from moelambda.local import _reference
     from pipeline.stacks import flat_template
 
     say = progress or (lambda _: None)
-    document = Plan.load(plan)
-    if document.traffic is None:
-        raise UsageError(
-            f"'{plan}' has no front door: it was planned for one batch.",
-            "make the plan with `moelambda plan --traffic SPEC --slo-p99 S`, or leave "
-            "--front-door out.",
-        )
+    document = front_door_plan(plan)
+    assert document.traffic is not None
     say("running the monolithic model on each request")
     references = [_reference(model, ids, document.model.experts)[0] for ids in requests]
     bare = document.traffic.model_copy(

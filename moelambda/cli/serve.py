@@ -255,6 +255,13 @@ def run_local(
         raise typer.Exit(1)
 
 
+def _refuse_clash(given: dict[str, bool], mode: str, problem: str) -> None:
+    """Refuse the options `given` that `mode` does not use (`problem` names them as {flags})."""
+    clash = ", ".join(flag for flag, used in given.items() if used)
+    if clash:
+        raise UsageError(problem.format(flags=clash), f"drop {clash}, or leave {mode} out.")
+
+
 def _front_door(
     plan: Path,
     count: int,
@@ -269,25 +276,17 @@ def _front_door(
     """`run-local --front-door N`: check the arguments, cut the batch into N requests, run."""
     import numpy as np
 
-    from ground.plan import Plan
-    from moelambda.front_door_local import run_front_door_locally
+    from moelambda.front_door_local import front_door_plan, run_front_door_locally
 
-    clash = [flag for flag, used in given.items() if used]
-    if clash:
-        raise UsageError(
-            f"--front-door sends one batch as requests through the queue; {', '.join(clash)} "
-            "apply to direct executions.",
-            f"drop {', '.join(clash)}, or leave --front-door out.",
-        )
+    _refuse_clash(
+        given,
+        "--front-door",
+        "--front-door sends one batch as requests through the queue; {flags} apply to direct "
+        "executions.",
+    )
     if count < 1:
         raise UsageError(f"--front-door {count} is below 1.", "pass --front-door 1 or more.")
-    document = Plan.load(plan)
-    if document.traffic is None:
-        raise UsageError(
-            f"'{plan}' has no front door: it was planned for one batch.",
-            "make the plan with `moelambda plan --traffic SPEC --slo-p99 S`, or leave "
-            "--front-door out.",
-        )
+    document = front_door_plan(plan)
     ref = document.model
     model = load_with_status(ref.model, ref.experts, ref.top_k, ref.seed, True, ref.moefy)
     ids = _batch(model.tokenizer, text, tokens or WINDOW * count, corpus, seed, max_tokens)
@@ -326,12 +325,9 @@ def _replay(
     from ground.plan import Plan
     from moelambda.traffic_replay import replay_arrivals
 
-    clash = [flag for flag, used in given.items() if used]
-    if clash:
-        raise UsageError(
-            f"--traffic replays a request stream; {', '.join(clash)} shape one batch.",
-            f"drop {', '.join(clash)}, or leave --traffic out.",
-        )
+    _refuse_clash(
+        given, "--traffic", "--traffic replays a request stream; {flags} shape one batch."
+    )
     arrivals = replay_arrivals(
         spec,
         scale=scale,
