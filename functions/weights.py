@@ -5,6 +5,13 @@ modules), then only its own stage's safetensors file: an expert never pays for t
 Built stages are kept in a module-level cache keyed by (bucket, key), so a warm invocation
 makes no S3 request at all for its weights: the cost model bills a request only its own data.
 
+The downloaded files live in a directory of this process only, removed when the process ends
+normally; a stage's file is removed as soon as the stage is built (the built stage holds its
+tensors), so a long-lived process that serves many exports, as the local runner and the tests do,
+never holds more than one stage file on disk. A process ended by a signal cannot remove its
+directory: whoever starts such processes gives each its own TMPDIR and removes it (as Lambda
+reclaims an environment's /tmp, and as `moelambda.environments` does).
+
 The price: weights re-uploaded under the same keys are not seen by warm containers. A new
 export goes under a new weights prefix (`cdk deploy -c weights_prefix=weights-v2/ ...`), and
 the redeploy, which changes every function's environment, starts fresh containers.
@@ -12,7 +19,9 @@ the redeploy, which changes every function's environment, starts fresh container
 
 from __future__ import annotations
 
+import atexit
 import hashlib
+import shutil
 import tempfile
 import threading
 from collections.abc import Callable
@@ -40,6 +49,7 @@ def _cache_dir() -> Path:
     with _LOCK:
         if not _ROOT:
             _ROOT.append(Path(tempfile.mkdtemp(prefix="moelambda-weights-")))
+            atexit.register(shutil.rmtree, _ROOT[0], ignore_errors=True)
         return _ROOT[0]
 
 
@@ -78,8 +88,12 @@ def _stage(s3: Any, bucket: str, prefix: str, key: str, build: Callable[[StageLo
     with _LOCK:
         if cache_key not in _STAGES:
             stages = loader(s3, bucket, prefix)
-            _download(s3, bucket, prefix + key, stages.root / key)
-            _STAGES[cache_key] = build(stages)
+            path = stages.root / key
+            _download(s3, bucket, prefix + key, path)
+            try:
+                _STAGES[cache_key] = build(stages)
+            finally:
+                path.unlink(missing_ok=True)
         return _STAGES[cache_key]
 
 

@@ -9,6 +9,8 @@ environments: an invocation takes the most recently used idle one, or starts a n
 waits for it (a cold start); one idle longer than the idle time is reclaimed (its process
 ended) by a reaper thread and at every invocation; a function's reserved concurrency throttles
 invocations beyond it (`Throttled`, Lambda's 429); `max_environments` bounds all live processes.
+Each environment has a temporary directory of its own (its TMPDIR, Lambda's /tmp), removed when
+the environment ends: the process is ended by a signal and could not remove it itself.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
@@ -88,12 +92,13 @@ class _Environment:
         self.spec = spec
         self.spawned = time.monotonic()
         self._log = log.open("ab")
+        self._tmp = tempfile.mkdtemp(prefix="moelambda-env-")
         self.proc = subprocess.Popen(
             [sys.executable, "-c", WORKER, spec.handler],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
-            env=base_env | spec.env,
+            env=base_env | spec.env | {"TMPDIR": self._tmp},
             text=True,
             bufsize=1,
         )
@@ -133,6 +138,7 @@ class _Environment:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         self._log.close()
+        shutil.rmtree(self._tmp, ignore_errors=True)
 
 
 @dataclasses.dataclass

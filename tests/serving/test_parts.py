@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import threading
 import time
 from collections import Counter
@@ -69,6 +70,9 @@ def test_a_warm_stage_makes_no_s3_request_and_keeps_its_weights(
     client = s3_client()
     first = weights.expert(client, BUCKET, "weights/", 5, 3)
     key = "layers/05/experts/03.safetensors"
+    local = weights.loader(client, BUCKET, "weights/").root
+    assert (local / "manifest.json").is_file()
+    assert not (local / key).exists()  # the built stage holds its tensors: its file is gone
     save_file(load_file(root / key), tmp_path / "new", metadata={"revision": "2"})  # new ETag
     s3.upload_file(str(tmp_path / "new"), BUCKET, "weights/" + key)
     try:
@@ -78,6 +82,35 @@ def test_a_warm_stage_makes_no_s3_request_and_keeps_its_weights(
         assert requests == {}
     finally:
         s3.upload_file(str(root / key), BUCKET, "weights/" + key)
+
+
+def test_a_process_removes_its_downloaded_weights_when_it_ends(
+    exported: tuple[Path, Manifest], tmp_path: Path
+) -> None:
+    """The local runner and the tests serve from one process: nothing may stay behind in /tmp."""
+    import subprocess
+    import sys
+
+    root, _ = exported
+    code = (
+        "import boto3, moto, pathlib, sys\n"
+        "from functions import weights\n"
+        "with moto.mock_aws():\n"
+        "    s3 = boto3.client('s3', region_name='us-east-1')\n"
+        "    s3.create_bucket(Bucket='weights-b')\n"
+        "    root = pathlib.Path(sys.argv[1])\n"
+        "    for p in sorted(f for f in root.rglob('*') if f.is_file()):\n"
+        "        s3.upload_file(str(p), 'weights-b', 'w/' + p.relative_to(root).as_posix())\n"
+        "    weights.head(s3, 'weights-b', 'w/')\n"
+        "    print(weights.loader(s3, 'weights-b', 'w/').root)\n"
+    )
+    env = dict(os.environ) | {"TMPDIR": str(tmp_path)}
+    command = [sys.executable, "-c", code, str(root)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    used = Path(done.stdout.strip().splitlines()[-1])
+    assert used.is_relative_to(tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 def _waits_for_another_threads_put(event: dict, context: object) -> dict:
