@@ -105,7 +105,9 @@ class FrontDoor(Construct):
             environment={
                 "MOELAMBDA_MAX_BATCH_TOKENS": str(traffic.max_batch_tokens),
                 # A batch's ids travel in the execution's input when it fits this.
-                "MOELAMBDA_INPUT_LIMIT": str(int(cal["step_functions_payload_bytes"])),
+                "MOELAMBDA_INPUT_LIMIT": str(
+                    frontdoor.inline_input_limit(int(cal["step_functions_payload_bytes"]))
+                ),
                 "MOELAMBDA_STATE_MACHINE_ARN": state_machine.state_machine_arn,
             },
             statements=[

@@ -266,7 +266,7 @@ class ServingFunctions(Construct):
             role="tail",
             memory_mb=plan.nonmoe_memory_mb,
             timeout=stage_timeout,
-            access=access.tail(plan.layers[-1].layer),
+            access=access.tail(plan.layers[-1].layer, front_door=plan.traffic is not None),
             weights=[keys[("tail", None, None)]],
             capacity="tail",
         )

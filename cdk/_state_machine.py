@@ -136,9 +136,10 @@ class ServingStateMachine(Construct):
             chain = chain.next(self._layer(layer, previous))
             previous = {"layer": layer.layer, "method": layer.method}
             self._previous = layer
-        tail = self._task(
-            "Tail", functions.tail, self._gather_paths(), static={"previous": previous}
-        )
+        tail_static: dict[str, Any] = {"previous": previous}
+        if plan.traffic is not None:  # behind the front door: it writes each request's result
+            tail_static["input"] = sfn.JsonPath.object_at("$$.Execution.Input")
+        tail = self._task("Tail", functions.tail, self._gather_paths(), static=tail_static)
         self._catch(tail)
         chain = chain.next(tail)
         self.log_group = logs.LogGroup(

@@ -4,9 +4,10 @@ The SQS event source mapping invokes it with the messages it gathered (its windo
 size realise the plan's `max_wait_s`; `ground.frontdoor`). It splits them, in order, into
 batches of at most `MOELAMBDA_MAX_BATCH_TOKENS` tokens (`ground.frontdoor.split`, the rule the
 traffic simulator applies) and starts one execution per batch with the list of its requests
-and their rows (`ground.frontdoor.request_rows`) and the batch's token ids inline
-(`input_ids`, as the head takes them) when that input fits `MOELAMBDA_INPUT_LIMIT` (Step
-Functions' 256 KiB), else written first to `inputs/<execution name>.bin`, the key the head
+with their message ids and rows (`ground.frontdoor.request_rows`: the tail writes each one's
+result under its message id) and the batch's token ids inline (`input_ids`, as the head takes
+them) when that input fits `MOELAMBDA_INPUT_LIMIT` (`ground.frontdoor.inline_input_limit`),
+else written first to `inputs/<execution name>.bin`, the key the head
 reads for that execution (`ground.layout.input_key`).
 
 A message is `{"request": "<client id>", "input_ids": [[...], ...]}` (`ground.frontdoor.body`).
@@ -100,7 +101,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
             part = [k for k in members if len(good[k]["input_ids"][0]) == length]
             name = _execution_name([ids[k] for k in part])
             rows = [row for k in part for row in good[k]["input_ids"]]
-            requests = frontdoor.request_rows([good[k] for k in part])
+            requests = frontdoor.request_rows([good[k] for k in part], [ids[k] for k in part])
             given = json.dumps({"requests": requests, "input_ids": rows}, separators=(",", ":"))
             if len(given.encode()) > limit:  # too large for the workflow's input: stored
                 s3.put_object(

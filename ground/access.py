@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ground.layout import INPUTS_PREFIX, OUTPUTS_PREFIX, REQUESTS_PREFIX
+from ground.layout import INPUTS_PREFIX, OUTPUTS_PREFIX, REQUESTS_PREFIX, RESULTS_PREFIX
 
 __all__ = ["BATCH_INPUT_PREFIX", "Access", "batcher", "cleanup", "expert", "gate", "head", "tail"]
 
@@ -85,14 +85,14 @@ def expert(layer: int, number: int, method: str) -> Access:
     return Access(read=(f"{own}in/{number:02d}/*",), write=(f"{own}out/{number:02d}/*",))
 
 
-def tail(last: int) -> Access:
+def tail(last: int, front_door: bool = False) -> Access:
     """Reads the last layer, writes the output (and reads it: a second delivery returns the
-    output it finds), deletes the request's intermediates."""
+    output it finds), deletes the request's intermediates; behind the front door it also
+    writes each client request's result."""
     read = (f"{_layer(last)}residual.bin", *_gathered(last), f"{OUTPUTS_PREFIX}*")
     everything = f"{REQUESTS_PREFIX}*"
-    return Access(
-        read=read, write=(f"{OUTPUTS_PREFIX}*",), delete=(everything,), extra_list=(everything,)
-    )
+    write = (f"{OUTPUTS_PREFIX}*", *((f"{RESULTS_PREFIX}*",) if front_door else ()))
+    return Access(read=read, write=write, delete=(everything,), extra_list=(everything,))
 
 
 def cleanup() -> Access:

@@ -27,10 +27,15 @@ The rule, for requests in arrival order (times t, tokens n):
    another.
 
 Each request keeps its own id (the client's, inside its message); the execution's input lists
-the requests with their rows, so a batch's output splits back into its requests
-(`request_rows`). The batch's token ids travel inline in that input (`input_ids`, as the head
+the requests with their SQS message ids and their rows (`request_rows`). The tail, given the
+execution's input, writes each request's rows of the batch's output to its own object,
+`results/<message id>.bin` (`ground.layout.result_key`), before the batch's output: the client
+that sent the message reads its result under the id SendMessage returned, and no other
+request's rows. It writes them `RESULT_WRITERS` at a time, which adds `result_write_s` to the
+tail. The batch's token ids travel inline in that input (`input_ids`, as the head
 takes them) when the input fits Step Functions' limit (`step_functions_payload_bytes`, 256 KiB:
-about 40,000 token ids); a larger batch's ids go to `inputs/<execution name>.bin`, the key the
+about 40,000 token ids, less `TAIL_PAYLOAD_MARGIN_BYTES`: the tail's payload carries the input
+too, `inline_input_limit`); a larger batch's ids go to `inputs/<execution name>.bin`, the key the
 head reads for the execution it starts (`ground.layout.input_key`), at the price of an S3 PUT
 (`execution_input_bytes` estimates which; the batcher measures the real JSON).
 Windows of different lengths cannot share one tensor: the batcher starts one execution per
@@ -39,9 +44,9 @@ window length within a batch (every request of a deployment normally has the mod
 What it bills (`planned`): per request, SendMessage requests (one per 64 KB chunk of its
 message); per delivery, the ESM's ReceiveMessage and DeleteMessageBatch calls (10 messages
 each) and one batcher invocation (duration: per execution one StartExecution, and one S3 PUT
-if its input is stored); per stored input, the S3 PUT; over the period, the pollers' empty
-long polls. The
-prices and limits live in the calibration file.
+if its input is stored); per stored input, the S3 PUT; per request, its result's S3 PUT (the
+tail's); over the period, the pollers' empty long polls. The prices and limits live in the
+calibration file.
 """
 
 from __future__ import annotations
@@ -50,20 +55,25 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "BATCHER_MEMORY_MB",
     "MESSAGE_ENVELOPE_BYTES",
     "MESSAGE_BYTES_PER_TOKEN",
+    "RESULT_WRITERS",
+    "TAIL_PAYLOAD_MARGIN_BYTES",
     "FrontDoorUsage",
     "batches",
     "deliveries",
     "deployed_window_s",
     "execution_input_bytes",
+    "inline_input_limit",
     "message_bytes",
     "planned",
     "records_per_delivery",
     "request_rows",
+    "result_write_s",
     "split",
 ]
 
@@ -77,8 +87,26 @@ BATCHER_MEMORY_MB = 1769
 # envelope cover for short requests).
 MESSAGE_ENVELOPE_BYTES = 128
 MESSAGE_BYTES_PER_TOKEN = 6
-# An execution input's entry per request: {"request":"<64>","rows":[<6 digits>,<6 digits>]},
-REQUEST_ROW_BYTES = 100
+# An execution input's entry per request:
+# {"request":"<64>","message":"<36-character SQS id>","rows":[<6 digits>,<6 digits>]},
+REQUEST_ROW_BYTES = 160
+# The tail's payload is the execution's input plus its request id, its last hidden state's key,
+# the previous layer and the Map's per-shard results (a few bytes per expert replica): an inline
+# input leaves this much of Step Functions' payload limit for them.
+TAIL_PAYLOAD_MARGIN_BYTES = 8192
+# Result objects the tail writes at once (threads, each one PUT at a time).
+RESULT_WRITERS = 16
+
+
+def inline_input_limit(payload_limit: int) -> int:
+    """The largest execution input whose token ids travel inline."""
+    return int(payload_limit) - TAIL_PAYLOAD_MARGIN_BYTES
+
+
+def result_write_s(requests: Any, put_s: float) -> Any:
+    """What writing `requests` results (a count, or an integer array of counts) adds to the
+    tail: rounds of `RESULT_WRITERS` PUTs."""
+    return -(-requests // RESULT_WRITERS) * put_s
 
 
 def deployed_window_s(max_wait_s: float, limit_s: float) -> int:
@@ -162,15 +190,20 @@ def execution_input_bytes(tokens: int, requests: int) -> int:
     )
 
 
-def request_rows(messages: Sequence[dict[str, object]]) -> list[dict[str, object]]:
-    """The execution input's list of its requests: each one's id and its window rows
-    [start, stop) in the batch's input (and so in its output), in order."""
+def request_rows(
+    messages: Sequence[dict[str, object]], message_ids: Sequence[str]
+) -> list[dict[str, object]]:
+    """The execution input's list of its requests: each one's id, its SQS message id (its
+    result's name) and its window rows [start, stop) in the batch's input (and so in its
+    output), in order."""
     out = []
     row = 0
-    for message in messages:
+    for message, message_id in zip(messages, message_ids, strict=True):
         ids = message["input_ids"]
         assert isinstance(ids, list)
-        out.append({"request": message["request"], "rows": [row, row + len(ids)]})
+        out.append(
+            {"request": message["request"], "message": message_id, "rows": [row, row + len(ids)]}
+        )
         row += len(ids)
     return out
 
@@ -185,6 +218,7 @@ class FrontDoorUsage:
     batcher_invocations: int
     executions: int  # one StartExecution each
     stored: int  # executions whose input went to S3 (one PUT each)
+    results: int  # requests whose result the tail wrote (one PUT each)
 
     @property
     def sqs_requests(self) -> int:
@@ -199,6 +233,7 @@ class FrontDoorUsage:
             "batcher_invocations": self.batcher_invocations,
             "executions": self.executions,
             "s3_put": self.stored,
+            "s3_result_put": self.results,
         }
 
 
@@ -213,7 +248,7 @@ def planned(
 ) -> FrontDoorUsage:
     """The front door's billed requests for messages of `message_sizes` bytes, delivered in
     deliveries of `records_per_delivery_` messages, making `executions` executions, `stored`
-    of them with their input in S3."""
+    of them with their input in S3, and one result per message."""
     return FrontDoorUsage(
         send_requests=sum(max(1, -(-int(b) // chunk_bytes)) for b in message_sizes),
         receive_requests=sum(-(-int(r) // receive_max) for r in records_per_delivery_),
@@ -221,6 +256,7 @@ def planned(
         batcher_invocations=len(records_per_delivery_),
         executions=int(executions),
         stored=int(stored),
+        results=len(message_sizes),
     )
 
 

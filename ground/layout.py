@@ -6,6 +6,8 @@ is the SHA-256 of the execution's ARN (`request_id_of`, computed by the state ma
 States.Hash), unique per execution for Standard and Express alike, so two requests never share a
 key whatever the caller sends. The caller's only key is its input, `inputs/<execution name>.bin`,
 which the head derives from its own execution's name: a request cannot name another's data.
+Behind the front door, each client's request gets its own result, `results/<message id>.bin`,
+named by the SQS message id its SendMessage returned: assigned by SQS, unique per message.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ __all__ = [
     "INPUTS_PREFIX",
     "OUTPUTS_PREFIX",
     "REQUESTS_PREFIX",
+    "RESULTS_PREFIX",
     "done_key",
     "head_key",
     "input_key",
@@ -33,6 +36,7 @@ __all__ = [
     "parse_out_key",
     "request_prefix",
     "residual_key",
+    "result_key",
     "routing_key",
     "shard_key",
     "validate_request_id",
@@ -41,6 +45,7 @@ __all__ = [
 REQUESTS_PREFIX = "requests/"  # a request's intermediates, deleted by the tail or cleanup
 INPUTS_PREFIX = "inputs/"  # callers' uploaded inputs, by execution name
 OUTPUTS_PREFIX = "outputs/"  # results, by request id
+RESULTS_PREFIX = "results/"  # the front door's results, one per client request, by message id
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9-]{1,64}")
 _EXECUTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,80}")  # what Step Functions accepts, minus unicode
@@ -144,3 +149,8 @@ def parse_out_key(prefix: str, key: str) -> tuple[int, int, int | None]:
 
 def output_key(request_id: str) -> str:
     return f"{OUTPUTS_PREFIX}{validate_request_id(request_id)}.bin"
+
+
+def result_key(message_id: str) -> str:
+    """Where the tail writes one front-door request's rows of its batch's output."""
+    return f"{RESULTS_PREFIX}{validate_request_id(message_id)}.bin"

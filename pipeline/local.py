@@ -637,8 +637,9 @@ def run_front_door(
     failed (DeleteMessageBatch), as the mapping does. The batcher starts the executions on
     moto's Step Functions, which run the workflow as `run_workflow` does.
 
-    Returns per request its execution's status and its own output rows (the execution input
-    lists each request's rows); the executions; per function the wall time of its calls; and
+    Returns per request its execution's status and its result as the client reads it
+    (`results/<message id>.bin`, which the tail wrote; checked equal to its rows of the
+    batch's output); the executions; per function the wall time of its calls; and
     for a `metered` run (functions warmed first) the workflow's "usage" as `run_workflow`
     counts it plus "front_door_usage": the SQS requests, the batcher's invocations,
     GB-seconds and S3 PUTs (of inputs too large to travel inline), against
@@ -737,8 +738,13 @@ def run_front_door(
             for member in members["requests"]:
                 start, stop = member["rows"]
                 entry: dict[str, Any] = {"execution": execution, "status": info["status"]}
-                if output is not None:
-                    entry["output"] = output[start:stop]
+                if output is not None:  # what the client reads: its own result object
+                    key = layout.result_key(member["message"])
+                    body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+                    entry["output"], entry["result_key"] = decode(body)[0], key
+                    entry["result_equals_batch_rows"] = bool(
+                        np.array_equal(entry["output"], output[start:stop])
+                    )
                 else:
                     entry["error"], entry["cause"] = info.get("error"), info.get("cause")
                 results[member["request"]] = entry

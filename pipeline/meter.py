@@ -14,8 +14,9 @@ counted where the requests really happen, not derived from the workflow's shape:
   every state, those inside Map iterations and Parallel branches included.
 - The front door (`pipeline.local.run_front_door`): SQS requests (SendMessage counted per 64 KB
   chunk of its request body, ReceiveMessage, DeleteMessageBatch), the batcher's invocations and
-  GB-seconds, and the S3 requests it makes (signed with its identity), kept apart from the
-  workflow's usage in `front_door_usage` (`ground.frontdoor.FrontDoorUsage.as_dict`'s keys).
+  GB-seconds, the S3 requests it makes (signed with its identity) and the tail's PUTs of the
+  clients' results (`results/`), kept apart from the workflow's usage in `front_door_usage`
+  (`ground.frontdoor.FrontDoorUsage.as_dict`'s keys).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from ground.layout import RESULTS_PREFIX
 from ground.semantics import S3_REQUEST_TYPES, USAGE_KEYS
 
 __all__ = ["Meter", "entered_states", "identity_of", "object_key"]
@@ -93,6 +95,7 @@ class Meter:
                 "batcher_invocations",
                 "batcher_gb_s",
                 "s3_put",
+                "s3_result_put",
             ),
             0,
         )
@@ -136,7 +139,9 @@ class Meter:
         `identity` is the batcher's)."""
         key = object_key(url, self.bucket)
         kind = None if key is None else _s3_kind(operation, key, status)
-        if kind is not None and identity is not None and identity in self.front_door:
+        if kind == "s3_put" and key is not None and key.startswith(RESULTS_PREFIX):
+            self._add_door("s3_result_put")  # the tail's, for the front door's clients
+        elif kind is not None and identity is not None and identity in self.front_door:
             self._add_door(kind if kind == "s3_put" else f"{kind}_other")
         elif kind is not None:
             self._add(kind)

@@ -62,6 +62,7 @@ def _row(result: TrafficResult, slo: float) -> dict[str, Any]:
         "bill_usd": result.bill_usd,
         "per_million_tokens_usd": result.bill_usd["per_million_tokens_usd"],
         "reserved_concurrency_exceeded": result.over_reserved,
+        "front_door": result.front_door,  # its bill by item and usage ({} without one)
     }
 
 

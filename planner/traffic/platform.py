@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ground import frontdoor
 from ground.coldstart import InitModel
 from ground.errors import CalibrationError
 from ground.frontdoor import BATCHER_MEMORY_MB
@@ -136,7 +137,7 @@ def front_door_for(calibration: Calibration) -> FrontDoor | None:
         batcher_init_s=c.init_image_start_s + c.batcher_import_s,
         start_s=c.start_execution_s,
         put_s=c.s3_access_delay_s,
-        input_limit_bytes=c.step_functions_payload_bytes,
+        input_limit_bytes=frontdoor.inline_input_limit(c.step_functions_payload_bytes),
         s3_put_usd=c.s3_put_request_usd,
         s3_get_usd=c.s3_get_request_usd,
     )

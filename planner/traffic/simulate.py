@@ -25,11 +25,13 @@
    concurrency (its allocation, less the lower duration rate of the invocations it serves),
    warmers (a request, a warm start's duration and a scheduler invocation per ping), and the
    front door (`front_door_usd`: SQS requests in 64 KB chunks, the event source's receives and
-   deletes and its pollers' empty long polls, the batcher's invocations, duration and INIT, and
-   the S3 PUT of each input too large to travel in the execution's input;
-   `ground.frontdoor.planned`), and Lambda Managed Instances (`managed_instances_usd`: the
-   instances with their fee and the requests, `planner.traffic.managed`, less the duration and
-   requests the cost model's items bill for the managed functions' invocations).
+   deletes and its pollers' empty long polls, the batcher's invocations, duration and INIT,
+   the S3 PUT of each input too large to travel in the execution's input, and each request's
+   result: its S3 PUT and the tail's seconds writing them, `ground.frontdoor.result_write_s`,
+   which also lengthen the batch; `ground.frontdoor.planned`), and Lambda Managed Instances
+   (`managed_instances_usd`: the instances with their fee and the requests,
+   `planner.traffic.managed`, less the duration and requests the cost model's items bill for
+   the managed functions' invocations).
 6. A function on Lambda Managed Instances (`ground.managed`) keeps its `environments` always
    warm, with no INIT: it is simulated as that many provisioned environments under a reserved
    concurrency of the same number, so an invocation that finds them all busy is throttled and
@@ -325,6 +327,7 @@ def _front_door(
         + gb_s * platform.gb_second_usd,
         "batcher_init_usd": init_gb_s * platform.gb_second_usd,
         "inputs_s3_usd": usage.stored * door.s3_put_usd,
+        "results_s3_usd": usage.results * door.s3_put_usd,
     }
     summary = {
         "window_s": window,
@@ -436,6 +439,10 @@ def simulate(
         arrivals.period_s,
     )
     warm = model.at(model.latency_s, tokens)
+    results_s = np.zeros(tokens.size)
+    if door is not None:  # the tail writes each request's result: rounds of parallel PUTs
+        results_s = frontdoor.result_write_s(np.diff(first)[served], door.put_s)
+        warm = warm + results_s
     finish = np.full(size.size, np.inf)
     finish[served] = np.where(failed, np.inf, dispatch[served] + warm + delay_served)
     latency = finish[batch_of] - arrivals.times_s
@@ -471,6 +478,9 @@ def simulate(
             )
         ).sum()
     )
+    if door is not None:
+        tail_gb = gb_lambda[fns.role.index("tail")]
+        door_bill["results_tail_usd"] = float(results_s.sum() * tail_gb * rate)
     bill["front_door_usd"] = float(sum(door_bill.values()))
     managed_summary: dict[str, Any] = {}
     if instances is not None:

@@ -179,7 +179,8 @@ def test_the_front_door_is_a_queue_with_a_dead_letter_queue_and_a_mapping(synthe
     batcher = template["Resources"][batcher_id]["Properties"]
     assert batcher["ImageConfig"]["Command"] == ["functions.batcher.handler"]
     assert batcher["Environment"]["Variables"]["MOELAMBDA_MAX_BATCH_TOKENS"] == "2048"
-    assert batcher["Environment"]["Variables"]["MOELAMBDA_INPUT_LIMIT"] == "262144"
+    # Step Functions' 256 KiB less the room the tail's payload needs (it carries the input).
+    assert batcher["Environment"]["Variables"]["MOELAMBDA_INPUT_LIMIT"] == str(262144 - 8192)
     # The queue hides a delivered message longer than the batcher may run.
     assert queues[main_id]["Properties"]["VisibilityTimeout"] >= 6 * batcher["Timeout"]
 
@@ -216,6 +217,43 @@ def test_the_batcher_may_only_consume_its_queue_start_its_workflow_and_write_inp
             (("logs:CreateLogStream", "logs:PutLogEvents"), f"<{group}.Arn>:*"),
         ]
     )
+
+
+def _tail(template: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The tail's state in the workflow and its S3 PutObject resources."""
+    from tests.cdk.test_stack import _definition, _policies
+
+    tail = _definition(template)["States"]["Tail"]
+    (function,) = [
+        r
+        for r in _resources(template, "AWS::Lambda::Function").values()
+        if r["Properties"].get("ImageConfig", {}).get("Command") == ["functions.tail.handler"]
+    ]
+    puts = [
+        r
+        for s in _policies(template, function)
+        if "s3:PutObject" in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
+        for r in ([s["Resource"]] if isinstance(s["Resource"], str) else s["Resource"])
+    ]
+    return tail, puts
+
+
+def test_the_tail_writes_each_request_s_result_only_behind_the_front_door(
+    synthesised,  # type: ignore[no-untyped-def]
+) -> None:
+    import aws_cdk as cdk
+
+    from cdk.stack import MoeServingStack
+    from tests.cdk.test_stack import small_plan
+
+    template, _ = synthesised
+    tail, puts = _tail(template)
+    assert tail["Parameters"]["Payload"]["input.$"] == "$$.Execution.Input"
+    assert any(str(r).endswith("/results/*") for r in puts), puts
+    stack = MoeServingStack(cdk.App(), "NoTraffic", plan=small_plan(("s3",)))
+    plain, puts = _tail(cdk.assertions.Template.from_stack(stack).to_json())
+    assert "input.$" not in plain["Parameters"]["Payload"]
+    assert not any("results/" in str(r) for r in puts), puts
 
 
 def test_a_plan_without_traffic_has_no_front_door() -> None:

@@ -1,10 +1,12 @@
 """The front door on moto: requests sent to the synthesised queue, the batcher's handler invoked
 with the SQS event as the event source mapping delivers it, the executions it starts run by
-moto's Step Functions. Each request's output equals its own direct execution's; the batches are
-the simulator's for the same arrivals; the front door's billed requests are the planned ones."""
+moto's Step Functions. Each request's result, the object the tail wrote under its message id,
+equals its own direct execution's output; the batches are the simulator's for the same arrivals;
+the front door's billed requests are the planned ones."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +88,26 @@ def test_each_request_s_output_equals_its_direct_execution(runs) -> None:  # typ
         assert alone["status"] == batched["status"] == "SUCCEEDED", batched.get("cause")
         assert batched["output"].shape[0] == request.shape[0]
         assert float(np.abs(batched["output"] - alone["output"]).max()) <= TOL
+        assert batched["result_equals_batch_rows"]
+    keys = [r["result_key"] for r in through["requests"]]
+    assert len(set(keys)) == len(keys) and all(k.startswith("results/") for k in keys)
+
+
+@pytest.mark.parametrize(
+    "requests",
+    [
+        [{"message": "m-1", "rows": [0, 3]}],  # past the batch's 2 windows
+        [{"message": "m-1", "rows": [1, 1]}],  # empty
+        [{"message": "../outputs/x", "rows": [0, 1]}],  # escapes results/
+        [{"rows": [0, 1]}],  # no message id
+    ],
+)
+def test_the_tail_refuses_requests_that_are_not_the_front_door_s(requests: list) -> None:
+    from functions.tail import _write_results
+    from ground.errors import UsageError
+
+    with pytest.raises(UsageError):
+        _write_results(None, "bucket", np.zeros((2, 4), dtype=np.float32), requests)
 
 
 def test_the_batches_are_the_simulator_s(runs) -> None:  # type: ignore[no-untyped-def]
@@ -132,6 +154,7 @@ def test_the_front_door_bills_what_is_planned(runs) -> None:  # type: ignore[no-
         "batcher_invocations": 2,
         "executions": 3,
         "s3_put": 1,
+        "s3_result_put": 4,
     }
     assert metered["batcher_gb_s"] > 0
     assert "batcher" in through["seconds"]
@@ -152,3 +175,24 @@ def test_a_bad_message_is_reported_failed_and_the_rest_batched() -> None:
     assert frontdoor.split([3, 6, 9], 9) == [(0, 2), (2, 3)]
     with pytest.raises(ValueError):
         batcher.parse(records[1])
+
+
+def test_results_are_written_in_rounds_and_named_by_message() -> None:
+    assert frontdoor.result_write_s(0, 0.02) == 0
+    assert [frontdoor.result_write_s(n, 0.02) for n in (1, 16, 17, 32, 33)] == pytest.approx(
+        [0.02, 0.02, 0.04, 0.04, 0.06]
+    )
+    np.testing.assert_allclose(frontdoor.result_write_s(np.array([1, 17]), 0.5), [0.5, 1.0])
+    messages = [
+        {"request": "a", "input_ids": [[1, 2]] * 2},
+        {"request": "a", "input_ids": [[3, 4]]},
+    ]
+    assert frontdoor.request_rows(messages, ["m-1", "m-2"]) == [
+        {"request": "a", "message": "m-1", "rows": [0, 2]},
+        {"request": "a", "message": "m-2", "rows": [2, 3]},
+    ]
+    # The entry's size bound holds for the longest ids: a 64-character client id, SQS's 36.
+    entry = frontdoor.request_rows(
+        [{"request": "r" * 64, "input_ids": [[1]] * 999_999}], ["m" * 36]
+    )
+    assert len(json.dumps(entry, separators=(",", ":"))) - 2 <= frontdoor.REQUEST_ROW_BYTES

@@ -190,7 +190,8 @@ def _door(**extra: float) -> object:
 def test_the_front_door_by_hand() -> None:
     """Requests at 0, 0.2 (300 tokens each) and 100 s (3,000), cap 512, wait 0.4 s deployed as
     1 s: deliveries at 1 s (two executions: 300 + 300 do not fit 512) and 101 s (one); the
-    batcher starts cold (0.7 s), then warm; each execution starts a step after the previous."""
+    batcher starts cold (0.7 s), then warm; each execution starts a step after the previous;
+    the tail writes each execution's one request's result (one PUT, 0.02 s)."""
     model = workflow_model(tiny_plan(method="s3"), 4096)
     fns = model.functions
     stream = _stream([0.0, 0.2, 100.0], np.array([300, 300, 3000]), 200.0)
@@ -199,7 +200,7 @@ def test_the_front_door_by_hand() -> None:
     result = simulate(model, stream, BatchPolicy(512, 0.4), platform)
     plain = simulate(model, stream, BatchPolicy(512, 1.0), cold)  # the same batches, no door
     assert result.batch_tokens.tolist() == [300, 300, 3000]
-    delay = np.array([1.0 + 0.7 + 0.05, 1.0 - 0.2 + 0.7 + 0.1, 1.0 + 0.05])
+    delay = np.array([1.0 + 0.7 + 0.05, 1.0 - 0.2 + 0.7 + 0.1, 1.0 + 0.05]) + 0.02
     np.testing.assert_allclose(result.latency_s - plain.latency_s, delay - [1.0, 0.8, 1.0])
     door = result.front_door
     assert (door["window_s"], door["records_per_delivery"], door["deliveries"]) == (1, 512, 2)
@@ -211,6 +212,8 @@ def test_the_front_door_by_hand() -> None:
         "batcher_usd": 2 * 2e-7 + 3 * 0.05 * gb * RATE,
         "batcher_init_usd": 0.7 * gb * RATE,
         "inputs_s3_usd": 0.0,  # every input fits the execution's (inline ids)
+        "results_s3_usd": 3 * 5e-6,
+        "results_tail_usd": 3 * 0.02 * fns.memory_mb[fns.role.index("tail")] / 1024 * RATE,
     }
     assert door["bill_usd"] == pytest.approx(want)
     bill = result.bill_usd
@@ -218,8 +221,8 @@ def test_the_front_door_by_hand() -> None:
     others = sum(v for k, v in bill.items() if k not in ("total_usd", "per_million_tokens_usd"))
     assert bill["total_usd"] == pytest.approx(others)
     assert any("whole seconds" in note for note in result.notes)
-    # With a 2 KB input limit the 3,000-token batch's ids go to S3: a PUT, and 20 ms more.
-    small = _platform(fns.count, front_door=_door(input_limit_bytes=2048))  # type: ignore[arg-type]
+    # With a 4 KB input limit the 3,000-token batch's ids go to S3: a PUT, and 20 ms more.
+    small = _platform(fns.count, front_door=_door(input_limit_bytes=4096))  # type: ignore[arg-type]
     stored = simulate(model, stream, BatchPolicy(512, 0.4), small)
     assert stored.front_door["usage"]["s3_put"] == 1
     assert stored.front_door["bill_usd"]["inputs_s3_usd"] == pytest.approx(5e-6)
