@@ -34,7 +34,7 @@ demo: setup
 	$(BIN)/moelambda run-local --plan out/plan.json
 
 # Two workers on two cores: one thread each, or torch's intra-op threads oversubscribe them
-# (the suite took 860 s on a fresh clone that way, 432 s with one thread each).
+# (a fresh clone's suite took 860 s that way, 521 s with one thread each: `.ci/run`).
 test: setup
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2
 

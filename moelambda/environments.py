@@ -290,6 +290,13 @@ class EnvironmentPool:
         """From now on, at most `limit` environments in INIT at once (None: no bound)."""
         self._start_gate = threading.BoundedSemaphore(limit) if limit else contextlib.nullcontext()
 
+    def touch_idle(self, at: float) -> None:
+        """Start every idle environment's idle clock at `at` (monotonic): the trace's start."""
+        with self._lock:
+            for stack in self._idle.values():
+                for env in stack:
+                    env.last_used = at
+
     def reset_counts(self) -> None:
         """Forget the invocations, cold starts and reclaims so far (the trace starts now)."""
         with self._lock:

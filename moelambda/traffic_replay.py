@@ -29,27 +29,36 @@ plan's own workflow through it:
   state machine retries with its own policy). `max_environments` bounds all live processes
   (this machine's memory), like an account's concurrency limit; reaching it is reported, and
   then the comparison does not hold.
-- **The front door** batches arrivals in real time with the plan's batch policy (a batch opens
-  at its first request and is dispatched when full, when the next request would not fit, or
-  `max_wait_s` after it opened; `planner.traffic.simulate.BatchPolicy`), uploads the batch's
-  token ids and starts one execution. A request of n tokens runs as ceil(n / 128) windows of
-  128 tokens of embedded Wikipedia text; the simulator gets the same rounded sizes.
+- **The front door** dispatches executions in real time by the deployed rule the simulator
+  applies too (`ground.frontdoor.batches`: the event source's whole-second window and batch
+  size for a traffic plan, only simultaneous requests sharing for any other plan), uploads
+  each batch's token ids and starts one execution; no batching function runs, so the
+  simulator's batcher is given no INIT and no delay. A request of n tokens runs as
+  ceil(n / 128) windows of 128 tokens of embedded Wikipedia text; the simulator gets the same
+  rounded sizes.
 - **Time is compressed** by `compress`: arrival times and the idle time are divided by it; the
   real processes' INIT, weight loads and compute are not (they are what they are on this
   machine). The simulator is given the compressed arrivals and idle time too.
 
 Before the trace (the **measurement at the start of the replay**): one environment per function
-is started, at most `prewarm_concurrency` at a time, timing its INIT (process start to handler
+(as many as its warmer pings at once, for a function the plan warms) is started, at most
+`prewarm_concurrency` functions at a time, timing its INIT (process start to handler
 imported) and its first call's weight load (a warmer's ping, `functions.warm`); then a few warm
 executions at batch sizes spanning the trace's measure each function's start offset after the
 dispatch and its duration, and the end-to-end latency. The simulator is fed exactly these: a
 `WorkflowModel` whose warm timings are the measured ones (interpolated over batch size as the
 simulator always does), a `Platform` whose INIT and load are the measured ones, with no INIT
 limit (a local process has none) and the replay's idle time, and the plan's batch policy. The
-prewarmed environments enter the simulation as one warmer ping per function at time 0, the
-arrivals shifted after its INIT; those prewarm cold starts are not counted on either side.
-Nothing is reclaimed before the trace starts (the last warm execution used every function just
-before it), so the idle clock of both sides starts with the trace.
+prewarmed environments enter the simulation as a warmer's first round at time 0 (one ping per
+function, or the plan's warmer's k pings), the arrivals shifted after its INIT; those prewarm
+cold starts are not counted on either side. Nothing is reclaimed before the trace starts: the
+idle clock of every prewarmed environment starts with the trace on both sides.
+
+**The plan's warmers** (a traffic plan's `warmer` capacity policies) are replayed: every
+compressed interval after the first round, `k` concurrent pings (`functions.warm`) go through
+the pool like any invocation, starting an environment when none is idle, at the times the
+simulator's warmer rounds fall in the trace; a throttled ping is dropped. `warmer_pings`
+counts them.
 
 Contention, bounded rather than modelled: the processes share this machine's cores, so
 environments that start at the same time slow each other (and warm calls) down, and the
@@ -61,8 +70,10 @@ not, and to say when they did (`starting_at_once`). `start_limit` bounds the env
 INIT at once instead, but the starts it holds back queue, which the simulator does not model
 either. Nothing is fitted to the run's own outcome.
 
-What is not replayed: the plan's warmers and provisioned concurrency (a traffic plan is replayed
-and simulated without them), IAM enforcement (in-process `run-local` checks it), faults.
+What is not replayed: provisioned concurrency and Lambda Managed Instances (listed in
+`capacity_not_replayed`; the simulator is run without them too), the SQS queue and batching
+function (`run-local --front-door` runs those), IAM enforcement (in-process `run-local` checks
+it), faults.
 """
 
 from __future__ import annotations
@@ -89,7 +100,6 @@ from moelambda.environments import POLL_S, EnvironmentPool, FunctionSpec, Thrott
 
 if TYPE_CHECKING:
     from moe import MoEModel
-    from planner.traffic.simulate import BatchPolicy
     from planner.traffic.spec import Arrivals
 
 __all__ = [
@@ -106,51 +116,33 @@ Progress = Callable[[str], None]
 WINDOW = 128  # tokens per window, as run-local and `moelambda profile` cut them
 
 
+def _sleep_until(t: float) -> float:
+    delay = t - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+    return t
+
+
 def front_door(
     times_s: np.ndarray,
     tokens: np.ndarray,
-    policy: BatchPolicy,
+    max_tokens: int,
+    window_s: float,
+    records: int,
     origin: float,
     dispatch: Callable[[list[int], float], None],
 ) -> None:
-    """Batch arrivals in real time and dispatch each batch (its requests, the monotonic time).
+    """Dispatch each execution (its requests, the monotonic time) at its delivery, request i
+    arriving at `origin + times_s[i]`: the deployed front door's rule (`ground.frontdoor.
+    batches`, an event source window of `window_s` and `records` messages, then the batcher's
+    split by `max_tokens`), which the simulator's `batches_of` applies too. Without a front
+    door the window is 0: only requests arriving at the same instant share an execution."""
+    from ground import frontdoor
 
-    Request i arrives at `origin + times_s[i]` (monotonic). A batch opens at its first request
-    and takes the following ones while they arrive by its deadline (`max_wait_s` after it
-    opened) and fit `max_tokens`; it is dispatched when exactly full, when the next request
-    would not fit (at that arrival), or at its deadline. A request larger than the cap is a
-    batch of its own.
-    """
-
-    def sleep_until(t: float) -> float:
-        delay = t - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        return t
-
-    batch: list[int] = []
-    total = 0
-    deadline = math.inf
-    i, n = 0, times_s.size
-    while i < n or batch:
-        arrival = origin + float(times_s[i]) if i < n else math.inf
-        if batch and deadline < arrival:
-            dispatch(batch, sleep_until(deadline))
-            batch, total, deadline = [], 0, math.inf
-            continue
-        now = sleep_until(arrival)
-        request, i = i, i + 1
-        size = int(tokens[request])
-        if batch and total + size <= policy.max_tokens:
-            batch.append(request)
-            total += size
-        else:
-            if batch:
-                dispatch(batch, now)
-            batch, total, deadline = [request], size, arrival + policy.max_wait_s
-        if total >= policy.max_tokens:
-            dispatch(batch, now)
-            batch, total, deadline = [], 0, math.inf
+    for first, end, at, _ in frontdoor.batches(
+        times_s.tolist(), tokens.tolist(), max_tokens, window_s, records
+    ):
+        dispatch(list(range(first, end)), _sleep_until(origin + at))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,6 +318,38 @@ class _Runner:
             pending = [e for e in pending if e.status == "RUNNING"]
             if pending:
                 time.sleep(POLL_S)
+
+
+def _warmers(
+    pool: EnvironmentPool,
+    pings: list[tuple[float, str, int]],
+    origin: float,
+    stop: threading.Event,
+) -> threading.Thread:
+    """A thread that sends, at each `origin + t` (monotonic), `k` concurrent pings to the
+    function named `name` for each (t, name, k) in time order, as the plan's scheduled
+    warmers do, and ends when they are answered (or at `stop`); a throttled ping is dropped,
+    as a failed scheduler invocation is."""
+    from functions.warm import PING
+
+    def ping(name: str) -> None:
+        with contextlib.suppress(Throttled):
+            pool.invoke(name, dict(PING))
+
+    def run() -> None:
+        sent = []
+        for t, name, k in sorted(pings):
+            if stop.wait(max(origin + t - time.monotonic(), 0.0)):
+                break
+            for _ in range(k):
+                sent.append(threading.Thread(target=ping, args=(name,), daemon=True))
+                sent[-1].start()
+        for thread in sent:  # every ping answered before the run is read
+            thread.join()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
 
 
 def _functions(template: dict[str, Any], names: dict[str, str], lambdas: Any) -> dict[str, Any]:
@@ -535,7 +559,7 @@ def replay_traffic(
             "the traffic holds no request in the period.", "pass a longer --minutes or --hours."
         )
     document = Plan.load(plan)
-    policy, capacity, _ = policies_of(document)
+    policy, _, _ = policies_of(document)
     cal, _ = traffic_calibration(document)
     assert cal.idle_reclaim_s is not None
     idle = float(cal.idle_reclaim_s.assumed_s if idle_s is None else idle_s)
@@ -561,6 +585,15 @@ def replay_traffic(
         pool_windows[(o + np.arange(w)) % pool_windows.shape[0]]
         for o, w in zip(offsets, windows, strict=True)
     ]
+    # The plan's scheduled warmers are replayed (compressed); other capacity policies are not.
+    warmed: dict[str, tuple[float, int]] = {}
+    not_replayed: dict[str, str] = {}
+    for c in document.traffic.capacity if document.traffic is not None else []:
+        if c.policy == "warmer":
+            interval = float(c.warmer_interval_s or 0.0) / compress
+            warmed[c.function] = (interval, int(c.warmer_concurrency))
+        elif c.policy != "none":
+            not_replayed[c.function] = c.policy
     fake = {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
@@ -619,20 +652,35 @@ def replay_traffic(
         load = np.zeros(len(order))
         from functions.warm import PING
 
-        say(f"starting one environment per function ({len(order)})")
+        say(f"starting the environments of {len(order)} functions")
         errors: list[BaseException] = []
         gate = threading.Semaphore(max(1, prewarm_concurrency))
 
         def start_one(k: int, label: str) -> None:
+            """As many environments as the function's warmer keeps (one without): concurrent
+            pings, each starting one, as the simulator's first warmer round does."""
             with gate:
                 try:
-                    t0 = time.monotonic()
-                    ok, body = pool.invoke(by_label[label], dict(PING))
-                    first = time.monotonic() - t0
-                    if not ok:
-                        raise RuntimeError(f"{label}'s warm-up failed: {body}")
-                    (start,) = [c for c in pool.cold_starts if c.function == label]
-                    init[k], load[k] = start.init_s, first - start.init_s
+                    count = warmed.get(label, (0.0, 1))[1]
+                    firsts = np.zeros(count)
+
+                    def ping(j: int) -> None:
+                        t0 = time.monotonic()
+                        ok, body = pool.invoke(by_label[label], dict(PING))
+                        firsts[j] = time.monotonic() - t0
+                        if not ok:
+                            raise RuntimeError(f"{label}'s warm-up failed: {body}")
+
+                    pings = [threading.Thread(target=ping, args=(j,)) for j in range(count)]
+                    for t in pings:
+                        t.start()
+                    for t in pings:
+                        t.join()
+                    starts = [c.init_s for c in pool.cold_starts if c.function == label]
+                    if len(starts) != count:
+                        raise RuntimeError(f"{label}'s warm-up started {len(starts)} of {count}")
+                    init[k] = float(np.median(starts))
+                    load[k] = float(np.median(firsts)) - init[k]
                 except BaseException as error:  # reported below
                     errors.append(error)
 
@@ -662,11 +710,39 @@ def replay_traffic(
         pool.idle_s = idle_c
         pool.limit_starts(start_limit)
 
+        # What the simulator is fed (below) fixes the trace's shift after the prewarm, `lead`,
+        # and with it when the warmers' later rounds fall in the trace.
+        base = platform_for(cal, wf.functions, document.arch, idle_s=idle_c)
+        door = base.front_door
+        if door is not None:  # the replay dispatches without a batching function
+            door = dataclasses.replace(door, batcher_init_s=0.0, start_s=0.0, put_s=0.0)
+        platform = dataclasses.replace(
+            base, init_s=init, load_s=load, init_limit_s=math.inf, ping_s=0.0, front_door=door
+        )
+        lead = float(platform.cold_s()[0].max()) + 1e-3
+        if not policy.front_door:
+            window, records = 0.0, arrivals.requests
+        elif door is not None:
+            window, records = door.deployed(policy)
+        else:
+            window, records = policy.max_wait_s, arrivals.requests
+        pings = [
+            (m * interval - lead, by_label[f], k)
+            for f, (interval, k) in warmed.items()
+            for m in range(1, int((period_c + lead) / interval) + 1)
+            if m * interval < period_c + lead
+        ]
+
         # The trace.
         say(f"replaying {arrivals.requests} requests over {period_c:.0f} s")
         origin = time.monotonic() + 0.5
-        front_door(times_c, tokens, policy, origin, runner.dispatch)
+        pool.touch_idle(origin)  # the prewarmed environments' idle clocks start with it
+        stop = threading.Event()
+        warmer = _warmers(pool, pings, origin, stop)
+        front_door(times_c, tokens, policy.max_tokens, window, records, origin, runner.dispatch)
         runner.wait(time.monotonic() + 600)
+        warmer.join(max(origin + period_c - time.monotonic(), 0.0) + 60.0)
+        stop.set()
         trace_end = time.monotonic()
         invocations = list(pool.invocations)
         cold_starts = list(pool.cold_starts)
@@ -701,6 +777,9 @@ def replay_traffic(
         "reclaimed": reclaimed,
         "throttled": throttled,
         "environment_limit_reached": limit_reached,
+        "warmer_pings": sum(
+            1 for c in invocations if c.request_id is None and c.function in order
+        ),
         "other_cold_starts": dict(
             Counter(c.function for c in cold_starts if c.function not in order)
         ),
@@ -714,20 +793,20 @@ def replay_traffic(
         offset_s=warm_offset if grid.size > 1 else np.repeat(warm_offset, 2, axis=0),
         duration_s=warm_duration if grid.size > 1 else np.repeat(warm_duration, 2, axis=0),
     )
-    base = platform_for(cal, wf.functions, document.arch, idle_s=idle_c)
-    platform = dataclasses.replace(
-        base, init_s=init, load_s=load, init_limit_s=math.inf, ping_s=0.0
-    )
-    lead = float(platform.cold_s()[0].max()) + 1e-3
     from planner.traffic.spec import Arrivals as _Arrivals
 
     sim_arrivals = _Arrivals(times_c + lead, tokens, period_c + lead, arrivals.source)
+    once = Capacity("warmer", warmer_interval_s=period_c + lead + 1.0, warmer_concurrency=1)
     sim_capacity = [
-        Capacity("warmer", warmer_interval_s=period_c + lead + 1.0, warmer_concurrency=1)
-    ] * len(order)
+        Capacity("warmer", warmer_interval_s=warmed[f][0], warmer_concurrency=warmed[f][1])
+        if f in warmed
+        else once
+        for f in order
+    ]
     result = simulate(fed, sim_arrivals, policy, platform, sim_capacity, reserve=True)
-    # Each function's one ping at time 0 is the prewarm: one cold start each, not counted.
-    sim_cold = {f: n - 1 for f, n in result.cold_starts.items() if n > 1}
+    # The warmers' first round at time 0 is the prewarm: its cold starts are not counted.
+    prewarmed = {f: warmed.get(f, (0.0, 1))[1] for f in order}
+    sim_cold = {f: n - prewarmed[f] for f, n in result.cold_starts.items() if n > prewarmed[f]}
     simulated = {
         "requests": int(result.latency_s.size),
         "batches": int(result.batch_tokens.size),
@@ -794,8 +873,12 @@ def replay_traffic(
             "tokens_per_request": [int(t) for t in tokens],
         },
         "idle_reclaim_s": {"uncompressed": idle, "replayed": idle_c},
+        "prewarm_lead_s": round(lead, 3),
         "batch_policy": {"max_tokens": policy.max_tokens, "max_wait_s": policy.max_wait_s},
-        "capacity_policies_ignored": capacity is not None,
+        "warmers_replayed": {
+            f: {"interval_s": round(i, 3), "concurrency": k} for f, (i, k) in warmed.items()
+        },
+        "capacity_not_replayed": not_replayed,
         "measured": measured,
         "simulated": simulated,
         "agreement": agreement,

@@ -110,6 +110,49 @@ def test_a_short_replay_reports_measured_beside_simulated(one_layer_plan: Path) 
     assert out["wall_s"] >= out["trace_wall_s"] >= arrivals["time_s"][-1]
 
 
+def test_a_traffic_plan_s_warmers_are_replayed(one_layer_plan: Path, tmp_path: Path) -> None:
+    """The same plan served for traffic: its front door's rule (no wait: only simultaneous
+    requests share) and a warmer on the tail, two pings a minute (5 s compressed 12 times).
+    The tail starts with two environments on both sides, the pings go through the pool during
+    the trace, and the batches are the simulator's."""
+    from ground.plan import Plan, function_names
+
+    plan = Plan.load(one_layer_plan)
+    capacity = [{"function": n, "policy": "none"} for n in function_names(plan.layers)]
+    capacity[-1] = {
+        "function": "tail",
+        "policy": "warmer",
+        "warmer_interval_s": 60.0,
+        "warmer_concurrency": 2,
+    }
+    traffic = {
+        "traffic": {"spec": "test"},
+        "slo_p99_s": 10.0,
+        "max_batch_tokens": 2048,
+        "max_wait_s": 0.0,
+        "idle_reclaim_s": 600.0,
+        "capacity": capacity,
+        "simulated": {},
+    }
+    served = Plan.model_validate(plan.model_dump() | {"traffic": traffic})
+    # 3 minutes at a twentieth of the rate, compressed 12 times: 15 s.
+    short = ["--traffic", "azure-conv", "--scale", "0.05", "--minutes", "3", "--compress", "12"]
+    out = _cli("run-local", "--plan", str(served.save(tmp_path / "plan.json")), *short)
+    assert out["warmers_replayed"] == {"tail": {"interval_s": 5.0, "concurrency": 2}}
+    assert out["capacity_not_replayed"] == {}
+    measured, simulated = out["measured"], out["simulated"]
+    assert measured["failed_batches"] == simulated["failed_batches"] == 0
+    assert measured["batches"] == simulated["batches"]
+    # Rounds every 5 s after the prewarm's (the simulation's time 0, `prewarm_lead_s` before the
+    # trace), up to the trace's end: as many on both sides, two pings each.
+    period, lead = out["arrivals"]["period_s"], out["prewarm_lead_s"]
+    rounds = sum(1 for m in range(1, 10) if 5.0 * m < period + lead)
+    assert rounds >= 2
+    assert measured["warmer_pings"] == 2 * rounds
+    assert measured["peak_environments"]["tail"] >= 1
+    assert measured["reclaimed"] == {}
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
