@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ground import layout
+from pipeline.client import fetch_result, send_request
 from pipeline.faults import ExpertCrash, Faults
 from pipeline.iam import Policies, s3_request
 from pipeline.meter import Meter, entered_states
@@ -675,7 +676,6 @@ def run_front_door(
     meter = Meter(bucket, front_door=frozenset({names[batcher_logical]}), sqs_chunk_bytes=chunk)
     config = {"stepfunctions": {"execute_state_machine": True}}
     ids = [f"request-{i:04d}" for i in range(len(requests))]
-    bodies = [frontdoor.body(rid, ids_.tolist()) for rid, ids_ in zip(ids, requests, strict=True)]
     delivered = frontdoor.deliveries(times, window_s, records)
     with mock_aws(config=config), _lambda_region(), lambdas.installed(), _own_clients(handlers):
         s3 = boto3.client("s3", region_name=REGION)
@@ -698,8 +698,7 @@ def run_front_door(
             for first, end, _ in delivered:
                 order = {}
                 for k in range(first, end):
-                    sent = sqs.send_message(QueueUrl=url, MessageBody=bodies[k])
-                    order[sent["MessageId"]] = k
+                    order[send_request(sqs, url, ids[k], requests[k])] = k
                 got: list[dict[str, Any]] = []
                 while len(got) < end - first:
                     got += sqs.receive_message(
@@ -739,9 +738,8 @@ def run_front_door(
                 start, stop = member["rows"]
                 entry: dict[str, Any] = {"execution": execution, "status": info["status"]}
                 if output is not None:  # what the client reads: its own result object
-                    key = layout.result_key(member["message"])
-                    body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-                    entry["output"], entry["result_key"] = decode(body)[0], key
+                    entry["output"] = fetch_result(s3, bucket, member["message"], timeout_s=5.0)
+                    entry["result_key"] = layout.result_key(member["message"])
                     entry["result_equals_batch_rows"] = bool(
                         np.array_equal(entry["output"], output[start:stop])
                     )
