@@ -2,9 +2,10 @@
 
 Roles (handler strings select them in the one image built from Dockerfile.expert):
 head, one gate function per layer, one function per expert of every layer, tail, cleanup.
-Every function reads only its own weights (plus `manifest.json` and `config/*`) and only the
-keys of its own layer and expert (`ground.access`, which `run-local` enforces); only the tail
-writes `outputs/`; only the tail and cleanup delete.
+Every function reads only its own weights (plus `manifest.json`, and `config/*` but for an
+expert, which builds its stage from the manifest alone) and only the keys of its own layer and
+expert (`ground.access`, which `run-local` enforces); only the tail writes `outputs/`; only the
+tail and cleanup delete.
 
 Memory, reserved concurrency and limits come from the Plan alone (head, gates and tail get its
 `nonmoe_memory_mb`; an expert reserves its `max_replicas`, the most replicas its gate may use);
@@ -453,7 +454,7 @@ class ServingFunctions(Construct):
         else:
             reserved = None  # the managed pool is the limit
         if weights is not None:
-            access = access.with_weights(prefix, weights)
+            access = access.with_weights(prefix, weights, config=role != "expert")
         self.access[id_] = access
         extra = statements or []
         statements = self._statements(access, self.bucket_in(scope)) + extra

@@ -1,7 +1,9 @@
 """Stage weights from S3, downloaded and built once per warm container.
 
-A function downloads manifest.json and config/ once (StageLoader needs them to build empty
-modules), then only its own stage's safetensors file: an expert never pays for the others.
+A function downloads manifest.json once, and config/ once if it builds a head, gate or tail
+(StageLoader needs the Hugging Face config to build their empty modules; an expert needs only
+the manifest, so its policy grants no config/ at all), then only its own stage's safetensors
+file: an expert never pays for the others.
 Built stages are kept in a module-level cache keyed by (bucket, key), so a warm invocation
 makes no S3 request at all for its weights: the cost model bills a request only its own data.
 
@@ -41,6 +43,7 @@ __all__ = ["expert", "head", "layer", "loader", "tail"]
 T = TypeVar("T")
 _LOCK = threading.RLock()  # one build at a time: the local runner runs handlers in threads
 _LOADERS: dict[tuple[str, str], StageLoader] = {}
+_CONFIGURED: set[tuple[str, str]] = set()  # loaders whose config/ is downloaded
 _STAGES: dict[tuple[str, str], Any] = {}
 _ROOT: list[Path] = []  # the per-process cache directory, created on first use
 
@@ -68,8 +71,9 @@ def _download(s3: Any, bucket: str, key: str, path: Path) -> None:
     partial.replace(path)
 
 
-def loader(s3: Any, bucket: str, prefix: str) -> StageLoader:
-    """A StageLoader on a local copy of the manifest and config of the export under `prefix`."""
+def loader(s3: Any, bucket: str, prefix: str, *, config: bool = True) -> StageLoader:
+    """A StageLoader on a local copy of the manifest of the export under `prefix`, and of its
+    config/ unless `config` is False (an expert's)."""
     manifest_key = prefix + "manifest.json"
     cache_key = (bucket, manifest_key)
     with _LOCK:
@@ -77,17 +81,27 @@ def loader(s3: Any, bucket: str, prefix: str) -> StageLoader:
             digest = hashlib.sha256("\0".join(cache_key).encode()).hexdigest()[:16]
             root = _cache_dir() / digest
             _download(s3, bucket, manifest_key, root / "manifest.json")
-            for key in list_keys(s3, bucket, prefix + "config/"):
-                _download(s3, bucket, key, root / key[len(prefix) :])
             _LOADERS[cache_key] = StageLoader(root)
-        return _LOADERS[cache_key]
+        stages = _LOADERS[cache_key]
+        if config and cache_key not in _CONFIGURED:
+            for key in list_keys(s3, bucket, prefix + "config/"):
+                _download(s3, bucket, key, stages.root / key[len(prefix) :])
+            _CONFIGURED.add(cache_key)
+        return stages
 
 
-def _stage(s3: Any, bucket: str, prefix: str, key: str, build: Callable[[StageLoader], T]) -> T:
+def _stage(
+    s3: Any,
+    bucket: str,
+    prefix: str,
+    key: str,
+    build: Callable[[StageLoader], T],
+    config: bool = True,
+) -> T:
     cache_key = (bucket, prefix + key)
     with _LOCK:
         if cache_key not in _STAGES:
-            stages = loader(s3, bucket, prefix)
+            stages = loader(s3, bucket, prefix, config=config)
             path = stages.root / key
             _download(s3, bucket, prefix + key, path)
             try:
@@ -106,7 +120,8 @@ def layer(s3: Any, bucket: str, prefix: str, index: int) -> LayerStage:
 
 
 def expert(s3: Any, bucket: str, prefix: str, index: int, number: int) -> ExpertStage:
-    return _stage(s3, bucket, prefix, expert_key(index, number), lambda s: s.expert(index, number))
+    key = expert_key(index, number)
+    return _stage(s3, bucket, prefix, key, lambda s: s.expert(index, number), config=False)
 
 
 def tail(s3: Any, bucket: str, prefix: str) -> TailStage:

@@ -44,9 +44,11 @@ class Access:
         """`s3:prefix` patterns of ListBucket: what it reads, and what it must find to delete."""
         return tuple(dict.fromkeys((*self.read, *self.extra_list)))
 
-    def with_weights(self, weights_prefix: str, keys: list[str]) -> Access:
-        """This access plus reading the export's manifest, its config files and `keys`."""
-        own = (f"{weights_prefix}manifest.json", f"{weights_prefix}config/*")
+    def with_weights(self, weights_prefix: str, keys: list[str], config: bool = True) -> Access:
+        """This access plus reading the export's manifest, its config files (unless `config` is
+        False: an expert builds its stage from the manifest alone) and `keys`."""
+        own = (f"{weights_prefix}manifest.json",)
+        own += (f"{weights_prefix}config/*",) if config else ()
         own += tuple(f"{weights_prefix}{key}" for key in keys)
         return Access(own + self.read, self.write, self.delete, self.extra_list)
 

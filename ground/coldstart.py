@@ -69,9 +69,11 @@ def stage_objects(role: str, hosted: int = 1) -> int:
 class InitModel:
     """The INIT seconds of a function from its role and weight bytes (see the module docstring).
 
-    `config_objects` and `config_bytes` are what every function downloads before its stage
-    (manifest.json and the config/ files); `load_fixed_s + load_s_per_byte * bytes` is reading
-    the downloaded weights and building the modules, as measured on this machine. The fixed
+    `config_objects` and `config_bytes` are what a head, gate or tail downloads before its stage
+    (manifest.json and the config/ files); an expert downloads manifest.json alone,
+    `manifest_bytes` (None: a reference that predates this, taken as the whole config).
+    `load_fixed_s + load_s_per_byte * bytes` is reading the downloaded weights and building the
+    modules, as measured on this machine. The fixed
     part is paid once per environment, not per stage file: it is the stage loader's own setup
     (`functions.weights.loader`, cached per process), which a packed function's second expert
     reuses.
@@ -87,6 +89,7 @@ class InitModel:
     s3_delay_s: float
     s3_bandwidth_bytes_per_s: float
     limit_s: float
+    manifest_bytes: int | None = None
 
     def phases(self, role: str, weight_bytes: float, hosted: int = 1) -> tuple[float, float]:
         """(INIT phase, first-call load) seconds of one new environment of a `role` function
@@ -97,10 +100,13 @@ class InitModel:
         environment's INIT load them too, `functions.warm`). So only the first part is
         Lambda's INIT phase, under its limit; both are waited and billed.
         """
-        objects = self.config_objects + stage_objects(role, hosted)
+        objects, config_bytes = self.config_objects, self.config_bytes
+        if role == "expert" and self.manifest_bytes is not None:
+            objects, config_bytes = 1, self.manifest_bytes
+        objects += stage_objects(role, hosted)
         download = (
             objects * self.s3_delay_s
-            + (self.config_bytes + weight_bytes) / self.s3_bandwidth_bytes_per_s
+            + (config_bytes + weight_bytes) / self.s3_bandwidth_bytes_per_s
         )
         load = self.load_fixed_s + self.load_s_per_byte * weight_bytes
         return self.image_start_s + self.python_start_s + self.import_s[role], download + load

@@ -66,7 +66,8 @@ import boto3
 from moto import mock_aws
 from functions import weights
 root = pathlib.Path(root)
-files = [root / "manifest.json", *sorted((root / "config").rglob("*")), root / key]
+config = [] if role == "expert" else sorted((root / "config").rglob("*"))  # as functions.weights
+files = [root / "manifest.json", *config, root / key]
 files = [f for f in files if f.is_file()]
 with mock_aws():
     s3 = boto3.client("s3", region_name="us-east-1")
@@ -86,6 +87,7 @@ print(json.dumps({
     "started": started, "import_s": imported, "download_s": downloaded, "build_s": built,
     "stage_bytes": (root / key).stat().st_size, "config_objects": len(config),
     "config_bytes": sum(f.stat().st_size for f in config),
+    "manifest_bytes": (root / "manifest.json").stat().st_size,
 }))
 """
 
@@ -149,6 +151,7 @@ def summarise(samples: list[dict[str, Any]]) -> dict[str, Any]:
     the roles' medians; negative fits (noise on tiny stages) are clipped to 0.
     """
     roles = list(dict.fromkeys(s["role"] for s in samples))
+    builders = [r for r in roles if r != "expert"] or roles
 
     def median(role: str, what: str) -> float:
         return statistics.median(s[what] for s in samples if s["role"] == role)
@@ -162,8 +165,10 @@ def summarise(samples: list[dict[str, Any]]) -> dict[str, Any]:
         "import_s": {r: median(r, "import_s") for r in roles},
         "load_fixed_s": max(float(fixed), 0.0),
         "load_s_per_byte": max(float(per_byte), 0.0),
-        "config_objects": int(median(roles[0], "config_objects")),
-        "config_bytes": int(median(roles[0], "config_bytes")),
+        # What a head, gate or tail downloads before its stage; an expert, the manifest alone.
+        "config_objects": int(median(builders[0], "config_objects")),
+        "config_bytes": int(median(builders[0], "config_bytes")),
+        "manifest_bytes": int(median(roles[0], "manifest_bytes")),
         "repeats": len(samples) // len(roles),
         "samples": [
             {

@@ -179,6 +179,9 @@ class ColdStartReference(BaseModel):
     load_s_per_byte: float = Field(ge=0)
     config_objects: int = Field(ge=0)
     config_bytes: int = Field(ge=0)
+    # What an expert downloads before its stage: the manifest alone (None, in a reference
+    # measured before experts stopped reading config/: they are taken to download it all).
+    manifest_bytes: int | None = Field(default=None, ge=0)
     repeats: PositiveInt
     samples: list[dict[str, float | int | str]] = Field(default_factory=list)
     torch_version: str = Field(min_length=1)

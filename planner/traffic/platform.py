@@ -112,6 +112,7 @@ def init_model(calibration: Calibration) -> InitModel:
         load_s_per_byte=ref.load_s_per_byte,
         config_objects=ref.config_objects,
         config_bytes=ref.config_bytes,
+        manifest_bytes=ref.manifest_bytes,
         s3_delay_s=calibration.s3_access_delay_s,
         s3_bandwidth_bytes_per_s=calibration.s3_bandwidth_bytes_per_s,
         limit_s=calibration.init_limit_s,

@@ -600,7 +600,8 @@ def _expected_access(name: str, plan: Plan) -> dict[str, set[str]]:
     method = plan.layers[layer].method
     if "Expert" in name:
         expert = int(name[-2:])
-        read = weights | {f"weights/{expert_key(layer, expert)}"}
+        # an expert builds its stage from the manifest alone: no config/ (functions.weights)
+        read = {"weights/manifest.json", f"weights/{expert_key(layer, expert)}"}
         if method == "direct":  # its shard and its output travel in the Invoke itself
             return {"s3:GetObject": read, "s3:ListBucket": read}
         read |= {f"requests/*/{layer:02d}/in/{expert:02d}/*"}

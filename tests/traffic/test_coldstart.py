@@ -41,6 +41,21 @@ def test_init_is_start_imports_download_and_load_by_hand() -> None:
         stage_objects("gate")
 
 
+def test_an_expert_downloads_the_manifest_alone_when_the_reference_says_its_size() -> None:
+    import dataclasses
+
+    measured = dataclasses.replace(MODEL, manifest_bytes=10_000)
+    # expert, 8 MB: 2 objects (manifest, stage) and 10 kB + 8 MB instead of 5 objects and 9 MB
+    assert measured.seconds("expert", 8e6) == pytest.approx(
+        0.05 + 0.1 + 2.0 + 2 * 0.02 + (10e3 + 8e6) / 80e6 + 1.08
+    )
+    assert measured.seconds("head", 8e6) == MODEL.seconds("head", 8e6)  # head: config too
+    # the packaged reference knows the size: its expert INIT is the smaller one
+    ref = load_calibration().cold_start_reference
+    assert ref is not None and ref.manifest_bytes is not None
+    assert 0 < ref.manifest_bytes < ref.config_bytes
+
+
 def test_only_the_init_phase_is_under_the_limit() -> None:
     # imports at INIT (0.05 + 0.1 + 2.0), weights on the first call: a 2 GB expert loads for
     # 25+ s without passing the 10 s INIT limit
@@ -115,8 +130,10 @@ def _samples() -> list[dict[str, float | str]]:
                     "download_s": download,
                     "build_s": download + 0.5 + 2e-8 * size,
                     "python_start_s": 0.05,
-                    "config_objects": 4,
-                    "config_bytes": 7e5,
+                    # an expert downloads the manifest alone (functions.weights)
+                    "config_objects": 1 if role == "expert" else 4,
+                    "config_bytes": 7e3 if role == "expert" else 7e5,
+                    "manifest_bytes": 7e3,
                 }
             )
     return out
@@ -130,6 +147,7 @@ def test_summarise_fits_fixed_and_per_byte_load() -> None:
         {"head": 3.2, "layer": 3.1, "expert": 3.0, "tail": 2.9}
     )
     assert ref["repeats"] == 3 and ref["config_objects"] == 4
+    assert ref["config_bytes"] == 700_000 and ref["manifest_bytes"] == 7_000
 
 
 def test_calibrated_document_changes_only_the_reference(tmp_path) -> None:  # type: ignore[no-untyped-def]
