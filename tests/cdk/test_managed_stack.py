@@ -11,37 +11,28 @@ from typing import Any
 
 import pytest
 
-from ground.plan import Plan, function_names
+from ground.plan import Plan
 from tests.cdk.test_scanners import CHECKOV, _checkov
 from tests.cdk.test_stack import _resources, _synth, small_plan
+from tests.traffic.plans import with_traffic
 
 MANAGED = {"head": 2, "layer00": 1, "layer00/expert01": 3}
 
 
 def managed_plan() -> Plan:
-    plan = small_plan(("s3", "pipelined", "direct"))
-    capacity: list[dict[str, Any]] = []
-    for name in function_names(plan.layers):
-        entry: dict[str, Any] = {"function": name, "policy": "none"}
-        if name in MANAGED:
-            entry |= {
-                "policy": "managed",
-                "managed_environments": MANAGED[name],
-                "managed_memory_mb": 4096,
-            }
-        capacity.append(entry)
-    traffic = {
-        "traffic": {"spec": "poisson:5"},
-        "slo_p99_s": 10.0,
-        "max_batch_tokens": 2048,
-        "max_wait_s": 1.0,
-        "idle_reclaim_s": 600.0,
-        "capacity": capacity,
-        "simulated": {},
-        "managed_instance_type": "m7i.xlarge",
-        "managed_instances": 3,
+    policies = {
+        name: {"policy": "managed", "managed_environments": count, "managed_memory_mb": 4096}
+        for name, count in MANAGED.items()
     }
-    return Plan.model_validate(plan.model_dump() | {"traffic": traffic})
+    return with_traffic(
+        small_plan(("s3", "pipelined", "direct")),
+        max_batch_tokens=2048,
+        max_wait_s=1.0,
+        policies=policies,
+        spec="poisson:5",
+        managed_instance_type="m7i.xlarge",
+        managed_instances=3,
+    )
 
 
 @pytest.fixture(scope="module")

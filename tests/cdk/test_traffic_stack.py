@@ -11,34 +11,27 @@ from typing import Any
 
 import pytest
 
-from ground.plan import Plan, function_names
+from ground.plan import Plan
 from tests.cdk.test_scanners import CHECKOV, _checkov
 from tests.cdk.test_stack import _resources, _synth, small_plan
+from tests.traffic.plans import with_traffic
 
 
 def traffic_plan() -> Plan:
-    plan = small_plan(("s3", "pipelined", "direct"))
-    names = function_names(plan.layers)
-    capacity: list[dict[str, Any]] = [{"function": n, "policy": "none"} for n in names]
     provisioned = {"head": 2, "layer00/expert01": 1, "layer01/expert00": 1, "layer02/expert02": 2}
-    for entry in capacity:
-        if entry["function"] in provisioned:
-            entry |= {
-                "policy": "provisioned",
-                "provisioned_concurrency": provisioned[entry["function"]],
-            }
-        elif entry["function"] in ("tail", "layer01", "layer00/expert00"):
-            entry |= {"policy": "warmer", "warmer_interval_s": 300.0, "warmer_concurrency": 2}
-    traffic = {
-        "traffic": {"spec": "poisson:1"},
-        "slo_p99_s": 10.0,
-        "max_batch_tokens": 2048,
-        "max_wait_s": 0.5,
-        "idle_reclaim_s": 600.0,
-        "capacity": capacity,
-        "simulated": {},
+    policies: dict[str, dict[str, Any]] = {
+        name: {"policy": "provisioned", "provisioned_concurrency": count}
+        for name, count in provisioned.items()
     }
-    return Plan.model_validate(plan.model_dump() | {"traffic": traffic})
+    for name in ("tail", "layer01", "layer00/expert00"):
+        policies[name] = {"policy": "warmer", "warmer_interval_s": 300.0, "warmer_concurrency": 2}
+    return with_traffic(
+        small_plan(("s3", "pipelined", "direct")),
+        max_batch_tokens=2048,
+        max_wait_s=0.5,
+        policies=policies,
+        spec="poisson:1",
+    )
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,9 @@ import pytest
 from functions.local import run_front_door, run_workflow
 from ground import frontdoor
 from ground.manifest import Manifest
-from ground.plan import Plan, function_names
+from ground.plan import Plan
 from tests.cdk.test_stack import make_plan, model_ref
+from tests.traffic.plans import with_traffic
 
 TOL = 1e-4
 MAX_TOKENS = 96
@@ -43,16 +44,7 @@ def _traffic_plan(manifest: Manifest) -> Plan:
         beta=8,
         direct_payload_bytes=6 * 1024 * 1024,
     )
-    traffic = {
-        "traffic": {"spec": "test"},
-        "slo_p99_s": 10.0,
-        "max_batch_tokens": MAX_TOKENS,
-        "max_wait_s": WAIT_S,
-        "idle_reclaim_s": 600.0,
-        "capacity": [{"function": n, "policy": "none"} for n in function_names(plan.layers)],
-        "simulated": {},
-    }
-    return Plan.model_validate(plan.model_dump() | {"traffic": traffic})
+    return with_traffic(plan, max_batch_tokens=MAX_TOKENS, max_wait_s=WAIT_S)
 
 
 @pytest.fixture(scope="module")

@@ -90,3 +90,32 @@ def tiny_plan(
     solution = solve_exact(inst, slo_s, methods)
     assert solution is not None
     return make_plan(inst, solution, manifest, cal, slo_s=slo_s, counts_source={"test": True})
+
+
+def with_traffic(
+    plan: Plan,
+    *,
+    max_batch_tokens: int,
+    max_wait_s: float,
+    policies: dict[str, dict[str, Any]] | None = None,
+    spec: str = "test",
+    **extra: Any,
+) -> Plan:
+    """`plan` served for traffic, its block as `plan --traffic` writes it: the batch policy, and
+    per function the capacity policy `policies` gives it (none when it names none)."""
+    from ground.plan import function_names
+
+    chosen = policies or {}
+    capacity = [
+        {"function": n, "policy": "none"} | chosen.get(n, {}) for n in function_names(plan.layers)
+    ]
+    traffic = {
+        "traffic": {"spec": spec},
+        "slo_p99_s": 10.0,
+        "max_batch_tokens": max_batch_tokens,
+        "max_wait_s": max_wait_s,
+        "idle_reclaim_s": 600.0,
+        "capacity": capacity,
+        "simulated": {},
+    } | extra
+    return Plan.model_validate(plan.model_dump() | {"traffic": traffic})

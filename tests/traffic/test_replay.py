@@ -115,26 +115,13 @@ def test_a_traffic_plan_s_warmers_are_replayed(one_layer_plan: Path, tmp_path: P
     requests share) and a warmer on the tail, two pings a minute (5 s compressed 12 times).
     The tail starts with two environments on both sides, the pings go through the pool during
     the trace, and the batches are the simulator's."""
-    from ground.plan import Plan, function_names
+    from ground.plan import Plan
+    from tests.traffic.plans import with_traffic
 
-    plan = Plan.load(one_layer_plan)
-    capacity = [{"function": n, "policy": "none"} for n in function_names(plan.layers)]
-    capacity[-1] = {
-        "function": "tail",
-        "policy": "warmer",
-        "warmer_interval_s": 60.0,
-        "warmer_concurrency": 2,
-    }
-    traffic = {
-        "traffic": {"spec": "test"},
-        "slo_p99_s": 10.0,
-        "max_batch_tokens": 2048,
-        "max_wait_s": 0.0,
-        "idle_reclaim_s": 600.0,
-        "capacity": capacity,
-        "simulated": {},
-    }
-    served = Plan.model_validate(plan.model_dump() | {"traffic": traffic})
+    warmer = {"policy": "warmer", "warmer_interval_s": 60.0, "warmer_concurrency": 2}
+    served = with_traffic(
+        Plan.load(one_layer_plan), max_batch_tokens=2048, max_wait_s=0.0, policies={"tail": warmer}
+    )
     # 3 minutes at a twentieth of the rate, compressed 12 times: 15 s.
     short = ["--traffic", "azure-conv", "--scale", "0.05", "--minutes", "3", "--compress", "12"]
     out = _cli("run-local", "--plan", str(served.save(tmp_path / "plan.json")), *short)
