@@ -461,12 +461,9 @@ def replay_arrivals(
 
         arrivals = replay_arrivals("azure-conv", scale=0.01, minutes=24)
     """
-    from planner.traffic import load_arrivals
+    from planner.traffic import load_arrivals, period_hours
 
-    if hours is not None and minutes is not None:
-        raise UsageError("--hours and --minutes both give the period.", "pass one of them.")
-    if minutes is not None and not minutes > 0:
-        raise UsageError(f"--minutes {minutes} is not positive.", "pass e.g. --minutes 10.")
+    period_h = period_hours(hours, minutes)
     if not compress > 0:
         raise UsageError(f"--compress {compress} is not positive.", "pass e.g. --compress 10.")
     if idle_s is not None and not idle_s > 0:
@@ -477,7 +474,7 @@ def replay_arrivals(
         raise UsageError(f"--start-limit {start_limit} is below 1.", "pass 1 or more.")
     if max_environments < 1:
         raise UsageError(f"--max-environments {max_environments} is below 1.", "pass 1 or more.")
-    period_h = hours if hours is not None else (10.0 if minutes is None else minutes) / 60
+    period_h = 10.0 / 60 if period_h is None else period_h
     arrivals = load_arrivals(spec, scale=scale, hours=period_h, seed=seed)
     if arrivals.requests == 0:
         raise UsageError(

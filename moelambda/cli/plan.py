@@ -118,6 +118,9 @@ def plan(
     hours: Annotated[
         float | None, typer.Option(help="With --traffic: hours of traffic to plan on.")
     ] = None,
+    minutes: Annotated[
+        float | None, typer.Option(help="With --traffic: or minutes of traffic to plan on.")
+    ] = None,
     idle_s: Annotated[
         float | None, typer.Option(help="With --traffic: idle seconds before reclaim.")
     ] = None,
@@ -147,6 +150,17 @@ def plan(
             "--traffic and --slo-p99 go together, and replace --slo/--throughput.",
             "pass --traffic SPEC --slo-p99 SECONDS, or neither.",
         )
+    if traffic is None:
+        for flag, given in (
+            ("--hours", hours is not None),
+            ("--minutes", minutes is not None),
+            ("--idle-s", idle_s is not None),
+            ("--scale", scale != 1.0),
+        ):
+            if given:
+                raise UsageError(
+                    f"{flag} needs --traffic.", f"pass --traffic SPEC, or drop {flag}."
+                )
     slo_s = slo_of(slo, throughput, tokens)
     for path in (out, pareto):
         if path is not None and path.exists() and not force:
@@ -172,6 +186,7 @@ def plan(
     )
     if traffic is not None:
         from moelambda.cli.traffic import plan_with_traffic
+        from planner.traffic import period_hours
 
         plan_with_traffic(
             manifest,
@@ -180,7 +195,7 @@ def plan(
             options,
             traffic=traffic,
             scale=scale,
-            hours=hours,
+            hours=period_hours(hours, minutes),
             seed=seed,
             slo_p99_s=float(slo_p99),  # type: ignore[arg-type]
             idle_s=idle_s,

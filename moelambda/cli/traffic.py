@@ -43,6 +43,9 @@ HoursOpt = Annotated[
     float | None,
     typer.Option(help="Hours to simulate (a trace repeats to fill them). Default: the trace's."),
 ]
+MinutesOpt = Annotated[
+    float | None, typer.Option(help="Or the period in minutes (as run-local --traffic takes it).")
+]
 SeedOpt = Annotated[int, typer.Option(help="Seeds synthetic arrivals.")]
 
 
@@ -73,6 +76,7 @@ def traffic(
     traffic: TrafficOpt = "azure-conv",
     scale: ScaleOpt = 1.0,
     hours: HoursOpt = None,
+    minutes: MinutesOpt = None,
     seed: SeedOpt = 0,
     slo: Annotated[
         float | None,
@@ -111,10 +115,10 @@ def traffic(
     one execution per arriving request with no capacity policy.
     """
     from ground.plan import Plan
-    from planner.traffic import load_arrivals, simulate_plan
+    from planner.traffic import load_arrivals, period_hours, simulate_plan
 
     document = Plan.load(plan)
-    arrivals = load_arrivals(traffic, scale=scale, hours=hours, seed=seed)
+    arrivals = load_arrivals(traffic, scale=scale, hours=period_hours(hours, minutes), seed=seed)
     cal = None
     if calibration is not None:
         from planner import load_calibration

@@ -16,7 +16,7 @@ from planner.traffic.simulate import (
     TrafficResult,
     simulate,
 )
-from planner.traffic.spec import BUNDLED, Arrivals, load_arrivals
+from planner.traffic.spec import BUNDLED, Arrivals, load_arrivals, period_hours
 from planner.traffic.workflow import WorkflowModel, workflow_model
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "WorkflowModel",
     "capacity_of",
     "load_arrivals",
+    "period_hours",
     "policies_of",
     "simulate",
     "simulate_plan",

@@ -29,7 +29,7 @@ import numpy as np
 
 from ground.errors import UsageError
 
-__all__ = ["BUNDLED", "Arrivals", "load_arrivals", "trace_tokens"]
+__all__ = ["BUNDLED", "Arrivals", "load_arrivals", "period_hours", "trace_tokens"]
 
 BUNDLED = {"azure-conv": "AzureLLMInferenceTrace_conv.csv"}
 TIME_COLUMNS = ("TIMESTAMP", "timestamp", "time_s")
@@ -164,6 +164,24 @@ def _repeat(times: np.ndarray, tokens: np.ndarray, period_s: float) -> tuple[np.
 def _poisson(rate: float, period_s: float, rng: np.random.Generator) -> np.ndarray:
     count = rng.poisson(rate * period_s)
     return np.sort(rng.uniform(0.0, period_s, size=count))
+
+
+def period_hours(hours: float | None, minutes: float | None) -> float | None:
+    """The period that `--hours` or `--minutes` gives, in hours (None when neither).
+
+    Every command that takes a stream takes both, so a period written for one command works
+    for the others (`run-local --traffic` replays minutes, `traffic` simulates days).
+
+    Raises:
+        UsageError: Both given, or `minutes` not positive (`load_arrivals` checks hours).
+    """
+    if hours is not None and minutes is not None:
+        raise UsageError("--hours and --minutes both give the period.", "pass one of them.")
+    if minutes is None:
+        return hours
+    if not minutes > 0 or not math.isfinite(minutes):
+        raise UsageError(f"--minutes {minutes} is not positive.", "pass e.g. --minutes 10.")
+    return minutes / 60.0
 
 
 def load_arrivals(

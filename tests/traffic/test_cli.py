@@ -75,6 +75,7 @@ def test_traffic_json_has_the_issues_keys(plan_path: Path) -> None:
         (["--hours", "-2"], "--hours"),
         (["--idle-s", "0"], "--idle-s"),
         (["--max-batch-tokens", "0"], "--max-batch-tokens"),
+        (["--minutes", "6"], "both give the period"),
     ],
 )
 def test_traffic_bad_inputs_exit_2(plan_path: Path, args: list[str], says: str) -> None:
@@ -82,6 +83,16 @@ def test_traffic_bad_inputs_exit_2(plan_path: Path, args: list[str], says: str) 
     result = runner.invoke(app, [*base, *args])
     assert result.exit_code == 2, result.output
     assert says in result.output and "To fix" in result.output
+
+
+def test_traffic_takes_the_period_in_minutes_as_run_local_does(plan_path: Path) -> None:
+    base = ["traffic", "--plan", str(plan_path), "--traffic", "poisson:1", "--json"]
+    in_hours = _json(runner.invoke(app, [*base, "--hours", "0.1"]))
+    in_minutes = _json(runner.invoke(app, [*base, "--minutes", "6"]))
+    assert in_minutes["requests"] == in_hours["requests"] > 0
+    assert in_minutes["traffic"] == in_hours["traffic"]
+    result = runner.invoke(app, [*base, "--minutes", "-1"])
+    assert result.exit_code == 2 and "--minutes -1" in result.output
 
 
 def test_traffic_bad_plan_exits_2(tmp_path: Path) -> None:
@@ -96,6 +107,13 @@ def test_plan_traffic_needs_slo_p99(tmp_path: Path) -> None:
         app, ["plan", "--traffic", "poisson:1", "--out", str(tmp_path / "p.json")]
     )
     assert result.exit_code == 2 and "--slo-p99" in result.output
+
+
+@pytest.mark.parametrize("flag", [["--hours", "2"], ["--minutes", "5"], ["--scale", "0.5"]])
+def test_plan_refuses_a_traffic_option_without_traffic(tmp_path: Path, flag: list[str]) -> None:
+    result = runner.invoke(app, ["plan", *flag, "--out", str(tmp_path / "p.json")])
+    assert result.exit_code == 2 and f"{flag[0]} needs --traffic" in result.output
+    assert not (tmp_path / "p.json").exists()
 
 
 def test_calibrate_cold_writes_the_measured_init(
