@@ -66,9 +66,12 @@ simulator's INIT is a constant per function. The replay records each cold start'
 how many environments were starting with it, and every warm call's duration, and reports them
 beside the values the simulator was given (`contention`). When starts overlap the agreement
 breaks (docs/traffic.md measures it); the remedy taken is to replay at rates at which they do
-not, and to say when they did (`starting_at_once`). `start_limit` bounds the environments in
-INIT at once instead, but the starts it holds back queue, which the simulator does not model
-either. Nothing is fitted to the run's own outcome.
+not, and to say when they did (`starting_at_once`). Per request, `agreement.within_host` names
+the requests whose execution overlapped the INIT of an environment begun while more
+environments than this machine's cores were starting (`host_bound`), and compares p99 without
+them: the rule is fixed by the core count, not by the run. `start_limit` bounds the
+environments in INIT at once instead, but the starts it holds back queue, which the simulator
+does not model either. Nothing is fitted to the run's own outcome.
 
 What is not replayed: provisioned concurrency and Lambda Managed Instances (listed in
 `capacity_not_replayed`; the simulator is run without them too), the SQS queue and batching
@@ -96,7 +99,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ground.errors import UsageError
-from moelambda.environments import POLL_S, EnvironmentPool, FunctionSpec, Throttled
+from moelambda.environments import POLL_S, ColdStart, EnvironmentPool, FunctionSpec, Throttled
 
 if TYPE_CHECKING:
     from moe import MoEModel
@@ -374,6 +377,38 @@ def _quantiles(latency: np.ndarray) -> dict[str, float | None]:
     return {
         k: (round(float(v), 4) if np.isfinite(v) else None)
         for k, v in zip(("p50", "p95", "p99", "max"), qs, strict=True)
+    }
+
+
+def host_bound(
+    begin: np.ndarray, end: np.ndarray, cold_starts: list[ColdStart], cores: int
+) -> np.ndarray:
+    """Which requests' executions ([begin, end], monotonic) overlapped the INIT of an
+    environment that began while more environments than `cores` were starting.
+
+    The simulator, like Lambda, gives every environment a CPU of its own; this machine's
+    processes share `cores`. A request that waited on a start begun in such a crowd measured the
+    machine, not the model, so the agreement is also reported without those requests. The rule
+    is the host's core count against the starts it counted, fixed before any run.
+    """
+    crowded = np.array(
+        [(c.spawned, c.spawned + c.init_s) for c in cold_starts if c.concurrent > cores]
+    ).reshape(-1, 2)
+    overlap = (begin[:, None] < crowded[None, :, 1]) & (end[:, None] > crowded[None, :, 0])
+    return overlap.any(axis=1)
+
+
+def _p99_agreement(measured: np.ndarray, simulated: np.ndarray) -> dict[str, Any]:
+    """p99 measured over simulated, and whether it is within 30 % (the issue's bound)."""
+    p99_m = _quantiles(measured)["p99"]
+    p99_s = _quantiles(simulated)["p99"]
+    return {
+        "p99_measured_over_simulated": None
+        if p99_m is None or not p99_s
+        else round(p99_m / p99_s, 3),
+        "p99_within_30pct": p99_m is not None
+        and p99_s is not None
+        and abs(p99_m - p99_s) <= 0.3 * p99_s,
     }
 
 
@@ -848,15 +883,21 @@ def replay_traffic(
         return None if a is None or b is None or b == 0 else round(a / b, 3)
 
     cold_m, cold_s = measured["cold_starts"]["count"], simulated["cold_starts"]["count"]
-    p99_m, p99_s = measured["latency_s"]["p99"], simulated["latency_s"]["p99"]
     cold_diff = abs(cold_m - cold_s) / max(cold_s, 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    begin = origin + times_c
+    bound = host_bound(begin, begin + latency, tracked, cores or 1)
+    inside = ~bound
     agreement = {
         "cold_starts_measured_over_simulated": ratio(cold_m, cold_s),
-        "p99_measured_over_simulated": ratio(p99_m, p99_s),
         "cold_starts_within_20pct": cold_diff <= 0.2,
-        "p99_within_30pct": p99_m is not None
-        and p99_s is not None
-        and abs(p99_m - p99_s) <= 0.3 * p99_s,
+        **_p99_agreement(latency, result.latency_s),
+        "within_host": {
+            "cores": cores,
+            "host_bound_requests": [int(i) for i in np.flatnonzero(bound)],
+            "requests": int(inside.sum()),
+            **_p99_agreement(latency[inside], result.latency_s[inside]),
+        },
     }
     return {
         "plan": document.solver,

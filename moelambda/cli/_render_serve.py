@@ -81,7 +81,18 @@ def replay(console: Console, summary: dict[str, Any]) -> None:
 
     cold = ratio(agreement["cold_starts_measured_over_simulated"])
     p99 = ratio(agreement["p99_measured_over_simulated"])
-    console.print(f"measured / simulated: cold starts {cold}, p99 {p99}.")
+    within = agreement["within_host"]
+    bound = len(within["host_bound_requests"])
+    console.print(
+        f"measured / simulated: cold starts {cold}, p99 {p99}"
+        + (
+            f"; {bound} request(s) waited on a start begun while more than {within['cores']} "
+            f"environments were starting (this machine's cores), p99 without them "
+            f"{ratio(within['p99_measured_over_simulated'])}."
+            if bound
+            else "."
+        )
+    )
 
 
 def run_local(console: Console, summary: dict[str, Any]) -> None:

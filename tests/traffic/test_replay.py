@@ -107,6 +107,9 @@ def test_a_short_replay_reports_measured_beside_simulated(one_layer_plan: Path) 
         "cold_starts_measured_over_simulated",
         "p99_measured_over_simulated",
     }
+    within = out["agreement"]["within_host"]
+    assert within["cores"] >= 1
+    assert within["requests"] + len(within["host_bound_requests"]) == 11
     assert out["wall_s"] >= out["trace_wall_s"] >= arrivals["time_s"][-1]
 
 
@@ -158,3 +161,23 @@ def test_bad_traffic_arguments_exit_2_before_anything_starts(
     result = runner.invoke(app, ["run-local", "--plan", str(tmp_path / "absent.json"), *extra])
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+def test_host_bound_marks_the_requests_that_waited_on_a_crowded_start() -> None:
+    """A start begun while more environments than the cores were starting marks every request
+    whose execution overlapped its INIT, and only those; a crowd no larger than the cores
+    marks none."""
+    from moelambda.environments import ColdStart
+    from moelambda.traffic_replay import host_bound
+
+    def start(at: float, init: float, concurrent: int) -> ColdStart:
+        return ColdStart("f", at, init, init, concurrent)
+
+    begin = np.array([0.0, 10.0, 20.0, 30.0])
+    end = np.array([5.0, 15.0, 25.0, np.inf])  # the last request failed: open-ended
+    starts = [start(1.0, 2.0, 1), start(11.0, 3.0, 2), start(12.0, 4.0, 3), start(40.0, 1.0, 3)]
+    assert host_bound(begin, end, starts, cores=2).tolist() == [False, True, False, True]
+    assert host_bound(begin, end, starts, cores=3).tolist() == [False, False, False, False]
+    assert host_bound(begin, end, [], cores=2).tolist() == [False] * 4
+    # Touching is not overlapping: an INIT that ended as the request arrived did not delay it.
+    assert host_bound(np.array([16.0]), np.array([20.0]), starts, cores=2).tolist() == [False]
