@@ -884,9 +884,10 @@ def replay_traffic(
 
     cold_m, cold_s = measured["cold_starts"]["count"], simulated["cold_starts"]["count"]
     cold_diff = abs(cold_m - cold_s) / max(cold_s, 1)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    cores = cores or os.cpu_count() or 1
     begin = origin + times_c
-    bound = host_bound(begin, begin + latency, tracked, cores or 1)
+    bound = host_bound(begin, begin + latency, tracked, cores)
     inside = ~bound
     agreement = {
         "cold_starts_measured_over_simulated": ratio(cold_m, cold_s),
