@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ground.manifest import Manifest, StageEntry, expert_key, layer_key
 from moe._cache import default_cache_dir, load_exported, load_model
-from moe._corpus import Corpus, load_corpus, make_windows
+from moe._corpus import Corpus, load_corpus, make_windows, training_windows
 from moe._experts import (
     ExpertBank,
     Router,
@@ -22,6 +22,7 @@ from moe._model import LayerRouting, MoEModel, build_model, moefy_options
 from moe._moefy import LayerFit
 from moe._options import EXPERT_CHOICES, MoefyOptions, TopK, parse_top_k
 from moe._quality import (
+    HELD_OUT_TOKENS,
     QUALITY_TOKENS,
     QUALITY_WINDOW,
     Quality,
@@ -38,6 +39,7 @@ __all__ = [
     "EXPERT_CHOICES",
     "ExpertBank",
     "ExpertStage",
+    "HELD_OUT_TOKENS",
     "LayerFit",
     "LayerOutput",
     "LayerRouting",
@@ -74,4 +76,5 @@ __all__ = [
     "resolve_model",
     "routing_shards",
     "run_staged",
+    "training_windows",
 ]

@@ -49,9 +49,12 @@ def default_cache_dir() -> Path:
 def _key(source: ModelSource, options: MoefyOptions) -> str:
     files = sorted(p for p in source.path.rglob("*") if p.is_file())
     stamp = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-    blob = json.dumps(
-        [source.name, stamp, options.describe(), __version__, MANIFEST_VERSION], sort_keys=True
-    )
+    parts: list[object] = [source.name, stamp, options.describe(), __version__, MANIFEST_VERSION]
+    if options.distil_steps:
+        from moe._distil import RECIPE
+
+        parts.append(RECIPE)
+    blob = json.dumps(parts, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 

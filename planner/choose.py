@@ -260,12 +260,15 @@ def choose(
     Raises:
         UsageError: An empty grid, a model that is not MoEfied, or a floor of the wrong kind.
     """
-    from moe import load_corpus, load_model, make_windows, quality_of
+    from moe import QUALITY_WINDOW, load_corpus, load_model, make_windows, quality_of
+    from moe._quality import check_held_out
     from planner.calibration import load_calibration
     from predictor import profile_windows
 
     if not grid:
         raise UsageError("the grid of options is empty.", "give at least one option.")
+    for options in grid:
+        check_held_out(options, corpus, quality_tokens, QUALITY_WINDOW, seed)
     say = progress or (lambda _msg: None)
     calibration = calibration or load_calibration(None)
     text = load_corpus(corpus)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ground.errors import CorpusError
-from moe import MoEModel, load_corpus, make_windows
+from moe import Corpus, MoEModel, load_corpus, make_windows, training_windows
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +78,34 @@ def test_too_few_tokens(tmp_path: Path, tokenizer) -> None:  # type: ignore[no-u
     path.write_text("only a few words here")
     with pytest.raises(CorpusError, match="fewer than"):
         make_windows(load_corpus(str(path)), tokenizer, tokens=1000, window=128, seed=0)
+
+
+class _DocTokenizer:
+    """Document i becomes five copies of token i + 10, so every window says which documents
+    it read; [CLS]=0 ... [SEP]=1, documents joined by [SEP]."""
+
+    sep_token_id = 1
+    eos_token_id = None
+
+    def __call__(self, text, add_special_tokens=True, verbose=False):  # type: ignore[no-untyped-def]
+        if isinstance(text, str):
+            return {"input_ids": [0, 7, 1] if add_special_tokens else [7]}
+        return {"input_ids": [[int(doc[1:]) + 10] * 5 for doc in text]}
+
+
+def test_training_windows_leave_out_the_held_out_documents() -> None:
+    corpus = Corpus("docs", tuple(f"d{i}" for i in range(400)))
+    tokenizer = _DocTokenizer()
+    train = training_windows(corpus, tokenizer, window=8, seed=2, held_out_tokens=300)
+    seen = set(train[:, 1:-1].ravel().tolist()) - {1}
+    for tokens in (100, 290):  # held-out windows up to held_out_tokens less one window
+        held = make_windows(corpus, tokenizer, tokens=tokens, window=8, seed=2)
+        assert not seen & (set(held[:, 1:-1].ravel().tolist()) - {1})
+    # Everything else is trained on: the held-out documents are the profile split's first
+    # batch of 64 (the reader's unit), and at most the last window's few documents are cut off.
+    assert len(seen) >= 400 - 64 - 2
+    assert (train[:, 0] == 0).all() and (train[:, -1] == 1).all()
+    again = training_windows(corpus, tokenizer, window=8, seed=2, held_out_tokens=300)
+    assert np.array_equal(train, again)
+    with pytest.raises(CorpusError, match="no text beside"):
+        training_windows(corpus, tokenizer, window=8, seed=2, held_out_tokens=10_000)

@@ -82,7 +82,11 @@ CorrectionOpt = Annotated[
     ),
 ]
 DistilOpt = Annotated[
-    int, typer.Option(help="Steps of end-to-end distillation of the experts (0 = none).")
+    int,
+    typer.Option(
+        help="Steps of end-to-end distillation of the experts on all the embedded text but the "
+        "held-out quality windows (0 = none)."
+    ),
 ]
 FitTokensOpt = Annotated[
     int, typer.Option(help="Tokens of the fit text the routers and corrections are fitted on.")

@@ -50,6 +50,7 @@ def grid_of(
     correction: str,
     seed: int,
     fit_tokens: int = 8192,
+    distil_steps: str = "0",
 ) -> list[Any]:
     """Every combination of the grid flags as `moe.MoefyOptions` (each one checked)."""
     from moelambda.cli._app import moefy_flags
@@ -58,15 +59,24 @@ def grid_of(
         raise UsageError(f"--correction '{correction}' is not on, off or both.", "pass one.")
     corrections = {"on": [True], "off": [False], "both": [False, True]}[correction]
     grid = []
-    for e, k, s, r, c in itertools.product(
+    for e, k, s, r, c, d in itertools.product(
         _numbers("--experts", experts, int),
         _split("--top-k", top_k),
         _numbers("--shared", shared, float),
         _split("--router", router),
         corrections,
+        _numbers("--distil-steps", distil_steps, int),
     ):
         options = moefy_flags(
-            model, e, k, seed, shared=s, router=r, correction=c, fit_tokens=fit_tokens
+            model,
+            e,
+            k,
+            seed,
+            shared=s,
+            router=r,
+            correction=c,
+            distil_steps=d,
+            fit_tokens=fit_tokens,
         )
         if options is None:
             raise UsageError(
@@ -107,6 +117,10 @@ def choose(
     correction: Annotated[
         str, typer.Option(help="Grid: least-squares correction on, off or both.")
     ] = "both",
+    distil_steps: Annotated[
+        str,
+        typer.Option(help="Grid: steps of end-to-end distillation of the experts, e.g. 0,1500."),
+    ] = "0",
     fit_tokens: Annotated[
         int,
         typer.Option(help="Tokens of fit text every option's routers and corrections see."),
@@ -135,7 +149,9 @@ def choose(
         slo_s=slo,
     )
     check_out(out, force)
-    grid = grid_of(model, experts, top_k, shared, router, correction, seed, fit_tokens)
+    grid = grid_of(
+        model, experts, top_k, shared, router, correction, seed, fit_tokens, distil_steps
+    )
     with err.status(f"evaluating {len(grid)} MoEfications") as status:
         selection = run_choose(
             model,

@@ -78,11 +78,12 @@ def quality(
         distil_steps=distil_steps,
         fit_tokens=fit_tokens,
     )
-    from moe._quality import check_quality_size, native_model_error
+    from moe._quality import check_held_out, check_quality_size, native_model_error
 
     check_quality_size(tokens, window)
     if options is None:
         raise native_model_error(model)
+    check_held_out(options, corpus, tokens, window, seed)
     loaded = load_with_status(model, experts, top_k, seed, cache, options)
     with err.status("comparing with the dense model"):
         measured, fresh = quality_of(

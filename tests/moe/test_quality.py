@@ -236,3 +236,20 @@ def test_distillation_lowers_its_loss_and_keeps_the_stages_exact(
     reference = model.forward(token_windows, reference=True)
     export_model(model, tmp_path / "w")
     assert (run_staged(tmp_path / "w", token_windows) - reference).abs().max() <= TOL
+
+
+def test_a_distilled_model_is_judged_only_on_text_it_never_saw(
+    tiny_dirs: dict[str, Path],
+) -> None:
+    from moe import HELD_OUT_TOKENS, QUALITY_WINDOW, quality_of
+
+    options = moefy_options(4, 1, fit_tokens=512, correction=True, distil_steps=2)
+    model = load_model(str(tiny_dirs["llama"]), options=options, cache=False, quality_tokens=1024)
+    assert model.quality is not None and model.quality["tokens"] == 1024
+    with pytest.raises(UsageError, match="trained on all the embedded text"):
+        quality_of(model, tokens=HELD_OUT_TOKENS)
+    with pytest.raises(UsageError, match="--tokens"):
+        quality_of(model, tokens=1024, seed=model.seed + 1)
+    stored, measured_now = quality_of(model, tokens=1024)
+    assert not measured_now and stored.tokens == 1024
+    assert HELD_OUT_TOKENS - QUALITY_WINDOW >= 16_384  # the default comparison stays allowed

@@ -143,6 +143,8 @@ def test_choose_refuses_bad_floors() -> None:
         (["--min-cosine", "2"], "is not a cosine"),
         (["--min-cosine", "0.9", "--top-k", "two"], "not a number of experts"),
         (["--min-cosine", "0.9", "--correction", "maybe"], "on, off or both"),
+        (["--min-cosine", "0.9", "--distil-steps", "many"], "comma-separated list of numbers"),
+        (["--min-cosine", "0.9", "--distil-steps", "-5"], "--distil-steps must be 0 or more"),
     ):
         result = runner.invoke(app, ["choose", *args])
         assert result.exit_code == 2, (args, result.output)
@@ -169,3 +171,47 @@ def test_choose_from_python_is_the_command(tiny_llama: str, tmp_path: Path) -> N
     assert (tmp_path / "api" / "plan.json").read_text() == (
         tmp_path / "cli" / "plan.json"
     ).read_text()
+
+
+def test_the_grid_crosses_distillation_steps() -> None:
+    from moelambda.cli.choose import grid_of
+
+    grid = grid_of("minilm", "8", "4", "0", "mass", "on", 0, 131072, "0,1500")
+    assert [(o.top_k.k, o.correction, o.distil_steps) for o in grid] == [
+        (4, True, 0),
+        (4, True, 1500),
+    ]
+
+
+def test_choose_refuses_held_out_text_a_distilled_option_trained_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before any option is MoEfied: distillation takes minutes."""
+    import moe
+
+    def no_load(*args: object, **kwargs: object) -> None:
+        raise AssertionError("loaded a model before checking the held-out text")
+
+    monkeypatch.setattr(moe, "load_model", no_load)
+    result = runner.invoke(
+        app,
+        ["choose", "--min-cosine", "0.9", "--distil-steps", "0,10", "--quality-tokens", "40000"],
+    )
+    assert result.exit_code == 2 and "would read text it was trained on" in result.output
+    result = runner.invoke(
+        app,
+        [
+            "quality",
+            "--experts",
+            "8",
+            "--top-k",
+            "4",
+            "--distil-steps",
+            "10",
+            "--seed",
+            "0",
+            "--tokens",
+            "40000",
+        ],
+    )
+    assert result.exit_code == 2 and "--corpus with text of your own" in result.output
