@@ -31,13 +31,24 @@ from moe._quality import (
     quality_of,
 )
 from moe._registry import BUILTIN_MODELS, ModelSource, resolve_model
-from moe._stages import ExpertStage, LayerOutput, LayerStage, StageLoader, run_staged
+from moe._stages import (
+    ExpertCall,
+    ExpertStage,
+    LayerOutput,
+    LayerStage,
+    StageLoader,
+    Stages,
+    local_experts,
+    run_staged,
+    run_stages,
+)
 
 __all__ = [
     "BUILTIN_MODELS",
     "Corpus",
     "EXPERT_CHOICES",
     "ExpertBank",
+    "ExpertCall",
     "ExpertStage",
     "HELD_OUT_TOKENS",
     "LayerFit",
@@ -55,6 +66,7 @@ __all__ = [
     "SharedExpert",
     "StageEntry",
     "StageLoader",
+    "Stages",
     "TopK",
     "build_model",
     "default_cache_dir",
@@ -68,6 +80,7 @@ __all__ = [
     "load_corpus",
     "load_exported",
     "load_model",
+    "local_experts",
     "make_windows",
     "measure_quality",
     "moefy_options",
@@ -76,5 +89,6 @@ __all__ = [
     "resolve_model",
     "routing_shards",
     "run_staged",
+    "run_stages",
     "training_windows",
 ]

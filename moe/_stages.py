@@ -8,9 +8,11 @@ monolithic forward.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from pydantic import ValidationError
@@ -23,7 +25,17 @@ from moe._experts import Router, SharedExpert, expert_ffn, gather_shards, routin
 from moe._families import Family
 from moe._options import TopK, parse_top_k
 
-__all__ = ["ExpertStage", "LayerOutput", "LayerStage", "StageLoader", "run_staged"]
+__all__ = [
+    "ExpertCall",
+    "ExpertStage",
+    "LayerOutput",
+    "LayerStage",
+    "StageLoader",
+    "Stages",
+    "local_experts",
+    "run_staged",
+    "run_stages",
+]
 
 
 def _sub(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
@@ -210,21 +222,60 @@ class StageLoader:
         return TailStage(combine, self._filled(self.family.new_tail(), _sub(tensors, "tail")))
 
 
+class Stages(Protocol):
+    """Where a layer loop finds its stages: a `StageLoader`, or a function's warm cache."""
+
+    def head(self) -> HeadStage: ...
+
+    def layer(self, layer: int) -> LayerStage: ...
+
+    def tail(self) -> TailStage: ...
+
+
+ExpertCall = Callable[[int, LayerOutput], torch.Tensor]
+"""(layer, the layer's output) -> the (N, h) weighted sum of its experts' outputs."""
+
+
+def run_stages(
+    stages: Stages, num_layers: int, input_ids: torch.Tensor, experts: ExpertCall
+) -> torch.Tensor:
+    """The layer loop, once: head -> (layer stage -> `experts` -> its sum) x L -> tail.
+
+    `experts` is what differs between the ways a model is served: every expert in this process
+    (`run_staged`, a monolithic function), or some in process and the rest invoked remotely (a
+    driver function). Whatever it does, it returns the layer's expert sum for the next combine.
+    """
+    residual = stages.head().run(input_ids)
+    expert_sum = None
+    for layer in range(num_layers):
+        out = stages.layer(layer).run(residual, expert_sum)
+        expert_sum = experts(layer, out)
+        residual = out.residual
+    if expert_sum is None:
+        raise ValueError("a model without MoE layers has no staged forward")
+    return stages.tail().run(residual, expert_sum)
+
+
+def local_experts(
+    expert: Callable[[int, int], ExpertStage], num_experts: int, hidden: int
+) -> ExpertCall:
+    """An `ExpertCall` running every routed expert in this process, each on its own shard."""
+
+    def call(layer: int, out: LayerOutput) -> torch.Tensor:
+        parts = [
+            (tokens, weights, expert(layer, e).run(out.ffn_in[tokens]))
+            for e, (tokens, weights) in enumerate(
+                routing_shards(out.experts, out.weights, num_experts)
+            )
+        ]
+        return gather_shards(out.ffn_in.shape[0], hidden, parts)
+
+    return call
+
+
 def run_staged(root: str | Path, input_ids: torch.Tensor) -> torch.Tensor:
     """Run windows through the exported stages one by one, each expert on its own shard."""
     loader = StageLoader(root)
     m = loader.manifest
-    residual = loader.head().run(input_ids)
-    expert_sum = None
-    for layer in range(m.num_layers):
-        out = loader.layer(layer).run(residual, expert_sum)
-        parts = []
-        for expert, (tokens, weights) in enumerate(
-            routing_shards(out.experts, out.weights, m.experts)
-        ):
-            y = loader.expert(layer, expert).run(out.ffn_in[tokens])
-            parts.append((tokens, weights, y))
-        expert_sum = gather_shards(out.ffn_in.shape[0], m.hidden_size, parts)
-        residual = out.residual
-    assert expert_sum is not None
-    return loader.tail().run(residual, expert_sum)
+    experts = local_experts(loader.expert, m.experts, m.hidden_size)
+    return run_stages(loader, m.num_layers, input_ids, experts)
