@@ -15,17 +15,13 @@ import numpy as np
 from ground.manifest import Manifest
 from ground.plan import ExpertPlan, LayerPlan, ModelRef, Plan, Totals
 from planner.calibration import Calibration
-from planner.compute import expert_compute_s
+from planner.compute import expert_compute_s, flops_per_token
 from planner.costmodel import Solution, bill, replica_limits
 from planner.instance import Instance, Method
 
 __all__ = ["instance_for", "make_plan"]
 
 NONMOE_MEMORY_MB = 1769  # one full vCPU for the head, gate and tail functions
-
-
-def _flops_per_token(weight_bytes: float, dtype_bytes: int) -> float:
-    return 2.0 * weight_bytes / dtype_bytes
 
 
 def instance_for(
@@ -46,9 +42,9 @@ def instance_for(
     expert_bytes = np.array(manifest.expert_bytes(), dtype=float)
     layer_bytes = np.array([sizes[("layer", layer, None)] for layer in range(layers)], float)
     width = manifest.dtype_bytes
-    expert_u = expert_compute_s(calibration, _flops_per_token(float(expert_bytes.mean()), width))
+    expert_u = expert_compute_s(calibration, flops_per_token(float(expert_bytes.mean()), width))
     options = np.asarray(calibration.memory_options_mb, dtype=float)
-    layer_u_ref = expert_compute_s(calibration, _flops_per_token(float(layer_bytes.mean()), width))
+    layer_u_ref = expert_compute_s(calibration, flops_per_token(float(layer_bytes.mean()), width))
     nonmoe_u = float(np.interp(NONMOE_MEMORY_MB, options, layer_u_ref))
     if counts.shape != (layers, experts):
         raise ValueError(f"counts have shape {counts.shape}, the model ({layers}, {experts})")

@@ -275,6 +275,10 @@ class Calibration(BaseModel):
     esm_batch_size_max_without_window: PositiveInt | None = None
     start_execution_s: PositiveFloat | None = None
     batcher_import_s: PositiveFloat | None = None
+    # Driver and monolithic deployments (`planner.driver`): optional, for the calibration of
+    # plans made before them.
+    driver_runtime_mb: PositiveInt | None = None
+    driver_activation_states: PositiveFloat | None = None
     provenance: dict[str, Parameter] = Field(default_factory=dict, repr=False)
     source_path: Path | None = None
 

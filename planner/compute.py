@@ -42,10 +42,12 @@ __all__ = [
     "calibrated_document",
     "cpu_model",
     "cpu_times",
+    "compute_s_at",
     "dump_document",
     "expert_compute_s",
     "expert_reference",
     "ffn_flops_per_token",
+    "flops_per_token",
     "measure_expert",
     "parallel_efficiency",
     "read_document",
@@ -98,6 +100,12 @@ def ffn_flops_per_token(hidden: int, width: int, kind: str) -> int:
     """
     matmuls = 3 if kind == "glu" else 2
     return 2 * hidden * width * matmuls + 2 * width
+
+
+def flops_per_token(weight_bytes: float, dtype_bytes: int) -> float:
+    """FLOPs per token of a matmul-dominated stage of `weight_bytes`: two per weight (one
+    multiply-add), as `ffn_flops_per_token` counts an expert's matmuls."""
+    return 2.0 * weight_bytes / dtype_bytes
 
 
 def parallel_efficiency(t1: float, t2: float) -> float:
@@ -210,6 +218,31 @@ def expert_compute_s(calibration: Calibration, flops_per_token: float) -> np.nda
             f"run `moelambda calibrate --calibration {where}` to measure them.",
         )
     return np.asarray(times) * (flops_per_token / reference.flops_per_token)
+
+
+def compute_s_at(
+    calibration: Calibration, flops_per_token: float, memory_mb: float | np.ndarray
+) -> float | np.ndarray:
+    """Seconds per token of `flops_per_token` on a function of `memory_mb`, any size.
+
+    `expert_compute_s` reads U_j at the calibration's memory options; a driver or a
+    monolithic function may have any memory up to Lambda's largest. This applies the same
+    rule as `token_compute_s` (the one-thread time of the reference expert, scaled by FLOPs,
+    over the CPU share the memory buys, parallel efficiency above one vCPU) at `memory_mb`.
+
+    Raises:
+        CalibrationError: If the calibration holds no measured reference expert.
+    """
+    reference = calibration.expert_compute_reference
+    if reference is None:
+        expert_compute_s(calibration, flops_per_token)  # raises, naming the fix
+        raise AssertionError("unreachable")
+    vcpus = np.minimum(
+        np.asarray(memory_mb, dtype=float) / calibration.mb_per_vcpu, calibration.max_vcpus
+    )
+    usable = np.maximum(np.minimum(vcpus, 1.0), vcpus * reference.threads_efficiency)
+    seconds = reference.t1_s_per_token * (flops_per_token / reference.flops_per_token) / usable
+    return float(seconds) if np.ndim(seconds) == 0 else seconds
 
 
 def cpu_model() -> str:

@@ -44,6 +44,9 @@ __all__ = [
     "Frontier",
     "LayerFrontier",
     "layer_frontier",
+    "hull_sum",
+    "lower_hull",
+    "pareto_points",
     "solve_bounded",
     "solve_exact",
     "solve_frontier",
@@ -271,8 +274,8 @@ class _Bound:
             if latency(chosen) > slo:  # lam so large that sums round: start from the fastest
                 chosen = fastest
         upper = _spend_slack(layers, chosen, base_latency, base_cost, slo)
-        hulls = [_lower_hull(f.latency_s, f.cost_usd) for f in layers]
-        rest = tuple(_hull_sum(hulls[index + 1 :]) for index in range(len(layers)))
+        hulls = [lower_hull(f.latency_s, f.cost_usd) for f in layers]
+        rest = tuple(hull_sum(hulls[index + 1 :]) for index in range(len(layers)))
         return cls(slo, upper, rest)
 
     def keeper(self, layer: int) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
@@ -288,7 +291,7 @@ class _Bound:
         return keep
 
 
-def _lower_hull(latency: np.ndarray, cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def lower_hull(latency: np.ndarray, cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Vertices of the lower convex hull of a Pareto curve (latency ascending, cost descending).
 
     Drops, all at once and until none is left, every point on or above the chord between its
@@ -306,7 +309,7 @@ def _lower_hull(latency: np.ndarray, cost: np.ndarray) -> tuple[np.ndarray, np.n
     return x, y
 
 
-def _hull_sum(hulls: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+def hull_sum(hulls: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """Lower convex hull of the Minkowski sum of hulls: their edges in order of slope."""
     if not hulls:
         return np.zeros(1), np.zeros(1)
@@ -373,7 +376,7 @@ class _LayerParts:
         finish = np.where(self.finish <= cap_s, self.finish, np.inf)
         part, option, cost, latency = _cheapest_within(self.cost, finish)
         cost = cost + self.usd[part] + self.per_s[part] * latency
-        keep = _pareto(latency, cost)
+        keep = pareto_points(latency, cost)
         g = inst.max_replicas
         return LayerFrontier(
             latency[keep],
@@ -435,7 +438,7 @@ def _cheapest_within(cost: np.ndarray, finish: np.ndarray) -> tuple[np.ndarray, 
     return tau_part[valid], option, total, tau[valid]
 
 
-def _pareto(latency: np.ndarray, cost: np.ndarray) -> np.ndarray:
+def pareto_points(latency: np.ndarray, cost: np.ndarray) -> np.ndarray:
     """Indices of the non-dominated points, by latency ascending (cost strictly descending).
 
     Latencies equal to the nanosecond form a group, represented by its cheapest point (cost to
@@ -515,9 +518,9 @@ def _merge(
     total_latency = (layer_latency_s[:, None] + latency[None, :]).ravel()
     total_cost = (layer_cost[:, None] + cost[None, :]).ravel()
     if keep is None:
-        chosen = _pareto(total_latency, total_cost)
+        chosen = pareto_points(total_latency, total_cost)
     else:
         candidates = np.flatnonzero(keep(total_latency, total_cost))
-        chosen = candidates[_pareto(total_latency[candidates], total_cost[candidates])]
+        chosen = candidates[pareto_points(total_latency[candidates], total_cost[candidates])]
     added, before = np.divmod(chosen, max(latency.size, 1))
     return before, added

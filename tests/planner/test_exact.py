@@ -15,9 +15,9 @@ import pytest
 from planner.costmodel import evaluate, global_terms
 from planner.exact import (
     Frontier,
-    _hull_sum,
-    _lower_hull,
-    _pareto,
+    hull_sum,
+    lower_hull,
+    pareto_points,
     solve_bounded,
     solve_exact,
     solve_frontier,
@@ -190,7 +190,7 @@ def test_larger_instance_is_consistent() -> None:
 def _staircase(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
     """A random Pareto curve: latency ascending, cost strictly descending."""
     latency, cost = rng.uniform(0, 10, size), rng.uniform(0, 10, size)
-    keep = _pareto(latency, cost)
+    keep = pareto_points(latency, cost)
     return latency[keep], cost[keep]
 
 
@@ -198,7 +198,7 @@ def _staircase(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndar
 def test_lower_hull_is_convex_and_under_every_point(seed: int) -> None:
     """The bound's hull: vertices from the curve, slopes ascending, no point below it."""
     latency, cost = _staircase(np.random.default_rng(seed), 60)
-    x, y = _lower_hull(latency, cost)
+    x, y = lower_hull(latency, cost)
     assert set(zip(x, y, strict=True)) <= set(zip(latency, cost, strict=True))
     assert x[0] == latency[0] and x[-1] == latency[-1]
     assert np.all(np.diff(np.diff(y) / np.diff(x)) > 0)
@@ -214,9 +214,9 @@ def test_hull_of_a_minkowski_sum_is_the_sum_of_hulls(seed: int) -> None:
     for t, c in curves:
         latency = (latency[:, None] + t).ravel()
         cost = (cost[:, None] + c).ravel()
-    keep = _pareto(latency, cost)
-    expected = _lower_hull(latency[keep], cost[keep])
-    x, y = _hull_sum([_lower_hull(t, c) for t, c in curves])
+    keep = pareto_points(latency, cost)
+    expected = lower_hull(latency[keep], cost[keep])
+    x, y = hull_sum([lower_hull(t, c) for t, c in curves])
     assert x[0] == pytest.approx(expected[0][0]) and x[-1] == pytest.approx(expected[0][-1])
     probe = np.linspace(x[0], x[-1], 200)
     np.testing.assert_allclose(np.interp(probe, x, y), np.interp(probe, *expected), atol=1e-9)

@@ -1,0 +1,921 @@
+"""Driver and monolithic deployments: their cost and latency, and the exact solver of both.
+
+A driver function (`ground.driver`) runs the non-MoE stack and its local experts in process and
+invokes the remote experts' functions. What the model says, per request (times in seconds):
+
+* driver: T^str, reading the token ids (T^dl + 8 N / B^s), per layer the layer stage on all N
+  tokens (N u_layer at the driver's memory), then the layer's experts: local ones one after
+  another (u_expert per routed row), remote ones all at once; the layer ends when both are
+  done (t_e = N u_layer + max(local, slowest remote)); then the tail (N u_tail) and the output
+  (T^dl + N D^o / B^s), and a listing and delete (2 T^dl) if any shard went through S3;
+* a remote expert's replica with r = ceil(d / g) rows, inline (its event fits the payload
+  limit): sent at B^f, billed T^str + r (D^o / B^f + U_j), done at r D^in / B^f + that; through
+  S3 past the limit: billed T^str + 2 T^dl + r ((D^in + D^o) / B^s + U_j), done after the
+  driver's PUT before it and its GET after it (T^dl + r D / B^s each);
+* the bill: the driver's GB-s for the whole request (memory x latency), every remote replica's
+  GB-s, one Lambda request per function started, the S3 requests of the overflowing shards, the
+  input GET and output PUT, and the one-state workflow (an Express execution's request and
+  duration, or a Standard transition).
+
+The driver's memory must hold the runtime, the non-MoE stages, its local experts (each counted
+at the model's largest expert) and a batch's activations (`ground.driver.activation_bytes`).
+
+The exact solver. Fix the driver's memory. A layer's local set S and its remote experts' options
+interact with the other layers only through the layer's latency t_e (the SLO sums them; the
+driver's GB-s and the Express duration cost rho per second of it) and through the memory its
+local experts take. So per layer and local-set size k the Pareto curve of (t_e, cost) is exact:
+for each threshold tau on the remote finish every remote expert takes its cheapest option
+within tau, and t_e = max(u_expert D_S, tau), enumerated over every local set S of the family
+and every tau where some expert's cheapest cost drops. Layers then merge as a knapsack over
+(latency, local experts), each state pruned by the states with fewer local experts. The local
+sets are every subset when a layer has at most `ALL_SUBSETS_MAX` experts (then the result is
+optimal over the whole decision space, and a brute force agrees); past that, a layer's local
+set is its a most and b least popular experts, for every a + b <= E (the popular ones save the
+most remote cost per unit of memory, the rare ones the most per unit of local compute time).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import product
+from typing import Any
+
+import numpy as np
+
+from ground.driver import DEPLOYMENTS, activation_bytes, driver_request_counts, overflows
+from ground.errors import CalibrationError, InfeasibleError
+from ground.manifest import Manifest
+from planner.calibration import Calibration
+from planner.compute import compute_s_at, flops_per_token
+from planner.costmodel import price
+from planner.exact import SLO_RTOL, hull_sum, lower_hull, pareto_points
+from planner.instance import MB, Instance
+
+__all__ = [
+    "ALL_SUBSETS_MAX",
+    "DEPLOYMENTS",
+    "DriverChoice",
+    "DriverEvaluation",
+    "DriverInstance",
+    "DriverSolution",
+    "driver_instance",
+    "driver_options_mb",
+    "evaluate_driver",
+    "local_families",
+    "remote_options",
+    "solve_driver",
+    "solve_monolithic",
+    "driver_usage",
+]
+
+ALL_SUBSETS_MAX = 10  # layers with at most this many experts: every local set is searched
+
+
+def driver_options_mb(calibration: Calibration) -> np.ndarray:
+    """The driver's memory options: the experts' options, every whole vCPU, Lambda's largest.
+
+    Below one vCPU a function computes at its share of one (the compute's GB-s stay the same,
+    the waits cost less); above it, each whole vCPU is a step in speed.
+    """
+    top = calibration.lambda_max_memory_mb
+    steps = int(top // calibration.mb_per_vcpu)
+    vcpus = [round(k * calibration.mb_per_vcpu) for k in range(1, steps + 1)]
+    options = {*calibration.memory_options_mb, *(m for m in vcpus if m <= top), top}
+    return np.array(sorted(options), dtype=float)
+
+
+@dataclass(frozen=True, eq=False)
+class DriverInstance:
+    """One driver-planning problem: the per-expert `base` instance (counts, remote options,
+    prices, workflow type) and what the driver adds. Sizes in MB, times in seconds."""
+
+    base: Instance
+    top_k: int
+    runtime_mb: float  # the driver's runtime (it imports transformers: `driver_runtime_mb`)
+    nonmoe_mb: float  # head, every layer stage and the tail: what every driver holds
+    unit_mb: float  # one local expert's memory: the model's largest expert
+    experts_mb: np.ndarray  # (L, E) each expert's weights
+    layer_flops: np.ndarray  # (L,) FLOPs per token of each layer stage
+    tail_flops: float
+    expert_flops: float
+    memory_mb: np.ndarray  # (D,) the driver's memory options
+    u_layer: np.ndarray  # (D, L) seconds per token of each layer stage at each option
+    u_expert: np.ndarray  # (D,) seconds per routed row of one expert
+    u_tail: np.ndarray  # (D,)
+    activations_mb: float  # a batch's tensors with remote experts (`activation_bytes`)
+    activations_local_mb: float  # the same with every expert local
+    payload_limit: int  # an inline Invoke's event (and response)
+    max_memory_mb: float
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def layers(self) -> int:
+        return self.base.layers
+
+    @property
+    def experts(self) -> int:
+        return self.base.experts
+
+    @property
+    def tokens(self) -> int:
+        return self.base.tokens
+
+    def rho(self, d: int) -> float:
+        """$ per second of the request's latency: the driver's GB-s, Express's duration."""
+        express = (
+            self.base.express_memory_mb * self.base.express_mb_s_usd
+            if self.base.workflow == "express"
+            else 0.0
+        )
+        return float(self.memory_mb[d]) * self.base.price_mb_s + express
+
+    def fixed_s(self, d: int, overflow: bool) -> float:
+        """The driver's time outside the layers' expert steps at memory option `d`."""
+        b = self.base
+        n = float(self.tokens)
+        io = b.warm_start_s + 2 * b.s3_delay_s + n * (8 + b.token_bytes_out) / b.s3_bandwidth
+        compute = n * float(self.u_layer[d].sum()) + n * float(self.u_tail[d])
+        return io + compute + (2 * b.s3_delay_s if overflow else 0.0)
+
+    def fixed_usd(self, overflow: bool) -> float:
+        """Dollars every request pays whatever its experts: the driver's request, the input
+        GET and output PUT, the workflow's request or transition, and the overflow's cleanup
+        (one listing and one delete call, as the solvers count them; `bill` counts exactly)."""
+        b = self.base
+        usd = b.request_usd + b.s3_get_usd + b.s3_put_usd
+        usd += b.express_request_usd if b.workflow == "express" else b.transition_usd
+        return usd + ((b.s3_list_usd + b.s3_delete_usd) if overflow else 0.0)
+
+    def budget_units(self, d: int, *, local_all: bool = False) -> int:
+        """Local experts a driver of memory option `d` holds beside its stages (-1: none fit
+        the stages themselves)."""
+        acts = self.activations_local_mb if local_all else self.activations_mb
+        free = float(self.memory_mb[d]) - self.runtime_mb - self.nonmoe_mb - acts
+        if free < 0:
+            return -1
+        return int(math.floor(free / self.unit_mb + 1e-9))
+
+
+def driver_instance(
+    base: Instance,
+    manifest: Manifest,
+    calibration: Calibration,
+    *,
+    memory_mb: list[float] | None = None,
+) -> DriverInstance:
+    """The driver problem of `base` (`planner.build.instance_for`), for `manifest`'s model.
+
+    `memory_mb` replaces the driver's memory options (a plan's own memory, to re-evaluate it).
+    """
+    width = manifest.dtype_bytes
+    sizes = {(s.role, s.layer, s.expert): s.bytes for s in manifest.stages}
+    layer_bytes = np.array([sizes[("layer", e, None)] for e in range(base.layers)], float)
+    nonmoe = sizes[("head", None, None)] + sizes[("tail", None, None)] + layer_bytes.sum()
+    experts_mb = np.asarray(base.expert_bytes, float) / MB
+    runtime, states = calibration.driver_runtime_mb, calibration.driver_activation_states
+    if runtime is None or states is None:
+        raise CalibrationError(
+            f"{calibration.source_path or 'the calibration'} lacks driver_runtime_mb or "
+            "driver_activation_states, which driver and monolithic plans need.",
+            "copy both entries from the packaged calibration file (planner/data), or plan "
+            "with --deployment workflow.",
+        )
+    memory = driver_options_mb(calibration)
+    token_bytes = int(max(base.token_bytes_in, base.token_bytes_out))
+
+    def acts(remote: bool) -> float:
+        return activation_bytes(base.tokens, token_bytes, manifest.top_k, states, remote=remote)
+
+    # the smallest function that holds every expert: a monolithic plan's cheapest size
+    whole = runtime + (nonmoe + float(np.sum(base.expert_bytes)) + acts(False)) / MB
+    smallest = math.ceil(whole / 64) * 64
+    if smallest <= calibration.lambda_max_memory_mb:
+        memory = np.unique(np.r_[memory, smallest])
+    if memory_mb is not None:
+        memory = np.asarray(memory_mb, dtype=float)
+    layer_flops = np.array([flops_per_token(b, width) for b in layer_bytes])
+    tail_flops = flops_per_token(sizes[("tail", None, None)], width)
+    expert_flops = flops_per_token(float(np.asarray(base.expert_bytes).mean()), width)
+    return DriverInstance(
+        base=base,
+        top_k=manifest.top_k,
+        runtime_mb=float(runtime),
+        nonmoe_mb=float(nonmoe) / MB,
+        unit_mb=float(experts_mb.max()),
+        experts_mb=experts_mb,
+        layer_flops=layer_flops,
+        tail_flops=tail_flops,
+        expert_flops=expert_flops,
+        memory_mb=memory,
+        u_layer=np.stack([compute_s_at(calibration, f, memory) for f in layer_flops], axis=1),
+        u_expert=np.asarray(compute_s_at(calibration, expert_flops, memory)),
+        u_tail=np.asarray(compute_s_at(calibration, tail_flops, memory)),
+        activations_mb=acts(True) / MB,
+        activations_local_mb=acts(False) / MB,
+        payload_limit=calibration.invoke_payload_bytes,
+        max_memory_mb=float(calibration.lambda_max_memory_mb),
+        meta={"model": manifest.model},
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class RemoteOptions:
+    """Every (memory j, replicas g) option of every expert of one layer as a remote expert of
+    the driver, (E, J, G) arrays; an expert with no tokens costs nothing and is not invoked."""
+
+    cost: np.ndarray  # $: replicas' GB-s, their Lambda requests, overflow's S3 requests
+    experts_usd: np.ndarray  # $ of the replicas' GB-s alone
+    time: np.ndarray  # billed seconds of one busy replica
+    finish: np.ndarray  # from the driver's first invoke to the last result in its hands
+    feasible: np.ndarray
+    overflow: np.ndarray  # shards that go through S3 (int)
+
+
+@functools.lru_cache(maxsize=256)
+def remote_options(dinst: DriverInstance, layer: int) -> RemoteOptions:
+    """The remote options of layer `layer`'s experts (formulas in the module docstring).
+
+    Cached per instance (compared by identity: instances are immutable), since evaluating a
+    choice reads every layer's options again."""
+    b = dinst.base
+    d = np.ceil(b.counts[layer])[:, None, None]
+    g = b.replicas[None, None, :].astype(float)
+    r = np.ceil(d / g)
+    u = b.compute_s[None, :, None]
+    m = b.memory_mb[None, :, None]
+    dl, start, bs, bf = b.s3_delay_s, b.warm_start_s, b.s3_bandwidth, b.invoke_bandwidth
+    d_in, d_out = b.token_bytes_in, b.token_bytes_out
+    token_bytes = int(max(d_in, d_out))
+    over = np.asarray(overflows(r, token_bytes, dinst.payload_limit))
+    inline_time = start + r * (d_out / bf + u)
+    s3_time = start + 2 * dl + r * ((d_in + d_out) / bs + u)
+    time_ = np.where(over, s3_time, inline_time)
+    finish = np.where(
+        over, 2 * dl + r * (d_in + d_out) / bs + s3_time, r * d_in / bf + inline_time
+    )
+    busy = np.minimum(d, g)
+    q = np.floor(d / g)
+    rem = d - q * g
+    big = np.asarray(overflows(q + 1, token_bytes, dinst.payload_limit))
+    small = np.asarray(overflows(q, token_bytes, dinst.payload_limit)) & (q > 0)
+    shards_over = rem * big + (g - rem) * small
+    need = dinst.experts_mb[layer][:, None, None] + b.runtime_mb
+    feasible = (need + r * (d_in + d_out) / MB <= m) & (time_ <= b.max_timeout_s)
+    experts_usd = busy * time_ * m * b.price_mb_s
+    cost = experts_usd + busy * b.request_usd + shards_over * 2 * (b.s3_put_usd + b.s3_get_usd)
+    shape = (b.experts, b.memory_mb.size, b.max_replicas)
+    arrays = [np.broadcast_to(a, shape).copy() for a in (cost, experts_usd, time_, finish)]
+    over_count = np.broadcast_to(shards_over, shape).astype(int)
+    feasible = np.broadcast_to(feasible, shape).copy()
+    idle = np.broadcast_to(d == 0, shape)
+    for a in arrays:
+        a[idle] = 0.0
+    one = np.broadcast_to(need + (d_in + d_out) / MB <= m, shape)
+    feasible[idle] = one[idle]
+    return RemoteOptions(*arrays, feasible, over_count)
+
+
+@dataclass(frozen=True)
+class DriverChoice:
+    """A complete decision: the driver's memory option, its local experts, and per remote
+    expert a memory option index and replicas (ignored where local)."""
+
+    memory: int
+    local: np.ndarray  # (L, E) bool
+    remote_memory: np.ndarray  # (L, E) index into base.memory_mb
+    replicas: np.ndarray  # (L, E) 1..G
+
+    @property
+    def monolithic(self) -> bool:
+        return bool(np.all(self.local))
+
+
+@dataclass(frozen=True, eq=False)
+class DriverEvaluation:
+    """A driver choice as the model prices it, with every violated constraint named."""
+
+    cost: float  # $ as the solvers price it
+    latency: float
+    layer_latency: np.ndarray  # (L,) expert step of each layer (local and remote)
+    expert_cost: np.ndarray  # (L, E) $ of each remote expert (0 where local)
+    expert_time: np.ndarray  # (L, E) billed seconds of one busy remote replica
+    experts_usd: float  # remote experts' GB-s
+    overflow: bool
+    memory_need_mb: float
+    violations: list[str]
+
+    @property
+    def feasible(self) -> bool:
+        return not self.violations
+
+
+def evaluate_driver(
+    dinst: DriverInstance, choice: DriverChoice, slo_s: float | None = None
+) -> DriverEvaluation:
+    """Cost and latency of `choice`, with every violated constraint named."""
+    L, E = dinst.layers, dinst.experts
+    d = choice.memory
+    local = np.asarray(choice.local, bool)
+    cost = np.zeros((L, E))
+    times = np.zeros((L, E))
+    layer_t = np.zeros(L)
+    experts_usd = 0.0
+    overflow = False
+    violations: list[str] = []
+    idx = np.arange(E)
+    for e in range(L):
+        opts = remote_options(dinst, e)
+        j, g = choice.remote_memory[e], choice.replicas[e] - 1
+        remote = ~local[e]
+        cost[e] = np.where(remote, opts.cost[idx, j, g], 0.0)
+        times[e] = np.where(remote, opts.time[idx, j, g], 0.0)
+        experts_usd += float(np.where(remote, opts.experts_usd[idx, j, g], 0.0).sum())
+        overflow |= bool((remote & (opts.overflow[idx, j, g] > 0)).any())
+        for i in np.flatnonzero(remote & ~opts.feasible[idx, j, g]):
+            violations.append(f"layer {e} expert {i}: memory or timeout limit")
+        local_s = float(dinst.u_expert[d]) * float(np.ceil(dinst.base.counts[e])[local[e]].sum())
+        remote_s = float(np.where(remote, opts.finish[idx, j, g], 0.0).max(initial=0.0))
+        layer_t[e] = max(local_s, remote_s)
+    latency = dinst.fixed_s(d, overflow) + float(layer_t.sum())
+    need = (
+        dinst.runtime_mb
+        + dinst.nonmoe_mb
+        + int(local.sum()) * dinst.unit_mb
+        + (dinst.activations_local_mb if local.all() else dinst.activations_mb)
+    )
+    if need > float(dinst.memory_mb[d]) + 1e-9:
+        violations.append(
+            f"the driver needs {need:,.0f} MB (runtime, stages, {int(local.sum())} local "
+            f"experts, activations), over its {dinst.memory_mb[d]:,.0f} MB"
+        )
+    if latency > dinst.base.max_timeout_s:
+        violations.append(
+            f"the driver runs {latency:,.1f} s, over Lambda's {dinst.base.max_timeout_s:g} s"
+        )
+    if slo_s is not None and latency > slo_s * (1 + SLO_RTOL):
+        violations.append(f"latency {latency:.4f} s exceeds the SLO {slo_s:.4f} s")
+    total = float(cost.sum()) + dinst.fixed_usd(overflow) + dinst.rho(d) * latency
+    return DriverEvaluation(
+        total, latency, layer_t, cost, times, experts_usd, overflow, need, violations
+    )
+
+
+def driver_usage(
+    dinst: DriverInstance, choice: DriverChoice, evaluation: DriverEvaluation
+) -> dict[str, float]:
+    """What one execution of `choice` uses (`ground.semantics.USAGE_KEYS`), as a metered run
+    counts it: the requests from `ground.driver.driver_request_counts`, the GB-s."""
+    b = dinst.base
+    tokens = np.ceil(b.counts).astype(int)
+    token_bytes = int(max(b.token_bytes_in, b.token_bytes_out))
+    counts, payload = driver_request_counts(
+        tokens, choice.replicas, choice.local, token_bytes, dinst.payload_limit
+    )
+    driver_gb_s = float(dinst.memory_mb[choice.memory]) * evaluation.latency / 1024.0
+    experts_gb_s = evaluation.experts_usd / b.price_mb_s / 1024.0
+    return counts.as_dict() | {
+        "gb_s": driver_gb_s + experts_gb_s,
+        "experts_gb_s": experts_gb_s,
+        "payload_max_bytes": payload,
+    }
+
+
+def driver_bill(
+    dinst: DriverInstance, choice: DriverChoice, evaluation: DriverEvaluation
+) -> dict[str, float]:
+    """The full bill of one request by item, from its exact request counts."""
+    return price(dinst.base, driver_usage(dinst, choice, evaluation), evaluation.latency)
+
+
+@dataclass(frozen=True, eq=False)
+class DriverSolution:
+    """The solver's answer: the choice, its evaluation, and how it was found."""
+
+    deployment: str  # "driver" or "monolithic"
+    choice: DriverChoice
+    evaluation: DriverEvaluation
+    seconds: float
+    optimal: bool | None
+    min_latency: float  # the smallest SLO any plan of this shape meets
+    note: str = ""
+
+    @property
+    def cost(self) -> float:
+        return self.evaluation.cost
+
+    @property
+    def latency(self) -> float:
+        return self.evaluation.latency
+
+
+def local_families(counts: np.ndarray) -> np.ndarray:
+    """(F, E) bool: the local sets the solver searches in a layer with these counts.
+
+    Every subset up to `ALL_SUBSETS_MAX` experts; past that, the a most and b least popular
+    experts for every a + b <= E (ties in popularity broken by index).
+    """
+    experts = counts.size
+    if experts <= ALL_SUBSETS_MAX:
+        return np.array(list(product([False, True], repeat=experts)), dtype=bool)[:, ::-1]
+    order = np.lexsort((np.arange(experts), -counts))  # most popular first
+    masks = []
+    for a in range(experts + 1):
+        for b in range(experts - a + (a == 0)):  # a + b = E is every expert: once, at a = 0
+            mask = np.zeros(experts, dtype=bool)
+            mask[order[:a]] = True
+            if b:
+                mask[order[experts - b :]] = True
+            masks.append(mask)
+    return np.array(masks, dtype=bool)
+
+
+@dataclass(frozen=True, eq=False)
+class _LayerTable:
+    """One layer's remote costs by local set and threshold, independent of the driver's
+    memory: `remote[s, t]` the cheapest remote experts of set s finishing by `taus[t]`."""
+
+    masks: np.ndarray  # (F, E) local sets
+    local_tokens: np.ndarray  # (F,)
+    sizes: np.ndarray  # (F,) local experts
+    taus: np.ndarray  # (T,)
+    remote: np.ndarray  # (F, T) $, inf where some remote expert has no option by tau
+    overflow: np.ndarray  # (F, T) whether some remote expert's option goes through S3
+    option: np.ndarray  # (E, T) flat (j, g) index of each expert's cheapest option by tau
+
+    @classmethod
+    def make(cls, dinst: DriverInstance, layer: int, overflow_allowed: bool) -> _LayerTable:
+        opts = remote_options(dinst, layer)
+        E = dinst.experts
+        cost = opts.cost.reshape(E, -1)
+        finish = opts.finish.reshape(E, -1)
+        ok = opts.feasible.reshape(E, -1)
+        over = opts.overflow.reshape(E, -1) > 0
+        if not overflow_allowed:
+            ok = ok & ~over
+        cost = np.where(ok, cost, np.inf)
+        order = np.argsort(np.where(ok, finish, np.inf), axis=1, kind="stable")
+        f_sorted = np.take_along_axis(np.where(ok, finish, np.inf), order, axis=1)
+        c_sorted = np.take_along_axis(cost, order, axis=1)
+        best = np.minimum.accumulate(c_sorted, axis=1)
+        # Where each expert's cheapest-within cost drops: the thresholds worth trying.
+        drops = np.isfinite(best) & np.r_["1", np.ones((E, 1), bool), best[:, 1:] < best[:, :-1]]
+        taus = np.unique(np.r_[0.0, f_sorted[drops]])
+        pos = np.stack([np.searchsorted(f_sorted[i], taus, side="right") - 1 for i in range(E)])
+        has = pos >= 0
+        clipped = np.maximum(pos, 0)
+        c_tau = np.where(has, np.take_along_axis(best, clipped, axis=1), np.inf)  # (E, T)
+        # the option attaining the cummin: first index where c_sorted equals best up to pos
+        arg_sorted = _cumargmin(c_sorted)
+        option = np.take_along_axis(order, np.take_along_axis(arg_sorted, clipped, axis=1), 1)
+        option_over = np.take_along_axis(over, option, axis=1) & has
+        masks = local_families(np.ceil(dinst.base.counts[layer]))
+        remote = ~masks
+        # float matmuls: numpy multiplies integer matrices without BLAS, hundreds of times slower
+        far = remote.astype(float)
+        infinite = far @ (~np.isfinite(c_tau)).astype(float) > 0.5
+        total = far @ np.where(np.isfinite(c_tau), c_tau, 0.0)
+        total[infinite] = np.inf
+        overflow_any = far @ option_over.astype(float) > 0.5
+        counts = np.ceil(dinst.base.counts[layer])
+        return cls(
+            masks=masks,
+            local_tokens=masks.astype(float) @ counts,
+            sizes=masks.sum(axis=1),
+            taus=taus,
+            remote=total,
+            overflow=overflow_any,
+            option=option,
+        )
+
+
+def _cumargmin(values: np.ndarray) -> np.ndarray:
+    """(E, K) index of the running minimum of each row (the first where it is attained)."""
+    best = np.minimum.accumulate(values, axis=1)
+    index = np.where(values == best, np.arange(values.shape[1])[None, :], 0)
+    return np.maximum.accumulate(index * (values <= best), axis=1)
+
+
+Curve = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # latency, cost, set, tau
+
+
+def _layer_curves(table: _LayerTable, u_expert: float, rho: float, cap: float) -> dict[int, Curve]:
+    """Per local-set size k, the layer's Pareto (latency, cost, set, tau) at one memory.
+
+    A set's thresholds below its local compute time all give that latency, so only the
+    largest of them (the cheapest) can be on the curve; the rest are dropped before the
+    grouped Pareto sort (by size, then latency, then cost, keeping what beats every faster
+    point of its size).
+    """
+    local_s = u_expert * table.local_tokens
+    latency = np.maximum(local_s[:, None], table.taus[None, :])
+    cost = table.remote + rho * latency
+    below = np.searchsorted(table.taus, local_s, side="right") - 1  # last tau <= local time
+    ok = np.isfinite(cost) & (latency <= cap)
+    ok &= np.arange(table.taus.size)[None, :] >= np.maximum(below, 0)[:, None]
+    s, t = np.nonzero(ok)
+    if s.size == 0:
+        return {}
+    k = table.sizes[s]
+    lat, c = latency[s, t], cost[s, t]
+    order = np.lexsort((c, np.round(lat, 9), k))
+    k, lat, c, s, t = k[order], lat[order], c[order], s[order], t[order]
+    spread = float(c.max() - c.min()) + 1.0
+    rank = np.cumsum(np.r_[True, k[1:] != k[:-1]]) - 1
+    shifted = c - rank * spread  # a later size never sees an earlier size's costs as lower
+    before = np.r_[np.inf, np.minimum.accumulate(shifted)[:-1]] + rank * spread
+    first = np.r_[True, k[1:] != k[:-1]]
+    keep = first | (c < before * (1 - 1e-12))
+    curves = {}
+    k, lat, c, s, t = k[keep], lat[keep], c[keep], s[keep], t[keep]
+    bounds = np.flatnonzero(np.r_[True, k[1:] != k[:-1], True])
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        curves[int(k[a])] = (lat[a:b], c[a:b], s[a:b], t[a:b])
+    return curves
+
+
+@dataclass(frozen=True)
+class _Knapsack:
+    """The merge of the layers' curves over states of local experts.
+
+    Where the driver's memory binds, a state is the number of local experts so far (at most
+    `limit`, which leaves at least one expert remote). Where it does not, the count does not
+    matter, only whether some expert is remote yet: state 1 (every expert so far local) and 0.
+    Either way a state with a smaller number dominates an equal or worse point of a larger one.
+    """
+
+    curves: list[dict[int, Curve]]
+    experts: int
+    limit: int
+    collapsed: bool
+
+    @property
+    def start(self) -> int:
+        return 1 if self.collapsed else 0
+
+    def targets(self, state: int | np.ndarray, k: np.ndarray) -> np.ndarray:
+        """The state after adding a layer with k local experts (-1: over the memory)."""
+        if self.collapsed:
+            return np.where((np.asarray(state) == 1) & (k == self.experts), 1, 0)
+        after = np.asarray(state) + k
+        return np.where(after <= self.limit, after, -1)
+
+    def final(self, state: int) -> bool:
+        return state == 0 if self.collapsed else True
+
+    def size(self) -> int:
+        return 2 if self.collapsed else self.limit + 1
+
+    def scalar(self, cost_weight: float, latency_weight: float) -> list[tuple[int, int]] | None:
+        """The plan minimising the weighted sum of cost and latency (each layer's points
+        weighed alike): per layer its (k, point), or None when no final state is reached."""
+        n = self.size()
+        value = np.full(n, np.inf)
+        value[self.start] = 0.0
+        back: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        states = np.arange(n)
+        for curves in self.curves:
+            new = np.full(n, np.inf)
+            prev = np.full(n, -1)
+            pick_k = np.full(n, -1)
+            pick_i = np.full(n, -1)
+            for k, (lat, cost, _, _) in curves.items():
+                weighted = cost_weight * cost + latency_weight * lat
+                i = int(np.argmin(weighted))
+                target = self.targets(states, np.full(n, k))
+                ok = (target >= 0) & np.isfinite(value)
+                if not ok.any():
+                    continue
+                cand = value[ok] + weighted[i]
+                tgt = target[ok]
+                # the best candidate per target (several states may reach one target)
+                order = np.lexsort((cand, tgt))
+                first = np.r_[True, tgt[order][1:] != tgt[order][:-1]]
+                tgt_best, cand_best = tgt[order][first], cand[order][first]
+                src_best = states[ok][order][first]
+                better = cand_best < new[tgt_best]
+                new[tgt_best[better]] = cand_best[better]
+                prev[tgt_best[better]] = src_best[better]
+                pick_k[tgt_best[better]] = k
+                pick_i[tgt_best[better]] = i
+            value = new
+            back.append((prev, pick_k, pick_i))
+        finals = [w for w in range(n) if self.final(w) and np.isfinite(value[w])]
+        if not finals:
+            return None
+        w = min(finals, key=lambda s: value[s])
+        picks = []
+        for prev, pick_k, pick_i in reversed(back):
+            picks.append((int(pick_k[w]), int(pick_i[w])))
+            w = int(prev[w])
+        return picks[::-1]
+
+    def totals(self, picks: list[tuple[int, int]]) -> tuple[float, float]:
+        lat = sum(float(c[k][0][i]) for c, (k, i) in zip(self.curves, picks, strict=True))
+        cost = sum(float(c[k][1][i]) for c, (k, i) in zip(self.curves, picks, strict=True))
+        return lat, cost
+
+    def cheapest(self, budget: float) -> tuple[float, list[tuple[int, int]]] | None:
+        """(cost, per layer (k, point)) of the cheapest plan whose latency is within `budget`.
+
+        The plan of least cost alone is the answer when it fits; else a Lagrangian plan that
+        fits gives an upper bound, the layers' convex hulls a lower bound on the rest, and the
+        merge over (state, latency, cost) keeps only partial plans the bounds allow."""
+        free = self.scalar(1.0, 0.0)
+        if free is None:
+            return None
+        lat, cost = self.totals(free)
+        if lat <= budget:
+            return cost, free
+        upper = math.inf
+        if (fastest := self.scalar(0.0, 1.0)) is not None and self.totals(fastest)[0] <= budget:
+            low, high = 0.0, 1.0
+            while (p := self.scalar(1.0, high)) is not None and self.totals(p)[0] > budget:
+                low, high = high, high * 16
+                if high > 1e18:
+                    break
+            for _ in range(60):
+                middle = (low + high) / 2
+                p = self.scalar(1.0, middle)
+                if p is not None and self.totals(p)[0] <= budget:
+                    high = middle
+                else:
+                    low = middle
+            p = self.scalar(1.0, high)
+            if p is not None and self.totals(p)[0] <= budget:
+                upper = self.totals(p)[1]
+        return self._merged(budget, upper)
+
+    def _merged(self, budget: float, upper: float) -> tuple[float, list[tuple[int, int]]] | None:
+        hulls = []
+        for curves in self.curves:
+            lat = np.concatenate([c[0] for c in curves.values()])
+            cost = np.concatenate([c[1] for c in curves.values()])
+            keep = pareto_points(lat, cost)
+            keep = keep[np.argsort(lat[keep], kind="stable")]
+            hulls.append(lower_hull(lat[keep], cost[keep]))
+        rest = [hull_sum(hulls[i + 1 :]) for i in range(len(hulls))]
+        slack = 1e-12 + abs(upper) * 1e-9 if math.isfinite(upper) else math.inf
+        states: dict[int, tuple[np.ndarray, np.ndarray]] = {self.start: (np.zeros(1), np.zeros(1))}
+        history: list[dict[int, tuple[np.ndarray, ...]]] = []
+        for layer, curves in enumerate(self.curves):
+            keep = _bound(budget, upper + slack, *rest[layer])
+            states, back = self._merge(states, curves, keep)
+            history.append(back)
+            if not states:
+                return None
+        finals = [
+            (float(c.min()), w, int(np.argmin(c))) for w, (_, c) in states.items() if self.final(w)
+        ]
+        if not finals:
+            return None
+        cost, w, i = min(finals)
+        picks = []
+        for back in reversed(history):
+            prev_w, prev_i, ks, points = back[w]
+            picks.append((int(ks[i]), int(points[i])))
+            w, i = int(prev_w[i]), int(prev_i[i])
+        return cost, picks[::-1]
+
+    def _merge(
+        self,
+        states: dict[int, tuple[np.ndarray, np.ndarray]],
+        curves: dict[int, Curve],
+        keep: Any,
+    ) -> tuple[dict[int, tuple[np.ndarray, np.ndarray]], dict[int, tuple[np.ndarray, ...]]]:
+        """One layer: every state extended by every point of every local-set size, grouped by
+        the new state, pruned by the bounds, Pareto, and the states that dominate."""
+        ks = np.array(sorted(curves), dtype=int)
+        sizes = [curves[k][0].size for k in ks]
+        lat_k = np.concatenate([curves[k][0] for k in ks])
+        cost_k = np.concatenate([curves[k][1] for k in ks])
+        point_k = np.concatenate([np.arange(n) for n in sizes])
+        k_of = np.repeat(ks, sizes)
+        parts = []
+        for w, (lat_w, cost_w) in states.items():
+            target = self.targets(w, k_of)
+            cols = np.flatnonzero(target >= 0)
+            if cols.size == 0:
+                continue
+            lat = (lat_w[:, None] + lat_k[None, cols]).ravel()
+            cost = (cost_w[:, None] + cost_k[None, cols]).ravel()
+            ok = np.flatnonzero(keep(lat, cost))
+            rows, which = np.divmod(ok, cols.size)
+            col = cols[which]
+            parts.append((target[col], lat[ok], cost[ok], np.full(ok.size, w), rows, col))
+        new_states: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        back: dict[int, tuple[np.ndarray, ...]] = {}
+        if not parts:
+            return new_states, back
+        columns = (np.concatenate(p) for p in zip(*parts, strict=True))
+        target, lat, cost, prev_w, prev_i, col = columns
+        stair_lat, stair_cost = np.zeros(0), np.zeros(0)  # the curve of the states so far
+        for w in np.unique(target):
+            rows = np.flatnonzero(target == w)
+            chosen = rows[pareto_points(lat[rows], cost[rows])]
+            if stair_lat.size:
+                at = np.searchsorted(stair_lat, lat[chosen] * (1 + 1e-12), side="right") - 1
+                best = np.where(at >= 0, stair_cost[np.maximum(at, 0)], np.inf)
+                chosen = chosen[cost[chosen] < best * (1 - 1e-12)]
+            if chosen.size == 0:
+                continue
+            chosen = chosen[np.argsort(lat[chosen], kind="stable")]
+            new_states[int(w)] = (lat[chosen], cost[chosen])
+            back[int(w)] = (
+                prev_w[chosen],
+                prev_i[chosen],
+                k_of[col[chosen]],
+                point_k[col[chosen]],
+            )
+            both_lat = np.r_[stair_lat, lat[chosen]]
+            both_cost = np.r_[stair_cost, cost[chosen]]
+            stair = pareto_points(both_lat, both_cost)
+            stair = stair[np.argsort(both_lat[stair], kind="stable")]
+            stair_lat, stair_cost = both_lat[stair], both_cost[stair]
+        return new_states, back
+
+
+def _bound(
+    budget: float, upper: float, hull_lat: np.ndarray, hull_cost: np.ndarray
+) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """The test of partial plans (latency, cost): within the budget, and not above `upper`
+    once the rest of the layers' least cost for the latency left (their hull) is added."""
+
+    def keep(lat: np.ndarray, cost: np.ndarray) -> np.ndarray:
+        least = cost + np.interp(budget - lat, hull_lat, hull_cost, left=np.inf)
+        return (lat <= budget) & (least <= upper)
+
+    return keep
+
+
+def _solve_at(
+    dinst: DriverInstance,
+    d: int,
+    tables: list[_LayerTable],
+    overflow: bool,
+    slo_s: float | None,
+    limit_units: int,
+) -> tuple[float, tuple[float, DriverChoice] | None]:
+    """At driver memory option `d`, with the fixed terms of `overflow` priced: the least
+    latency of any plan (inf if none) and (cost, choice) of the cheapest within the SLO (None
+    when there is none)."""
+    fixed_s = dinst.fixed_s(d, overflow)
+    rho = dinst.rho(d)
+    within = dinst.base.max_timeout_s - fixed_s  # the driver's whole run within the timeout
+    if within < 0:
+        return math.inf, None
+    curves = [_layer_curves(t, float(dinst.u_expert[d]), rho, within) for t in tables]
+    if any(not c for c in curves):
+        return math.inf, None
+    everything = dinst.layers * dinst.experts
+    knapsack = _Knapsack(curves, dinst.experts, limit_units, limit_units >= everything - 1)
+    fastest = knapsack.scalar(0.0, 1.0)
+    if fastest is None:
+        return math.inf, None
+    least = fixed_s + knapsack.totals(fastest)[0]
+    budget = within if slo_s is None else min(within, slo_s * (1 + SLO_RTOL) - fixed_s)
+    found = knapsack.cheapest(budget) if budget >= 0 else None
+    if found is None:
+        return least, None
+    cost, picks = found
+    local = np.zeros((dinst.layers, dinst.experts), bool)
+    memory = np.zeros((dinst.layers, dinst.experts), int)
+    replicas = np.ones((dinst.layers, dinst.experts), int)
+    groups = dinst.base.max_replicas
+    for layer, (k, i) in enumerate(picks):
+        _, _, sets, taus = curves[layer][k]
+        table = tables[layer]
+        local[layer] = table.masks[int(sets[i])]
+        memory[layer], replicas[layer] = np.divmod(table.option[:, int(taus[i])], groups)
+        replicas[layer] += 1
+    total = cost + dinst.fixed_usd(overflow) + rho * fixed_s
+    return least, (total, DriverChoice(d, local, memory, replicas))
+
+
+def solve_driver(dinst: DriverInstance, slo_s: float | None) -> DriverSolution:
+    """The cheapest driver plan (at least one remote expert) meeting `slo_s`.
+
+    Each driver memory option is solved twice: with no shard through S3 (no cleanup to pay)
+    and with overflow allowed (the cleanup's listing and delete always priced); the cheaper
+    is exact, since a plan without overflow is priced exactly by the first.
+
+    Raises:
+        InfeasibleError: No driver plan meets it; the message names why.
+    """
+    started = time.perf_counter()
+    best: tuple[float, DriverChoice] | None = None
+    fastest = math.inf
+    held = -1
+    for overflow in (False, True):
+        tables = [_LayerTable.make(dinst, e, overflow) for e in range(dinst.layers)]
+        for d in range(dinst.memory_mb.size):
+            units = dinst.budget_units(d)
+            held = max(held, units)
+            if units < 0:
+                continue
+            limit = min(units, dinst.layers * dinst.experts - 1)
+            least, found = _solve_at(dinst, d, tables, overflow, slo_s, limit)
+            fastest = min(fastest, least)
+            if found is not None and (best is None or found[0] < best[0] * (1 - 1e-12)):
+                best = found
+    if best is None:
+        raise _no_driver(dinst, slo_s, fastest, held)
+    evaluation = evaluate_driver(dinst, best[1], slo_s)
+    exhaustive = dinst.experts <= ALL_SUBSETS_MAX
+    return DriverSolution(
+        deployment="driver",
+        choice=best[1],
+        evaluation=evaluation,
+        seconds=time.perf_counter() - started,
+        optimal=True if exhaustive else None,
+        min_latency=fastest,
+        note=(
+            "every local set searched"
+            if exhaustive
+            else "local sets: each layer's most and least popular experts"
+        ),
+    )
+
+
+def _no_driver(
+    dinst: DriverInstance, slo_s: float | None, fastest: float, held: int
+) -> InfeasibleError:
+    """Why no driver plan: the non-MoE stack alone does not fit, nothing fits the limits, or
+    latency (with the smallest SLO a driver meets)."""
+    if held < 0:
+        need = dinst.runtime_mb + dinst.nonmoe_mb + dinst.activations_mb
+        return InfeasibleError(
+            f"no driver holds the non-MoE stack: {_size(need)} (runtime, stages, a batch's "
+            f"activations) > {dinst.max_memory_mb:,.0f} MB, Lambda's largest function.",
+            "plan for fewer --tokens, or use the workflow (--deployment workflow).",
+        )
+    if not math.isfinite(fastest) or slo_s is None:
+        return InfeasibleError(
+            "no driver plan fits Lambda's limits (memory, payload, timeout) at any memory.",
+            "plan for fewer --tokens, or use the workflow (--deployment workflow).",
+        )
+    return InfeasibleError(
+        f"no driver plan meets the SLO of {slo_s:.3f} s: the fastest takes {fastest:.3f} s.",
+        f"pass --slo {math.ceil(fastest * 1000) / 1000:.3f} or more.",
+    )
+
+
+def solve_monolithic(dinst: DriverInstance, slo_s: float | None) -> DriverSolution:
+    """The cheapest one-function plan meeting `slo_s`: every expert local, the memory chosen.
+
+    Raises:
+        InfeasibleError: The model does not fit the largest function, or no memory meets the
+            SLO (the message names the weights, or the fastest latency).
+    """
+    started = time.perf_counter()
+    everything = np.ones((dinst.layers, dinst.experts), bool)
+    ones = np.ones((dinst.layers, dinst.experts), int)
+    weights_mb = dinst.nonmoe_mb + float(dinst.experts_mb.sum())
+    need = dinst.runtime_mb + weights_mb + dinst.activations_local_mb
+    if need > dinst.max_memory_mb:
+        raise InfeasibleError(
+            f"weights {_size(weights_mb)} > {dinst.max_memory_mb:,.0f} MB, Lambda's largest "
+            f"function (with the runtime and a batch's activations it needs {_size(need)}).",
+            "use a driver or the workflow (--deployment auto).",
+        )
+    best: DriverEvaluation | None = None
+    chosen = 0
+    fastest = math.inf
+    for d in range(dinst.memory_mb.size):
+        choice = DriverChoice(d, everything, 0 * ones, ones)
+        ev = evaluate_driver(dinst, choice, slo_s)
+        if ev.memory_need_mb > dinst.memory_mb[d] or ev.latency > dinst.base.max_timeout_s:
+            continue
+        fastest = min(fastest, ev.latency)
+        if not ev.violations and (best is None or ev.cost < best.cost * (1 - 1e-12)):
+            best, chosen = ev, d
+    if best is None:
+        if not math.isfinite(fastest):
+            raise InfeasibleError(
+                f"one function cannot serve {dinst.tokens:,} tokens within Lambda's "
+                f"{dinst.base.max_timeout_s:g} s timeout at any memory.",
+                "plan for fewer --tokens, or use a driver or the workflow.",
+            )
+        raise InfeasibleError(
+            f"no one-function plan meets the SLO of {slo_s:.3f} s: the fastest takes "
+            f"{fastest:.3f} s.",
+            f"pass --slo {math.ceil(fastest * 1000) / 1000:.3f} or more.",
+        )
+    return DriverSolution(
+        deployment="monolithic",
+        choice=DriverChoice(chosen, everything, 0 * ones, ones),
+        evaluation=best,
+        seconds=time.perf_counter() - started,
+        optimal=True,
+        min_latency=fastest,
+        note=f"{dinst.memory_mb.size} memory sizes",
+    )
+
+
+def _size(mb: float) -> str:
+    """Weights as a model card states them: decimal GB (Mixtral's 46.7 B bf16 weights are
+    93.4 GB), MB (MiB, Lambda's unit) below a GB."""
+    return f"{mb * MB / 1e9:,.1f} GB" if mb * MB >= 1e9 else f"{mb:,.0f} MB"
