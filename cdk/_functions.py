@@ -184,7 +184,33 @@ class ServingFunctions(Construct):
         keys = {(s.role, s.layer, s.expert): s.key for s in plan.model.stages}
         self._stage_bytes = {s.key: s.bytes for s in plan.model.stages}
         stage_timeout = Duration.seconds(options.stage_timeout_s)
+        self.head: lambda_.DockerImageFunction | None = None
+        self.tail: lambda_.DockerImageFunction | None = None
+        self.driver: lambda_.DockerImageFunction | None = None
+        self.experts: list[list[lambda_.DockerImageFunction]] = []
+        self.layers: list[lambda_.DockerImageFunction] = []
+        if plan.driver is not None:
+            self._driver(plan, keys, options)
+        else:
+            self._workflow(plan, keys, options, stage_timeout)
+        self.cleanup = self._function(
+            "Cleanup",
+            role="cleanup",
+            memory_mb=options.cleanup_memory_mb,
+            timeout=stage_timeout,
+            access=access.cleanup(),
+            weights=None,
+        )
+        self._warmers()
 
+    def _workflow(
+        self,
+        plan: Plan,
+        keys: dict[tuple[str, int | None, int | None], str],
+        options: FunctionOptions,
+        stage_timeout: Duration,
+    ) -> None:
+        """The fan-out workflow's functions: head, a gate per layer, every expert, tail."""
         self.head = self._function(
             "Head",
             role="head",
@@ -194,8 +220,6 @@ class ServingFunctions(Construct):
             weights=[keys[("head", None, None)]],
             capacity="head",
         )
-        self.experts: list[list[lambda_.DockerImageFunction]] = []
-        self.layers: list[lambda_.DockerImageFunction] = []
         scopes = self._expert_scopes(plan, options.experts_per_stack)
         for layer, where in zip(plan.layers, scopes, strict=True):
             ll = f"{layer.layer:02d}"
@@ -271,15 +295,71 @@ class ServingFunctions(Construct):
             weights=[keys[("tail", None, None)]],
             capacity="tail",
         )
-        self.cleanup = self._function(
-            "Cleanup",
-            role="cleanup",
-            memory_mb=options.cleanup_memory_mb,
-            timeout=stage_timeout,
-            access=access.cleanup(),
-            weights=None,
+
+    def _driver(
+        self,
+        plan: Plan,
+        keys: dict[tuple[str, int | None, int | None], str],
+        options: FunctionOptions,
+    ) -> None:
+        """A driver or monolithic plan's functions: the driver, and each remote expert's own
+        function, which only the driver invokes (`ground.driver`)."""
+        from ground.driver import encode_local
+
+        assert plan.driver is not None
+        scopes = self._expert_scopes(plan, options.experts_per_stack)
+        limit = {"MOELAMBDA_PAYLOAD_LIMIT": str(plan.direct_payload_bytes)}
+        for layer, where in zip(plan.layers, scopes, strict=True):
+            ll = f"{layer.layer:02d}"
+            self.experts.append(
+                [
+                    self._function(
+                        f"Layer{ll}Expert{e.hosted[0]:02d}",
+                        scope=where,
+                        role="expert",
+                        log_group=f"Layer{ll}Experts",
+                        memory_mb=e.memory_mb,
+                        timeout=self._timeout(options.expert_timeout_s, e.time_s),
+                        access=access.driver_expert(layer.layer, e.expert),
+                        weights=[keys[("expert", layer.layer, e.hosted[0])]],
+                        environment={
+                            "MOELAMBDA_LAYER": str(layer.layer),
+                            "MOELAMBDA_EXPERT": str(e.expert),
+                            "MOELAMBDA_HOSTS": str(e.hosted[0]),
+                            "MOELAMBDA_METHOD": "direct",
+                            "MOELAMBDA_DRIVER": "1",
+                            **limit,
+                        },
+                        reserved=e.max_replicas if options.reserve_concurrency else None,
+                        capacity=f"layer{ll}/expert{e.expert:02d}",
+                    )
+                    for e in layer.experts
+                ]
+            )
+        stages = [keys[("head", None, None)], keys[("tail", None, None)]]
+        for layer, local in zip(plan.layers, plan.driver.local, strict=True):
+            stages.append(keys[("layer", layer.layer, None)])
+            stages.extend(keys[("expert", layer.layer, i)] for i in local)
+        remote = [layer.layer for layer in plan.layers if layer.experts]
+        self.driver = self._function(
+            "Driver",
+            role="driver",
+            memory_mb=plan.nonmoe_memory_mb,
+            timeout=self._timeout(options.stage_timeout_s, plan.driver.time_s),
+            access=access.driver(remote, front_door=plan.traffic is not None),
+            weights=stages,
+            environment={"MOELAMBDA_DRIVER_LOCAL": encode_local(plan.driver.local), **limit},
+            invokes=[self.target(fn) for experts in self.experts for fn in experts],
+            capacity="driver",
+            one_stage_at_a_time=True,
         )
-        self._warmers()
+
+    def tasks(self) -> list[lambda_.DockerImageFunction]:
+        """The functions the state machine invokes as Tasks (its role may invoke them)."""
+        if self.driver is not None:
+            return [self.driver, self.cleanup]
+        assert self.head is not None and self.tail is not None
+        return [self.head, *self.layers, self.tail, self.cleanup]
 
     def target(self, fn: lambda_.IFunction) -> lambda_.IFunction:
         """What the workflow and the gates invoke for `fn`: its `live` alias when the plan
@@ -402,7 +482,9 @@ class ServingFunctions(Construct):
         """Every function of the stack (the front door's batcher too, once added)."""
         experts = [fn for layer in self.experts for fn in layer]
         batcher = [self.batcher] if self.batcher is not None else []
-        return [self.head, *self.layers, *experts, self.tail, self.cleanup, *batcher]
+        first = [self.driver] if self.driver is not None else [self.head, *self.layers]
+        last = [] if self.tail is None else [self.tail]
+        return [*first, *experts, *last, self.cleanup, *batcher]  # type: ignore[list-item]
 
     def add_batcher(
         self, *, environment: dict[str, str], statements: list[iam.PolicyStatement]
@@ -445,6 +527,7 @@ class ServingFunctions(Construct):
         log_group: str = "Stages",
         scope: Construct | None = None,
         capacity: str | None = None,
+        one_stage_at_a_time: bool = False,
     ) -> lambda_.DockerImageFunction:
         scope = scope or self
         prefix = self._options.weights_prefix
@@ -501,7 +584,7 @@ class ServingFunctions(Construct):
             ),
             role=execution_role,
             log_group=group,
-            ephemeral_storage_size=self._storage(weights or []),
+            ephemeral_storage_size=self._storage(weights or [], one_stage_at_a_time),
             tracing=lambda_.Tracing.ACTIVE if self._options.tracing else None,
             architecture=self._architecture,
             memory_size=memory_mb if managed is None else managed.managed_memory_mb,
@@ -529,12 +612,17 @@ class ServingFunctions(Construct):
             self._keep_warm(scope, id_, fn, capacity)
         return fn
 
-    def _storage(self, weights: list[str]) -> Size | None:
+    def _storage(self, weights: list[str], one_at_a_time: bool = False) -> Size | None:
         """/tmp for the weights a function downloads (`functions.weights`), with room for the
-        runtime's own files: the free default unless they need more (a packed function)."""
+        runtime's own files: the free default unless they need more (a packed function).
+
+        `functions.weights` deletes a stage's file once it is built; a driver, which builds
+        its stages one after another, needs room for the largest alone (`one_at_a_time`)."""
         cal = self._plan.calibration
         default, most = cal["ephemeral_storage_default_mb"], cal["ephemeral_storage_max_mb"]
-        needed = math.ceil(sum(self._stage_bytes[key] for key in weights) / 2**20) + _TMP_SLACK_MB
+        sizes = [self._stage_bytes[key] for key in weights]
+        held = max(sizes, default=0) if one_at_a_time else sum(sizes)
+        needed = math.ceil(held / 2**20) + _TMP_SLACK_MB
         return None if needed <= default else Size.mebibytes(min(needed, most))
 
     @property

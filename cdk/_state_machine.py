@@ -114,34 +114,7 @@ class ServingStateMachine(Construct):
         cleanup.next(fail)
         self._cleanup = cleanup
 
-        # The workflow owns the request's keys: their id is the hash of this execution's ARN
-        # (unique for Express too, whose names may repeat). The caller's input is only data.
-        head = self._task(
-            "Head",
-            functions.head,
-            {},
-            static={
-                "request_id": sfn.JsonPath.hash(sfn.JsonPath.execution_id, "SHA-256"),
-                "execution": sfn.JsonPath.execution_name,
-                "input": sfn.JsonPath.entire_payload,
-            },
-        )
-        self._previous: LayerPlan | None = None
-        # Nothing to clean up yet (the head's one write is its last step) and no request id in
-        # the state to clean up by: a failed head fails the execution with its cause.
-        head.add_catch(fail, errors=[sfn.Errors.ALL], result_path="$.error")
-        chain = sfn.Chain.start(head)
-        previous: dict[str, Any] | None = None
-        for layer in plan.layers:
-            chain = chain.next(self._layer(layer, previous))
-            previous = {"layer": layer.layer, "method": layer.method}
-            self._previous = layer
-        tail_static: dict[str, Any] = {"previous": previous}
-        if plan.traffic is not None:  # behind the front door: it writes each request's result
-            tail_static["input"] = sfn.JsonPath.object_at("$$.Execution.Input")
-        tail = self._task("Tail", functions.tail, self._gather_paths(), static=tail_static)
-        self._catch(tail)
-        chain = chain.next(tail)
+        chain = self._driver(plan) if plan.driver is not None else self._fan_out_chain(plan, fail)
         self.log_group = logs.LogGroup(
             self, "Logs", retention=log_retention, removal_policy=RemovalPolicy.DESTROY
         )
@@ -178,6 +151,77 @@ class ServingStateMachine(Construct):
                     resources=invoked,  # the alias of a provisioned expert, else unqualified
                 )
             )
+
+    def _request(self) -> dict[str, Any]:
+        """What the first function of a request gets: the request id (the hash of this
+        execution's ARN: the workflow, not the caller, owns the request's keys; unique for
+        Express too, whose names may repeat), the execution's name and its input (data)."""
+        return {
+            "request_id": sfn.JsonPath.hash(sfn.JsonPath.execution_id, "SHA-256"),
+            "execution": sfn.JsonPath.execution_name,
+            "input": sfn.JsonPath.entire_payload,
+        }
+
+    def _driver(self, plan: Plan) -> sfn.IChainable:
+        """One Task: the driver serves the whole request (`ground.driver`). Its remote experts
+        (their functions, planned replicas, caps and what a replica takes) travel in its
+        payload from this definition: the names of hundreds of functions would pass Lambda's
+        4 KB of environment. A failure goes to the cleanup (a driver that dies leaves the
+        shards it had written through S3)."""
+        functions = self._functions
+        assert functions.driver is not None
+        remote = [
+            [
+                [
+                    e.hosted[0],
+                    functions.target(fn).function_name,
+                    e.replicas,
+                    e.max_replicas,
+                    e.max_tokens_per_replica,
+                ]
+                for e, fn in zip(layer.experts, experts, strict=True)
+            ]
+            for layer, experts in zip(plan.layers, functions.experts, strict=True)
+        ]
+        driver = self._task(
+            "Driver", functions.driver, {}, static=self._request() | {"remote": remote}
+        )
+        driver.add_catch(
+            sfn.Pass(
+                self,
+                "DriverFailed",
+                parameters={
+                    "request_id": sfn.JsonPath.hash(sfn.JsonPath.execution_id, "SHA-256"),
+                    "error": sfn.JsonPath.object_at("$.error"),
+                },
+            ).next(self._cleanup),
+            errors=[sfn.Errors.ALL],
+            result_path="$.error",
+        )
+        return sfn.Chain.start(driver)
+
+    def _fan_out_chain(self, plan: Plan, fail: sfn.Fail) -> sfn.IChainable:
+        """head -> each layer's gate and fan-out -> tail."""
+        functions = self._functions
+        assert functions.head is not None and functions.tail is not None
+        head = self._task("Head", functions.head, {}, static=self._request())
+        self._previous: LayerPlan | None = None
+        # Nothing to clean up yet (the head's one write is its last step) and no request id in
+        # the state to clean up by: a failed head fails the execution with its cause.
+        head.add_catch(fail, errors=[sfn.Errors.ALL], result_path="$.error")
+        chain = sfn.Chain.start(head)
+        previous: dict[str, Any] | None = None
+        for layer in plan.layers:
+            chain = chain.next(self._layer(layer, previous))
+            previous = {"layer": layer.layer, "method": layer.method}
+            self._previous = layer
+        tail_static: dict[str, Any] = {"previous": previous}
+        if plan.traffic is not None:  # behind the front door: it writes each request's result
+            tail_static["input"] = sfn.JsonPath.object_at("$$.Execution.Input")
+        tail = self._task("Tail", functions.tail, self._gather_paths(), static=tail_static)
+        self._catch(tail)
+        chain = chain.next(tail)
+        return chain
 
     def _gather_paths(self) -> dict[str, str]:
         """Payload paths of a function that gathers the previous layer (and its failures)."""

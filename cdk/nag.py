@@ -99,13 +99,11 @@ def acknowledge(stack: Any, *, tracing: bool) -> None:
         keys = [f"{bucket}/{p}" for p in sorted(patterns) if "*" in p]
         _accept(fn.role, [_iam5(r) for r in keys + streams + xray], _ROLE_WILDCARDS)
     machine = stack.workflow.state_machine
-    tasks = [stack.functions.head, *stack.functions.layers, stack.functions.tail]
-    tasks.append(stack.functions.cleanup)
     _accept(
         machine.role,
-        [_iam5(f"<{_logical_id(fn)}.Arn>:*") for fn in tasks] + [_iam5("*")],
-        "CDK's LambdaInvoke tasks grant <function ARN>:* (versions of the head, gates, tail and "
-        "cleanup), and log delivery and X-Ray need Resource '*' (CloudWatch Logs' "
+        [_iam5(f"<{_logical_id(fn)}.Arn>:*") for fn in stack.functions.tasks()] + [_iam5("*")],
+        "CDK's LambdaInvoke tasks grant <function ARN>:* (versions of the head, gates, tail, "
+        "driver and cleanup), and log delivery and X-Ray need Resource '*' (CloudWatch Logs' "
         "CreateLogDelivery family and xray:PutTraceSegments accept no narrower resource).",
     )
     _accept(

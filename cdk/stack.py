@@ -40,10 +40,15 @@ class MoeServingStack(Stack):
         **kwargs: object,
     ) -> None:
         methods = ", ".join(sorted({layer.method for layer in plan.layers}))
+        shape = (
+            f"({methods}), {plan.workflow} workflow"
+            if plan.driver is None
+            else f"as a {plan.deployment} deployment"
+        )
         kwargs.setdefault(
             "description",
             f"moelambda: {plan.model.model} with {plan.model.experts} experts in "
-            f"{plan.model.num_layers} layers ({methods}), {plan.workflow} workflow",
+            f"{plan.model.num_layers} layers {shape}",
         )
         super().__init__(scope, id_, **kwargs)  # type: ignore[arg-type]
         options = options or FunctionOptions()

@@ -5,21 +5,32 @@ from __future__ import annotations
 import json
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import torch
 
 from functions import config, weights
 from functions.config import Config, ConfigError
+from ground import frontdoor, layout
+from ground.errors import MoelambdaError, UsageError
 from pipeline import transports
 
 __all__ = [
+    "CapacityError",
     "ExpertFailed",
     "drop_local_clients",
     "gather_previous",
+    "request_ids",
     "s3_client",
     "use_lambda_threads",
+    "write_results",
 ]
+
+
+class CapacityError(MoelambdaError):
+    """A batch routes more tokens to an expert than its reserved replicas can take."""
 
 
 class ExpertFailed(RuntimeError):
@@ -138,3 +149,63 @@ def gather_previous(
         manifest.experts,
         manifest.hidden_size,
     )
+
+
+def request_ids(s3: Any, bucket: str, event: dict[str, Any]) -> np.ndarray:
+    """The token ids of the request whose first function (head or driver) got `event`.
+
+    The state machine sets `execution` (its name); `input` is the caller's execution input.
+    The ids come inline as `input["input_ids"]` (a list of equal-length lists of ints, within
+    the workflow's input limit), else from `inputs/<execution name>.bin`, never from a key the
+    caller names.
+    """
+    given = event.get("input") or {}
+    if "input_ids" in given:
+        return _inline_ids(given["input_ids"])
+    key = layout.input_key(layout.validate_execution_name(event.get("execution")))
+    return transports.read_tensors(s3, bucket, key)[0]
+
+
+def _inline_ids(value: Any) -> np.ndarray:
+    """Token ids sent in the execution input, as an (N, T) int64 array."""
+    try:
+        ids = np.asarray(value, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError) as err:
+        raise UsageError(
+            f"input_ids is not a list of lists of token ids: {err}",
+            'send {"input_ids": [[101, 2023, ...], ...]} with windows of equal length.',
+        ) from err
+    if ids.ndim != 2 or ids.size == 0 or (ids < 0).any():
+        raise UsageError(
+            f"input_ids must be a non-empty 2-D list of non-negative token ids, not shape "
+            f"{ids.shape}",
+            'send {"input_ids": [[101, 2023, ...], ...]} with windows of equal length.',
+        )
+    return ids
+
+
+def write_results(s3: Any, bucket: str, output: np.ndarray, requests: Any) -> None:
+    """Each front-door request's rows of `output` to its own object (none for other callers)."""
+    if requests is None:
+        return
+    try:
+        parts = [
+            (layout.result_key(r["message"]), int(r["rows"][0]), int(r["rows"][1]))
+            for r in requests
+        ]
+    except (TypeError, KeyError, IndexError, ValueError) as err:
+        raise UsageError(
+            f"the execution input's requests are not the front door's: {err!r}",
+            "start executions with requests through the front door's queue.",
+        ) from err
+    if any(not 0 <= a < b <= output.shape[0] for _, a, b in parts):
+        raise UsageError(
+            f"the execution input's request rows do not fit its {output.shape[0]} windows",
+            "start executions with requests through the front door's queue.",
+        )
+    with ThreadPoolExecutor(frontdoor.RESULT_WRITERS) as pool:
+        list(
+            pool.map(
+                lambda p: transports.write_tensors(s3, bucket, p[0], output[p[1] : p[2]]), parts
+            )
+        )

@@ -31,6 +31,8 @@ __all__ = [
     "ConfigError",
     "Invoker",
     "LayerPlan",
+    "RemoteFunction",
+    "remote_plan",
     "current",
     "lambda_invoker",
     "local",
@@ -198,6 +200,57 @@ class LayerPlan:
         return plan
 
 
+@dataclass(frozen=True)
+class RemoteFunction:
+    """One remote expert of a driver: the expert, its function (slot = its index in the
+    layer's list), the plan's replicas, its cap (reserved concurrency), and what one replica
+    takes (its memory)."""
+
+    expert: int
+    function: str
+    replicas: int
+    max_replicas: int
+    max_tokens: int
+
+
+def remote_plan(
+    raw: Any, layers: int, local: list[list[int]], experts: int
+) -> list[list[RemoteFunction]]:
+    """The driver event's "remote" (per layer [[expert, function, replicas, max_replicas,
+    max_tokens], ...], set by the state machine from the plan), checked against the local
+    experts: together they hold each of the `experts` of every layer once.
+
+    Raises:
+        ConfigError: Malformed, or not the complement of the local experts.
+    """
+    try:
+        plan = [
+            [RemoteFunction(int(e), str(f), int(r), int(m), int(t)) for e, f, r, m, t in layer]
+            for layer in raw
+        ]
+    except (TypeError, ValueError) as err:
+        raise ConfigError(
+            f"the driver's remote experts are not a valid plan: {err!r}", _REDEPLOY
+        ) from err
+    if len(plan) != layers or len(local) != layers:
+        raise ConfigError(
+            f"the driver has {len(local)} layers of local experts and {len(plan)} of remote "
+            f"ones, the model {layers}",
+            _REDEPLOY,
+        )
+    for index, (remote, own) in enumerate(zip(plan, local, strict=True)):
+        held = sorted([f.expert for f in remote] + list(own))
+        if held != list(range(experts)):
+            raise ConfigError(
+                f"layer {index}: the driver's local {own} and remote "
+                f"{[f.expert for f in remote]} experts do not hold each of {experts} once",
+                _REDEPLOY,
+            )
+        if any(not 1 <= f.replicas <= f.max_replicas or f.max_tokens < 1 for f in remote):
+            raise ConfigError(f"layer {index}: remote replicas out of range", _REDEPLOY)
+    return plan
+
+
 class Config:
     """Typed accessors over one invocation's environment; a missing setting names itself."""
 
@@ -259,6 +312,27 @@ class Config:
         if method not in METHODS:
             raise ConfigError(f"MOELAMBDA_METHOD must be one of {METHODS}, got {method!r}")
         return method
+
+    @property
+    def driver_local(self) -> list[list[int]]:
+        """The experts a driver runs itself, per layer (MOELAMBDA_DRIVER_LOCAL)."""
+        from ground.driver import decode_local
+
+        raw = self._env.get("MOELAMBDA_DRIVER_LOCAL")
+        if raw is None:
+            raise ConfigError("environment variable MOELAMBDA_DRIVER_LOCAL is not set")
+        try:
+            return decode_local(raw)
+        except ValueError as err:
+            raise ConfigError(
+                f"MOELAMBDA_DRIVER_LOCAL must be hexadecimal masks, got {raw!r}", _REDEPLOY
+            ) from err
+
+    @property
+    def invoked_by_driver(self) -> bool:
+        """An expert a driver invokes: its shards come inline or, past the payload limit,
+        through S3 (MOELAMBDA_DRIVER=1)."""
+        return self._env.get("MOELAMBDA_DRIVER") == "1"
 
     @property
     def layer_plan(self) -> LayerPlan:

@@ -16,6 +16,9 @@ from pipeline import transports
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """A shard dict (s3, pipelined) or a shard dict with "payload" (direct) -> its result.
 
+    An expert a driver invokes (MOELAMBDA_DRIVER=1, method direct) takes its rows inline, or,
+    for a shard past the payload limit, reads them from S3 and writes its output there.
+
     Layer, slot and hosted experts come from the environment, which decided the weights this
     container holds (all of them resident); an event naming another layer or slot was routed to
     the wrong function and is refused. The shard's rows are each hosted expert's in turn.
@@ -48,12 +51,18 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         ).numpy()
 
     result = {"request_id": request_id, "layer": index, "expert": number, "replica": replica}
-    if method == "direct":  # the response must fit the Invoke payload limit too
+    # A driver's expert takes rows past the payload limit through S3, as an s3 expert does.
+    through_s3 = method == "direct" and "payload" not in event and cfg.invoked_by_driver
+    if method == "direct" and not through_s3:  # the response must fit the Invoke limit too
+        if "payload" not in event:
+            raise config.ConfigError(
+                f"a direct event for layer {index} expert {number} carries no rows (payload)"
+            )
         y = compute(*transports.direct_decode(event["payload"]))
         return transports.direct_event(
             request_id, index, number, replica, y, limit=cfg.payload_limit
         )
-    if method == "s3":
+    if method == "s3" or through_s3:
         x, hosted_rows = transports.read_tensors(
             s3, cfg.bucket, layout.shard_key(request_id, index, number, replica)
         )

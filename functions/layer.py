@@ -22,18 +22,13 @@ import torch
 import transformers.modeling_utils  # noqa: F401
 
 from functions import config, metrics, warm, weights
-from functions.common import gather_previous, s3_client, use_lambda_threads
+from functions.common import CapacityError, gather_previous, s3_client, use_lambda_threads
 from ground import layout
-from ground.errors import MoelambdaError
 from ground.method import Method
 from ground.semantics import adapts, runtime_replicas
 from pipeline import transports
 
 __all__ = ["CapacityError", "handler", "replicas_for"]
-
-
-class CapacityError(MoelambdaError):
-    """A batch routes more tokens to an expert than its reserved replicas can take."""
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:

@@ -47,21 +47,12 @@ class LocalHandlers:
     def warm(self, role: str, env: Mapping[str, str]) -> None:
         """Load the stage of a function of `role` into the process-wide weights cache (the
         cleanup function loads none)."""
-        from functions import weights
-        from functions.common import s3_client
+        from functions import warm
 
+        if role in ("cleanup", "batcher"):
+            return
         with config.local(env):
-            cfg = config.current()
-            where = (s3_client(), cfg.bucket, cfg.weights_prefix)
-            if role == "head":
-                weights.head(*where)
-            elif role == "layer":
-                weights.layer(*where, cfg.layer)
-            elif role == "expert":
-                for number in cfg.hosted:
-                    weights.expert(*where, cfg.layer, number)
-            elif role == "tail":
-                weights.tail(*where)
+            warm.load_own_weights(role)
 
     def drop_clients(self) -> None:
         """`functions.common.drop_local_clients`."""

@@ -8,10 +8,8 @@ second delivery that finds the output finds every result too.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import numpy as np
 import torch
 
 # Building this stage needs Hugging Face's model classes: their common base (the bulk of the
@@ -21,9 +19,8 @@ import transformers.modeling_utils  # noqa: F401
 from botocore.exceptions import ClientError
 
 from functions import config, warm, weights
-from functions.common import gather_previous, s3_client, use_lambda_threads
-from ground import frontdoor, layout
-from ground.errors import UsageError
+from functions.common import gather_previous, s3_client, use_lambda_threads, write_results
+from ground import layout
 from pipeline import transports
 
 
@@ -57,37 +54,10 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         torch.from_numpy(hidden), expert_sum
     )
     result = output.numpy().astype("float32")
-    _write_results(s3, cfg.bucket, result, (event.get("input") or {}).get("requests"))
+    write_results(s3, cfg.bucket, result, (event.get("input") or {}).get("requests"))
     transports.write_tensors(s3, cfg.bucket, key, result)
     transports.delete_request(s3, cfg.bucket, request_id)
     return {"request_id": request_id, "output_key": key}
-
-
-def _write_results(s3: Any, bucket: str, output: np.ndarray, requests: Any) -> None:
-    """Each front-door request's rows of `output` to its own object (none for other callers)."""
-    if requests is None:
-        return
-    try:
-        parts = [
-            (layout.result_key(r["message"]), int(r["rows"][0]), int(r["rows"][1]))
-            for r in requests
-        ]
-    except (TypeError, KeyError, IndexError, ValueError) as err:
-        raise UsageError(
-            f"the execution input's requests are not the front door's: {err!r}",
-            "start executions with requests through the front door's queue.",
-        ) from err
-    if any(not 0 <= a < b <= output.shape[0] for _, a, b in parts):
-        raise UsageError(
-            f"the execution input's request rows do not fit its {output.shape[0]} windows",
-            "start executions with requests through the front door's queue.",
-        )
-    with ThreadPoolExecutor(frontdoor.RESULT_WRITERS) as pool:
-        list(
-            pool.map(
-                lambda p: transports.write_tensors(s3, bucket, p[0], output[p[1] : p[2]]), parts
-            )
-        )
 
 
 def _exists(s3: Any, bucket: str, key: str) -> bool:

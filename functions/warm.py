@@ -42,6 +42,14 @@ def load_own_weights(role: str) -> None:
             weights.expert(s3, bucket, prefix, cfg.layer, number)
     elif role == "tail":
         weights.tail(s3, bucket, prefix)
+    elif role == "driver":  # the whole non-MoE stack and the local experts
+        layers = weights.loader(s3, bucket, prefix).manifest.num_layers
+        weights.head(s3, bucket, prefix)
+        for layer, experts in zip(range(layers), cfg.driver_local, strict=True):
+            weights.layer(s3, bucket, prefix, layer)
+            for number in experts:
+                weights.expert(s3, bucket, prefix, layer, number)
+        weights.tail(s3, bucket, prefix)
     else:
         raise ValueError(f"unknown role {role!r}")
 

@@ -354,6 +354,8 @@ def compare_serverless_gpu(
     tokens: int,
     slo_s: float,
     rps: float,
+    lambda_deployment: str = "workflow",
+    lambda_candidates: list[dict[str, Any]] | None = None,
 ) -> Comparison:
     """Cost per million tokens on Lambda and on GPUs at a request rate, and the break-even rate.
 
@@ -369,6 +371,9 @@ def compare_serverless_gpu(
         tokens: Tokens per request.
         slo_s: Latency SLO of one request, seconds.
         rps: Requests per second.
+        lambda_deployment: The shape of Lambda's plan (monolithic, driver, workflow).
+        lambda_candidates: Every shape `plan` weighed (`planner.deployments.Candidate
+            .describe`), listed beside the chosen one. Defaults to None (the chosen alone).
 
     Returns:
         A `Comparison`; its `summary` is what `moelambda compare --json` prints.
@@ -400,7 +405,20 @@ def compare_serverless_gpu(
         "serverless": {
             "cost_per_million_tokens_usd": lambda_per_million,
             "latency_s": lambda_latency_s,
+            "deployment": lambda_deployment,
         },
+        "serverless_candidates": [
+            {
+                "deployment": c["deployment"],
+                "cost_per_million_tokens_usd": (
+                    None if c["bill_usd"] is None else c["bill_usd"] / tokens * 1e6
+                ),
+                "latency_s": c["latency_s"],
+                "feasible": c["feasible"],
+                "reason": c["reason"],
+            }
+            for c in lambda_candidates or []
+        ],
         "gpu": {
             "cost_per_million_tokens_usd": gpu_cost_per_million(best, rps, tokens, u),
             "latency_s": best.latency_s,

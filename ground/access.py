@@ -20,7 +20,18 @@ from dataclasses import dataclass, field
 
 from ground.layout import INPUTS_PREFIX, OUTPUTS_PREFIX, REQUESTS_PREFIX, RESULTS_PREFIX
 
-__all__ = ["BATCH_INPUT_PREFIX", "Access", "batcher", "cleanup", "expert", "gate", "head", "tail"]
+__all__ = [
+    "BATCH_INPUT_PREFIX",
+    "Access",
+    "batcher",
+    "cleanup",
+    "driver",
+    "driver_expert",
+    "expert",
+    "gate",
+    "head",
+    "tail",
+]
 
 _ANY_REQUEST = f"{REQUESTS_PREFIX}*/"  # a request's prefix, whatever its id
 BATCH_INPUT_PREFIX = "fd-"  # the front door's execution names (`functions.batcher`)
@@ -95,6 +106,27 @@ def tail(last: int, front_door: bool = False) -> Access:
     everything = f"{REQUESTS_PREFIX}*"
     write = (f"{OUTPUTS_PREFIX}*", *((f"{RESULTS_PREFIX}*",) if front_door else ()))
     return Access(read=read, write=write, delete=(everything,), extra_list=(everything,))
+
+
+def driver(remote_layers: list[int], front_door: bool = False) -> Access:
+    """A driver (`ground.driver`) reads the callers' uploads and writes the output; for a layer
+    with remote experts it writes the shards past the payload limit and reads their outputs,
+    and it deletes those before it returns; behind the front door it writes each client
+    request's result. A monolithic function touches no request key at all."""
+    read = [f"{INPUTS_PREFIX}*", *(f"{_layer(layer)}out/*" for layer in remote_layers)]
+    write = [
+        f"{OUTPUTS_PREFIX}*",
+        *((f"{RESULTS_PREFIX}*",) if front_door else ()),
+        *(f"{_layer(layer)}in/*" for layer in remote_layers),
+    ]
+    overflow = (f"{REQUESTS_PREFIX}*",) if remote_layers else ()
+    return Access(read=tuple(read), write=tuple(write), delete=overflow, extra_list=overflow)
+
+
+def driver_expert(layer: int, number: int) -> Access:
+    """An expert a driver invokes: nothing inline; past the payload limit its own shards in
+    and its own outputs out, as an s3 expert's."""
+    return expert(layer, number, "s3")
 
 
 def cleanup() -> Access:

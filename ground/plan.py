@@ -22,6 +22,14 @@ door's batch policy (most tokens per batch, longest wait) and a capacity policy 
 stack's one capacity provider's instance type and count), with the p99 SLO and the simulated
 period they were chosen on. Plans without it (every plan before it) stay valid, and mean one
 execution per arriving request with no capacity policy.
+
+`candidates` lists the shapes `plan` weighed beside the chosen one. `deployment` says the
+plan's shape (`ground.driver`): the fan-out `workflow` (the default, and
+every plan made before the other shapes), a `driver` function that runs the non-MoE stack and
+its `driver.local` experts and invokes the rest, or one `monolithic` function with every expert.
+In the last two, `nonmoe_memory_mb` is the driver's memory, each layer's `experts` are its
+remote expert functions only (each hosting one expert; a monolithic plan has none), invoked by
+the driver (method `direct`, with rows past the Invoke payload limit through S3).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ground.driver import DEPLOYMENTS
 from ground.errors import MoelambdaError
 from ground.files import read_document, write_file_atomically
 from ground.kinds import refuse_other_kind
@@ -44,6 +53,7 @@ __all__ = [
     "ExpertPlan",
     "FunctionCapacity",
     "LayerPlan",
+    "DriverPlan",
     "ModelRef",
     "Plan",
     "PlanError",
@@ -105,19 +115,37 @@ class LayerPlan(_Strict):
     experts: list[ExpertPlan]
 
 
-def _check_hosting(layer: LayerPlan, experts: int) -> None:
-    """A layer's functions sit in slots 0, 1, ... and host each of the model's experts once."""
+def _check_hosting(layer: LayerPlan, experts: int, local: list[int] | None = None) -> None:
+    """A layer's functions sit in slots 0, 1, ... and, with the driver's `local` experts, host
+    each of the model's experts once."""
     slots = [e.expert for e in layer.experts]
     if slots != list(range(len(slots))):
         raise ValueError(f"layer {layer.layer}: functions must be in slots 0..n-1, got {slots}")
     hosted = [e.hosted for e in layer.experts]
     if any(h != sorted(set(h)) or not h for h in hosted):
         raise ValueError(f"layer {layer.layer}: each function's hosts must be ascending, unique")
-    if sorted(x for h in hosted for x in h) != list(range(experts)):
+    own = list(local or [])
+    if own != sorted(set(own)):
+        raise ValueError(f"layer {layer.layer}: the driver's local experts must be ascending")
+    if sorted([x for h in hosted for x in h] + own) != list(range(experts)):
+        beside = "" if local is None else f" with the driver's local experts {own}"
         raise ValueError(
-            f"layer {layer.layer}: its functions must host each of the {experts} experts once, "
-            f"got {hosted}"
+            f"layer {layer.layer}: its functions must host each of the {experts} experts once"
+            f"{beside}, got {hosted}"
         )
+
+
+class DriverPlan(_Strict):
+    """The driver of a driver or monolithic plan: what it runs itself (`ground.driver`).
+
+    Its memory is the plan's `nonmoe_memory_mb`; `local[l]` lists the experts of layer l it
+    runs in process, ascending (all of them in a monolithic plan).
+    """
+
+    local: list[list[int]]
+    time_s: float = Field(ge=0, description="Predicted run of one request, waits included.")
+    weights_mb: float = Field(ge=0, description="Non-MoE stages and local experts it holds.")
+    activations_mb: float = Field(ge=0, description="A batch's tensors at their peak.")
 
 
 class ModelRef(_Strict):
@@ -226,8 +254,15 @@ class TrafficPlan(_Strict):
         return self
 
 
-def function_names(layers: list[LayerPlan]) -> list[str]:
+def function_names(layers: list[LayerPlan], deployment: str = "workflow") -> list[str]:
     """The deployment's functions as reports and capacity policies name them."""
+    if deployment != "workflow":
+        remote = [
+            f"layer{layer.layer:02d}/expert{e.expert:02d}"
+            for layer in layers
+            for e in layer.experts
+        ]
+        return ["driver", *remote]
     names = ["head"]
     for layer in layers:
         names.append(f"layer{layer.layer:02d}")
@@ -252,6 +287,43 @@ class Plan(_Strict):
     layers: list[LayerPlan]
     totals: Totals
     traffic: TrafficPlan | None = None
+    deployment: Literal["workflow", "driver", "monolithic"] = "workflow"
+    driver: DriverPlan | None = None
+    candidates: list[dict[str, Any]] | None = Field(
+        default=None,
+        description="Every shape `plan` weighed for this batch: its bill and latency, or why "
+        "it was infeasible (`planner.deployments.Candidate.describe`).",
+    )
+
+    def _check_driver(self) -> None:
+        """A driver or monolithic plan's driver: present, within Lambda's memory and timeout,
+        its local experts and the layers' functions holding every expert once."""
+        assert DEPLOYMENTS == ("workflow", "driver", "monolithic")
+        if (self.deployment == "workflow") != (self.driver is None):
+            raise ValueError(f"a {self.deployment} plan needs a driver exactly when not workflow")
+        if self.driver is None:
+            return
+        cal = self.calibration
+        low, high = cal["lambda_min_memory_mb"], cal["lambda_max_memory_mb"]
+        if not low <= self.nonmoe_memory_mb <= high:
+            raise ValueError(f"driver memory {self.nonmoe_memory_mb} MB outside {low}-{high} MB")
+        if self.driver.time_s > cal["max_timeout_s"]:
+            raise ValueError(
+                f"the driver runs {self.driver.time_s:.1f} s, over Lambda's "
+                f"{cal['max_timeout_s']} s timeout"
+            )
+        if len(self.driver.local) != len(self.layers):
+            raise ValueError("driver.local needs one list per layer")
+        remote = sum(len(layer.experts) for layer in self.layers)
+        if self.deployment == "monolithic" and remote:
+            raise ValueError(f"a monolithic plan has no expert function, this one {remote}")
+        if self.deployment == "driver" and not remote:
+            raise ValueError("a driver plan invokes at least one expert function")
+        for layer in self.layers:
+            if layer.method != "direct" or any(len(e.hosted) != 1 for e in layer.experts):
+                raise ValueError(
+                    f"layer {layer.layer}: the driver invokes its experts directly, one each"
+                )
 
     @model_validator(mode="after")
     def _deployable(self) -> Plan:
@@ -261,8 +333,10 @@ class Plan(_Strict):
             raise ValueError(
                 f"has {len(self.layers)} layers but the model has {self.model.num_layers}"
             )
+        self._check_driver()
         for layer in self.layers:
-            _check_hosting(layer, self.model.experts)
+            local = None if self.driver is None else self.driver.local[layer.layer]
+            _check_hosting(layer, self.model.experts, local)
         sizes = {len(e.hosted) for layer in self.layers for e in layer.experts}
         if len(sizes) > 1:
             raise ValueError(
@@ -288,7 +362,7 @@ class Plan(_Strict):
                         f"{where}: {e.max_replicas} replicas exceed an inline Map's "
                         f"{cal['map_max_concurrency']} concurrent iterations"
                     )
-                if layer.method == "direct":
+                if layer.method == "direct" and self.driver is None:  # a driver overflows to S3
                     token_bytes = max(self.model.token_bytes_in, self.model.token_bytes_out)
                     shard = -(-math.ceil(e.tokens) // e.replicas)
                     for what, rows in (
@@ -309,7 +383,7 @@ class Plan(_Strict):
                 )
         if self.traffic is not None:
             named = [c.function for c in self.traffic.capacity]
-            if named != function_names(self.layers):
+            if named != function_names(self.layers, self.deployment):
                 raise ValueError(
                     f"traffic.capacity names {named}, not the plan's functions in order"
                 )

@@ -70,8 +70,7 @@ def run_plan_locally(
     from moe import export_model
     from pipeline.faults import Faults
     from pipeline.stacks import flat_template
-    from planner import function_seconds, instance_of, planned_usage, price_usage
-    from planner.replay import runtime_choice
+    from planner import planned_seconds, planned_usage, price_usage
 
     say = progress or (lambda _: None)
     document = Plan.load(plan)
@@ -94,8 +93,7 @@ def run_plan_locally(
         template = flat_template(root / "cdk.out", DEFAULT_STACK)
         # Before the run: a batch the plan cannot serve (more tokens than an expert's replicas
         # can take) is refused here, as its gate would refuse it.
-        inst = instance_of(document, manifest, counts, int(ids.size))
-        predicted = function_seconds(inst, runtime_choice(document, inst))
+        predicted = planned_seconds(document, manifest, counts, int(ids.size))
         planned = planned_usage(document, manifest, counts, int(ids.size))
         say(f"running {requests} execution(s) on moto")
         started = time.perf_counter()
@@ -138,6 +136,9 @@ def run_plan_locally(
         "metered": None,
         "planned": None,
         "bill": None,
+        "deployment": document.deployment,
+        # the shapes `plan` weighed beside this one, as it priced them for its batch
+        "candidates": document.candidates,
     }
     if metered:
         (run,) = runs

@@ -28,6 +28,7 @@ import torch
 from botocore.exceptions import ClientError
 
 from ground import layout
+from ground.driver import overflows
 from ground.errors import MoelambdaError
 from moe import gather_shards, routing_shards
 from pipeline.tensorio import decode, encode
@@ -36,6 +37,7 @@ __all__ = [
     "ShardRows",
     "TransportError",
     "call_direct",
+    "call_remote",
     "delete_request",
     "direct_decode",
     "direct_encode",
@@ -350,6 +352,70 @@ def call_direct(
     if calls:
         with ThreadPoolExecutor(len(calls)) as pool:
             list(pool.map(call, calls))
+
+
+def call_remote(
+    s3: Any,
+    bucket: str,
+    request_id: str,
+    layer: int,
+    ffn_in: np.ndarray,
+    shards: list[ShardRows],
+    functions: list[str],
+    invoke: Invoke,
+    limit: int,
+) -> tuple[dict[tuple[int, int], np.ndarray], int]:
+    """A driver's call of its remote experts (`ground.driver`): every non-empty shard one
+    synchronous Invoke, all at once; ({(slot, replica): output rows}, shards through S3).
+
+    A shard whose inline event fits `limit` carries its rows base64 in the event and gets
+    them back in the response; a larger one goes through S3 under the request's prefix as the
+    s3 method's does (the driver PUTs it, the expert reads it and PUTs its output, the driver
+    reads that), its event naming only the shard.
+    """
+
+    row_bytes = int(ffn_in.shape[1]) * 4  # float32 rows, as the planner counts them
+
+    def call(s: ShardRows) -> tuple[tuple[int, int], np.ndarray, bool]:
+        rows = _rows(ffn_in, s)
+        through_s3 = bool(overflows(rows.shape[0], row_bytes, limit))
+        if not through_s3:
+            event = direct_event(
+                request_id,
+                layer,
+                s.expert,
+                s.replica,
+                rows,
+                limit=limit,
+                function=functions[s.expert],
+                hosted_rows=s.hosted_rows,
+            )
+            y = direct_decode(invoke(functions[s.expert], event)["payload"])[0]
+        else:
+            key = layout.shard_key(request_id, layer, s.expert, s.replica)
+            put_object(s3, bucket, key, encode(rows, s.hosted_rows))
+            event = s.describe(request_id, layer, functions[s.expert])
+            answer = invoke(functions[s.expert], event)
+            expected = layout.out_key(request_id, layer, s.expert, s.replica)
+            if answer.get("output_key") != expected:
+                raise TransportError(
+                    f"layer {layer} expert {s.expert} replica {s.replica} answered "
+                    f"{answer.get('output_key')!r}, not its output {expected}"
+                )
+            y = read_tensors(s3, bucket, expected)[0]
+        if y.shape[0] != s.tokens.size:
+            raise TransportError(
+                f"layer {layer} expert {s.expert} replica {s.replica} returned {y.shape[0]} "
+                f"rows for {s.tokens.size} tokens"
+            )
+        return (s.expert, s.replica), y, through_s3
+
+    busy = [s for s in shards if s.tokens.size]
+    if not busy:
+        return {}, 0
+    with ThreadPoolExecutor(len(busy)) as pool:
+        results = list(pool.map(call, busy))
+    return {key: y for key, y, _ in results}, sum(over for _, _, over in results)
 
 
 def _minibatches(

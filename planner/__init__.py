@@ -28,7 +28,14 @@ from planner.exact import Frontier, solve_bounded, solve_exact, solve_frontier
 from planner.instance import Instance, Method
 from planner.milp import solve_milp, solve_milp_mixed
 from planner.ods import solve_ods
-from planner.replay import choice_of, function_seconds, instance_of, planned_usage, price_usage
+from planner.replay import (
+    choice_of,
+    function_seconds,
+    instance_of,
+    planned_seconds,
+    planned_usage,
+    price_usage,
+)
 
 __all__ = [
     "Calibration",
@@ -56,6 +63,7 @@ __all__ = [
     "load_calibration",
     "make_plan",
     "plan_deployment",
+    "planned_seconds",
     "planned_usage",
     "price_usage",
     "random_methods",

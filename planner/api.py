@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ground.errors import InfeasibleError, UsageError
+from ground.plan import PlanError
 
 if TYPE_CHECKING:
     from ground.manifest import Manifest
@@ -84,12 +85,14 @@ class PlanningCounts:
 @dataclass(frozen=True, eq=False)
 class PlannedDeployment:
     """A plan, its summary (what `plan --json` prints, without the file names), the
-    solver's solution and the cost-vs-SLO curve it was chosen from."""
+    workflow solver's solution (None when another shape was chosen) and the workflow's
+    cost-vs-SLO curve (None when the workflow was not planned)."""
 
     plan: Plan
     summary: dict[str, Any]
-    solution: Solution
-    frontier: Frontier
+    solution: Solution | None
+    frontier: Frontier | None
+    shapes: dict[str, Plan] = field(default_factory=dict)  # every feasible shape's plan
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,8 @@ class PlanOptions:
         pack: Experts per function: "auto" (the cheapest of every divisor) or a number.
         concurrency_quota: Refuse a plan whose reserved concurrency does not fit this account
             quota; None: no check.
+        deployment: "auto" (every shape, the cheapest kept), "monolithic", "driver" or
+            "workflow" (`planner.deployments`).
     """
 
     solver: str = "exact"
@@ -116,6 +121,21 @@ class PlanOptions:
     confidence: float | None = None
     pack: str = "auto"
     concurrency_quota: int | None = 1000
+    deployment: str = "auto"
+
+    def shapes(self) -> list[str]:
+        """The deployment shapes to plan, cheapest-first on ties: one function, a driver, the
+        workflow; only the workflow under the experts objective, a forced --method or packing
+        of K > 1 experts per function, choices only it has."""
+        if self.deployment != "auto":
+            return [self.deployment]
+        if (
+            self.objective == "experts"
+            or self.method is not None
+            or self.pack not in ("auto", "1")
+        ):
+            return ["workflow"]
+        return ["monolithic", "driver", "workflow"]
 
     def check(self, counts: PlanningCounts) -> tuple[tuple[Method, ...], float]:
         """The methods the layers may use and the confidence level to plan `counts` at.
@@ -128,6 +148,11 @@ class PlanOptions:
             raise UsageError(f"unknown --workflow '{self.workflow}'.", "use express or standard.")
         if self.objective not in ("full", "experts"):
             raise UsageError(f"unknown --objective '{self.objective}'.", "use full or experts.")
+        from planner.deployments import check_deployment
+
+        check_deployment(
+            self.deployment, objective=self.objective, method=self.method, pack=self.pack
+        )
         methods = check_plan_options(
             solver=self.solver, arch=self.arch, tokens=counts.tokens, method=self.method
         )
@@ -306,8 +331,12 @@ def plan_deployment(
 ) -> PlannedDeployment:
     """The cheapest deployment of one batch that meets the SLO (no SLO: the cheapest plan).
 
-    Per MoE layer a scatter-gather method and pipeline degree, per expert a Lambda memory size
-    and replica count, for a batch of `counts.tokens` tokens, as `moelambda plan` makes it.
+    Every deployment shape `options.deployment` allows is planned for the same batch and SLO
+    (`planner.deployments`): one function holding the whole model, a driver with local and
+    remote experts, the fan-out workflow (per MoE layer a scatter-gather method and pipeline
+    degree, per expert a Lambda memory size and replica count). The cheapest that meets the
+    SLO is kept; the summary's `candidates` lists every shape with its bill and latency or
+    why it is infeasible.
 
     Example::
 
@@ -321,20 +350,117 @@ def plan_deployment(
         calibration: The platform's parameters (`planner.load_calibration`).
         slo_s: Latency SLO of one batch, seconds (`slo_of`). Defaults to None (cheapest).
         options: How to plan. Defaults to None: `PlanOptions()`, the command's defaults.
-        whole_curve: Build the whole cost-vs-SLO curve (for `write_pareto`). Defaults to False.
+        whole_curve: Build the workflow's whole cost-vs-SLO curve (for `write_pareto`).
+            Defaults to False.
         progress: Called with a message per step. Defaults to None.
 
     Raises:
         UsageError: A bad option (see `PlanOptions.check`).
-        InfeasibleError: No plan; the message names the binding constraint.
+        InfeasibleError: No plan; the message names the binding constraint (of every shape).
         ground.plan.PlanError: The plan's reservations exceed the concurrency quota.
     """
-    from planner.build import instance_for, make_plan
-    from planner.deploy import pack_sizes, plan_packed
+    from planner.deployments import Candidate, infeasible_everywhere
 
     o = options or PlanOptions()
     methods, confidence = o.check(counts)
     started = time.perf_counter()
+    shapes = o.shapes()
+    candidates: list[Candidate] = []
+    workflow: tuple[Plan, dict[str, Any], Solution, Frontier] | None = None
+    errors: dict[str, Exception] = {}
+    for shape in shapes:
+        if progress is not None:
+            progress(f"planning the {shape} deployment")
+        try:
+            if shape == "workflow":
+                workflow = _plan_workflow(
+                    manifest,
+                    counts,
+                    calibration,
+                    o,
+                    methods,
+                    confidence,
+                    slo_s,
+                    whole_curve,
+                    progress,
+                )
+                plan, solution = workflow[0], workflow[2]
+                smallest = workflow[3].min_latency()
+            else:
+                plan, solution = _plan_shape(shape, manifest, counts, calibration, o, slo_s)
+                smallest = solution.min_latency
+            if o.concurrency_quota is not None:
+                plan.check_concurrency_quota(o.concurrency_quota)
+        except (InfeasibleError, PlanError) as error:
+            errors[shape] = error
+            smallest_slo = _smallest_slo(error)
+            candidates.append(Candidate(shape, None, _reason(error), smallest_slo_s=smallest_slo))
+            continue
+        candidates.append(
+            Candidate(
+                shape,
+                plan,
+                None,
+                latency_s=plan.totals.latency_s,
+                bill_usd=plan.totals.bill_usd["total_usd"],
+                smallest_slo_s=smallest,
+            )
+        )
+    feasible = [c for c in candidates if c.plan is not None]
+    if not feasible:
+        if len(shapes) == 1:
+            raise errors[shapes[0]]
+        raise infeasible_everywhere(candidates, slo_s)
+    chosen = min(feasible, key=lambda c: (c.bill_usd, shapes.index(c.deployment)))
+    assert chosen.plan is not None
+    listed = [c.describe() for c in candidates]
+    if chosen.deployment == "workflow":
+        assert workflow is not None
+        document, summary, solution, frontier = workflow
+    else:
+        document = chosen.plan
+        solution = None
+        frontier = None if workflow is None else workflow[3]
+        summary = _driver_summary(document, manifest, counts, chosen)
+    document = document.model_copy(update={"candidates": listed})
+    summary = summary | {
+        "seconds": round(time.perf_counter() - started, 4),
+        "deployment": chosen.deployment,
+        "candidates": listed,
+    }
+    shaped = {c.deployment: c.plan for c in feasible if c.plan is not None}
+    shaped[chosen.deployment] = document
+    return PlannedDeployment(document, summary, solution, frontier, shaped)
+
+
+def _reason(error: Exception) -> str:
+    """An infeasible candidate's reason: the error's problem, without the advice."""
+    return str(getattr(error, "problem", None) or error)
+
+
+def _smallest_slo(error: Exception) -> float | None:
+    """The smallest feasible SLO an infeasibility message names ("the fastest takes X s")."""
+    import re
+
+    found = re.search(r"fastest (?:plan )?takes ([0-9.]+) s", str(error))
+    return float(found[1]) if found else None
+
+
+def _plan_workflow(
+    manifest: Manifest,
+    counts: PlanningCounts,
+    calibration: Calibration,
+    o: PlanOptions,
+    methods: tuple[Method, ...],
+    confidence: float,
+    slo_s: float | None,
+    whole_curve: bool,
+    progress: Callable[[str], None] | None,
+) -> tuple[Plan, dict[str, Any], Solution, Frontier]:
+    """The fan-out workflow's plan, its summary, solution and cost-vs-SLO curve."""
+    from planner.build import instance_for, make_plan
+    from planner.deploy import pack_sizes, plan_packed
+
     inst = instance_for(
         manifest,
         counts.counts,
@@ -367,16 +493,12 @@ def plan_deployment(
             f"{calibration.express_max_duration_s:.0f} s.",
             "pass --workflow standard, or plan for fewer --tokens.",
         )
-    seconds = time.perf_counter() - started
     document = make_plan(inst, solution, manifest, calibration, slo_s=slo_s, counts_source=source)
-    if o.concurrency_quota is not None:
-        document.check_concurrency_quota(o.concurrency_quota)
     summary: dict[str, Any] = {
         "solver": solution.solver,
         "workflow": inst.workflow,
         "objective": o.objective,
         "optimal": solution.optimal,
-        "seconds": round(seconds, 4),
         "note": solution.note,
         "model": manifest.model,
         "tokens": counts.tokens,
@@ -392,6 +514,7 @@ def plan_deployment(
         "confidence": None if confident is None else confident.describe(),
         "moefy": manifest.moefy,
         "quality": manifest.quality,
+        "driver": None,
         "layers": [
             {
                 "method": layer.method,
@@ -402,7 +525,85 @@ def plan_deployment(
             for layer in document.layers
         ],
     }
-    return PlannedDeployment(document, summary, solution, frontier)
+    return document, summary, solution, frontier
+
+
+def _plan_shape(
+    shape: str,
+    manifest: Manifest,
+    counts: PlanningCounts,
+    calibration: Calibration,
+    o: PlanOptions,
+    slo_s: float | None,
+) -> tuple[Plan, Any]:
+    """A monolithic or driver plan of the predicted counts (`planner.deployments`)."""
+    from planner.build import instance_for
+    from planner.deployments import plan_driver_shape
+
+    base = instance_for(
+        manifest,
+        counts.counts,
+        calibration,
+        tokens=counts.tokens,
+        arch=o.arch,
+        workflow=o.workflow or "express",
+    )
+    return plan_driver_shape(
+        shape,
+        base,
+        manifest,
+        calibration,
+        slo_s,
+        counts.source,
+        choose_workflow=o.workflow is None,
+    )
+
+
+def _driver_summary(
+    plan: Plan, manifest: Manifest, counts: PlanningCounts, chosen: Any
+) -> dict[str, Any]:
+    """`plan --json`'s summary of a monolithic or driver plan (the workflow's keys)."""
+    assert plan.driver is not None
+    bill = plan.totals.bill_usd
+    return {
+        "solver": plan.solver,
+        "workflow": plan.workflow,
+        "objective": plan.objective,
+        "optimal": plan.optimal,
+        "note": "",
+        "model": manifest.model,
+        "tokens": counts.tokens,
+        "slo_s": plan.totals.slo_s,
+        "latency_s": round(plan.totals.latency_s, 6),
+        "objective_usd": bill["total_usd"],
+        "moe_cost_usd": plan.totals.moe_cost_usd,
+        "bill_usd": bill,
+        "smallest_slo_s": chosen.smallest_slo_s,
+        "experts_per_function": 1,
+        "functions": sum(len(layer.experts) for layer in plan.layers),
+        "packing": [],
+        "confidence": None,
+        "moefy": manifest.moefy,
+        "quality": manifest.quality,
+        "driver": {
+            "memory_mb": plan.nonmoe_memory_mb,
+            "local_experts": sum(len(x) for x in plan.driver.local),
+            "local": plan.driver.local,
+            "weights_mb": plan.driver.weights_mb,
+            "activations_mb": plan.driver.activations_mb,
+        },
+        "layers": [
+            {
+                "method": "driver",
+                "beta": 1,
+                "local": plan.driver.local[layer.layer],
+                "remote": [e.hosted[0] for e in layer.experts],
+                "memory_mb": [e.memory_mb for e in layer.experts],
+                "replicas": [e.replicas for e in layer.experts],
+            }
+            for layer in plan.layers
+        ],
+    }
 
 
 def serverless_best(
@@ -454,7 +655,13 @@ def write_pareto(path: Path, planned: PlannedDeployment, *, force: bool = False)
 
     from ground.files import write_file_atomically
 
-    frontier, chosen, summary = planned.frontier, planned.solution, planned.summary
+    frontier, summary = planned.frontier, planned.summary
+    if frontier is None:
+        raise UsageError(
+            "--pareto writes the workflow's cost-vs-SLO curve, and this run did not plan the "
+            "workflow.",
+            "leave --pareto out, or pass --deployment auto or workflow.",
+        )
     if frontier.latency_s.size == 0:
         raise InfeasibleError(
             "no plan is feasible at any SLO: the cost-vs-SLO curve would be empty.",
@@ -470,22 +677,28 @@ def write_pareto(path: Path, planned: PlannedDeployment, *, force: bool = False)
     write_file_atomically(path, lambda tmp: tmp.write_text(rows), force=force)
     png = path.with_suffix(".png")
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.step(latency, cost * 1e6, where="post", label="cheapest plan within the SLO")
+    ax.step(latency, cost * 1e6, where="post", label="workflow: cheapest plan within the SLO")
     slo_s = summary["slo_s"]
     if slo_s is not None:
         ax.axvline(slo_s, color="grey", linestyle=":", label=f"SLO {slo_s:.3g} s")
-    ax.scatter(
-        [chosen.latency],
-        [chosen.cost * 1e6],
-        marker="*",
-        s=200,
-        color="tab:orange",
-        zorder=3,
-        label=f"chosen: {chosen.latency:.3g} s, {chosen.cost * 1e6:.3g} µ$",
-    )
+    markers = {"monolithic": "s", "driver": "D", "workflow": "o"}
+    for candidate in summary.get("candidates", []):
+        if not candidate["feasible"]:
+            continue
+        chosen = candidate["deployment"] == summary["deployment"]
+        ax.scatter(
+            [candidate["latency_s"]],
+            [candidate["bill_usd"] * 1e6],
+            marker="*" if chosen else markers[candidate["deployment"]],
+            s=200 if chosen else 60,
+            color="tab:orange" if chosen else "tab:green",
+            zorder=3,
+            label=f"{'chosen: ' if chosen else ''}{candidate['deployment']}, "
+            f"{candidate['latency_s']:.3g} s, {candidate['bill_usd'] * 1e6:.3g} µ$",
+        )
     ax.legend(fontsize=8)
     ax.set_xlabel("SLO (s)")
-    ax.set_ylabel("cost per batch (µ$, the plan's objective)")
+    ax.set_ylabel("cost per batch (µ$; curve: the solver's price, points: the bill)")
     ax.set_yscale("log")  # the cost rises steeply near the smallest feasible SLO
     experts = planned.plan.model.experts
     ax.set_title(f"{summary['model']}, E={experts}, {summary['tokens']:,} tokens")

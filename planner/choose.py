@@ -76,7 +76,8 @@ class OptionResult:
     quality: dict[str, Any]
     bill_usd: float | None = None
     latency_s: float | None = None
-    functions: int | None = None
+    functions: int | None = None  # expert functions (none in a monolithic plan)
+    deployment: str | None = None  # the plan's shape (`planner.deployments`)
     why: str | None = None  # why no plan meets the SLO
     plan: Any = None  # ground.plan.Plan
     meets_floor: bool = False
@@ -94,6 +95,7 @@ class OptionResult:
             "bill_usd": self.bill_usd,
             "latency_s": self.latency_s,
             "functions": self.functions,
+            "deployment": self.deployment,
             "feasible": self.feasible,
             "meets_floor": self.meets_floor,
             "why": self.why,
@@ -162,32 +164,23 @@ def _plan_option(
     slo_s: float | None,
     calibration: Any,
     seed: int,
-) -> tuple[Any, Any]:
-    """(Plan, Solution) of the option's batch, as `moelambda plan --traces` makes it."""
-    from ground.method import Method
+) -> Any:
+    """The plan of the option's batch, as `moelambda plan --traces` makes it: every
+    deployment shape weighed, the cheapest that meets the SLO kept."""
     from moe import describe_model
-    from planner.build import instance_for, make_plan
-    from planner.deploy import pack_sizes, plan_packed
+    from planner.api import PlanningCounts, PlanOptions, plan_deployment
     from predictor import DEFAULT_METHOD, predict_batch
 
-    manifest = describe_model(model)
     counts, batch = predict_batch(trace, tokens, seed=seed)
-    inst = instance_for(manifest, counts, calibration, tokens=tokens, workflow="express")
-    inst, _, solution, _, _ = plan_packed(
-        inst,
-        pack_sizes("auto", inst.experts),
-        None,
-        0.0,
-        slo_s,
-        "exact",
-        tuple(Method),
-        False,
-        True,
-        calibration,
-    )
     source = {"choose": True, "method": DEFAULT_METHOD, "tokens": batch, "seed": seed}
-    plan = make_plan(inst, solution, manifest, calibration, slo_s=slo_s, counts_source=source)
-    return plan, solution
+    planned = plan_deployment(
+        describe_model(model),
+        PlanningCounts(counts, tokens, source),
+        calibration,
+        slo_s=slo_s,
+        options=PlanOptions(concurrency_quota=None),
+    )
+    return planned.plan
 
 
 def check_choose(
@@ -299,14 +292,15 @@ def choose(
         result.meets_floor = floor.met(result.quality)
         say(f"{label}: planning")
         try:
-            plan, solution = _plan_option(moe_model, trace, tokens, slo_s, calibration, seed)
+            plan = _plan_option(moe_model, trace, tokens, slo_s, calibration, seed)
         except InfeasibleError as error:
             result.why = error.problem
         else:
             result.plan = plan
             result.bill_usd = float(plan.totals.bill_usd["total_usd"])
-            result.latency_s = float(solution.latency)
+            result.latency_s = float(plan.totals.latency_s)
             result.functions = sum(len(layer.experts) for layer in plan.layers)
+            result.deployment = plan.deployment
         results.append(result)
     sign = 1.0 if floor.higher_is_better else -1.0
     bills = np.array([r.bill_usd if r.feasible else np.nan for r in results], dtype=float)

@@ -7,6 +7,7 @@ numbers `moelambda run-local` sets against the measured ones.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -18,14 +19,23 @@ from ground.semantics import adapts, runtime_replicas
 from planner.build import instance_for
 from planner.calibration import Calibration
 from planner.costmodel import Choice, evaluate, price, usage
+from planner.driver import (
+    DriverChoice,
+    DriverInstance,
+    driver_instance,
+    driver_usage,
+    evaluate_driver,
+)
 from planner.instance import Instance, Method
 from planner.packing import pack
 
 __all__ = [
     "calibration_of",
     "choice_of",
+    "driver_of",
     "function_seconds",
     "instance_of",
+    "planned_seconds",
     "planned_usage",
     "price_usage",
     "runtime_choice",
@@ -123,6 +133,83 @@ def runtime_choice(plan: Plan, inst: Instance) -> Choice:
     return Choice(choice.method, choice.beta, choice.memory, replicas)
 
 
+def driver_of(
+    plan: Plan, manifest: Manifest, counts: np.ndarray, tokens: int
+) -> tuple[DriverInstance, DriverChoice]:
+    """A driver or monolithic plan's problem on a batch of `counts`, and its decisions as the
+    driver applies them: each remote expert's replicas follow its real tokens (up to its cap),
+    as `functions.driver` splits them.
+
+    Raises:
+        PlanError: An expert's real tokens need more replicas than its cap.
+    """
+    assert plan.driver is not None
+    calibration = calibration_of(plan)
+    base = instance_for(
+        manifest,
+        np.asarray(counts, dtype=float),
+        calibration,
+        tokens=tokens,
+        arch=plan.arch,
+        workflow=plan.workflow,
+    )
+    dinst = driver_instance(base, manifest, calibration, memory_mb=[plan.nonmoe_memory_mb])
+    dinst = dataclasses.replace(dinst, payload_limit=plan.direct_payload_bytes)
+    shape = (base.layers, base.experts)
+    local = np.zeros(shape, bool)
+    memory = np.zeros(shape, int)
+    replicas = np.ones(shape, int)
+    tokens_now = np.ceil(base.counts)
+    for layer, own in zip(plan.layers, plan.driver.local, strict=True):
+        local[layer.layer, own] = True
+        for e in layer.experts:
+            i = e.hosted[0]
+            where = np.flatnonzero(base.memory_mb == e.memory_mb)
+            if where.size == 0:
+                raise PlanError(
+                    f"layer {layer.layer} expert {i}: {e.memory_mb} MB is not a memory option "
+                    "of the plan's calibration.",
+                    "re-plan with `moelambda plan`; do not edit memory sizes by hand.",
+                )
+            memory[layer.layer, i] = where[0]
+            wanted = runtime_replicas(
+                tokens_now[layer.layer, i : i + 1],
+                np.array([e.replicas]),
+                np.array([e.max_replicas]),
+                np.array([e.max_tokens_per_replica]),
+            )[0]
+            if wanted > e.max_replicas:
+                raise PlanError(
+                    f"layer {layer.layer} expert {i}: {int(tokens_now[layer.layer, i])} tokens "
+                    f"need {wanted} replicas of at most {e.max_tokens_per_replica}, over its "
+                    f"cap of {e.max_replicas}.",
+                    "re-plan with more memory for this expert, or a larger max_replicas (G).",
+                )
+            replicas[layer.layer, i] = wanted
+    return dinst, DriverChoice(0, local, memory, replicas)
+
+
+def planned_seconds(
+    plan: Plan, manifest: Manifest, counts: np.ndarray, tokens: int
+) -> dict[str, float]:
+    """Predicted seconds of one call of every function of `plan` on a batch of `counts`,
+    named as run-local reports them (`function_seconds` for the workflow; the driver's whole
+    run and each busy remote expert's replica for a driver)."""
+    if plan.driver is None:
+        inst = instance_of(plan, manifest, np.asarray(counts, dtype=float), tokens)
+        return function_seconds(inst, runtime_choice(plan, inst))
+    dinst, choice = driver_of(plan, manifest, counts, tokens)
+    ev = evaluate_driver(dinst, choice)
+    seconds = {"driver": ev.latency}
+    busy = (np.ceil(dinst.base.counts) > 0) & ~choice.local
+    for layer in plan.layers:
+        for e in layer.experts:
+            if busy[layer.layer, e.hosted[0]]:
+                name = f"layer{layer.layer:02d}/expert{e.expert:02d}"
+                seconds[name] = float(ev.expert_time[layer.layer, e.hosted[0]])
+    return seconds
+
+
 def planned_usage(
     plan: Plan, manifest: Manifest, counts: np.ndarray, tokens: int
 ) -> dict[str, Any]:
@@ -130,6 +217,15 @@ def planned_usage(
 
     Returns {"usage": the meter's keys, "bill": USD by item, "latency_s": the model's latency}.
     """
+    if plan.driver is not None:
+        dinst, choice = driver_of(plan, manifest, counts, tokens)
+        ev = evaluate_driver(dinst, choice)
+        used = driver_usage(dinst, choice, ev)
+        return {
+            "usage": used,
+            "bill": price(dinst.base, used, ev.latency),
+            "latency_s": ev.latency,
+        }
     inst = instance_of(plan, manifest, np.asarray(counts, dtype=float), tokens)
     choice = runtime_choice(plan, inst)
     ev = evaluate(inst, choice)

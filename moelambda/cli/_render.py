@@ -96,11 +96,75 @@ def popularity(out: Console, summary: dict[str, Any]) -> None:
 
 
 def plan(out: Console, summary: dict[str, Any]) -> None:
-    """`moelambda plan`: one row per MoE layer, then the latency, the bill and the files."""
+    """`moelambda plan`: the deployment shapes weighed, the chosen plan's layers, its latency,
+    bill and files."""
     slo = "no SLO (cheapest)" if summary["slo_s"] is None else f"SLO {summary['slo_s']:.3f} s"
-    grid = Table(
-        title=f"Plan for {summary['model']}: {summary['tokens']:,} tokens per batch, {slo}"
+    title = f"Plan for {summary['model']}: {summary['tokens']:,} tokens per batch, {slo}"
+    if len(summary.get("candidates", [])) > 1:
+        out.print(candidates(summary, title="Deployment shapes: " + title))
+        title = f"The {summary['deployment']} plan"
+    if summary.get("driver") is not None:
+        _driver_layers(out, summary, title)
+    else:
+        _workflow_layers(out, summary, title)
+    bill = summary["bill_usd"]
+    if summary.get("driver") is not None:
+        driver = summary["driver"]
+        what = (
+            f"One {driver['memory_mb']:,} MB function holds every expert"
+            if summary["deployment"] == "monolithic"
+            else f"A {driver['memory_mb']:,} MB driver runs {driver['local_experts']} experts "
+            f"itself and invokes {summary['functions']} expert functions"
+        )
+        shape = (
+            f"{what} ({driver['weights_mb']:,.0f} MB of weights, {driver['activations_mb']:,.0f}"
+            " MB of activations). "
+        )
+    else:
+        shape = _packing_line(summary)
+    out.print(
+        f"Latency {summary['latency_s']:.3f} s (smallest feasible "
+        f"{summary['smallest_slo_s']:.3f} s). "
+        f"Expert functions ${summary['moe_cost_usd']:.6f} per batch; full bill "
+        f"${bill['total_usd']:.6f} (non-MoE ${bill['nonmoe_usd']:.6f}, requests "
+        f"${bill['requests_usd']:.6f}, S3 ${bill['s3_usd']:.6f}, {summary['workflow']} "
+        f"workflow ${bill['workflow_usd']:.6f}). Solver {summary['solver']} in "
+        f"{summary['seconds']:.3f} s. "
+        + shape
+        + _confidence_line(summary["confidence"])
+        + f"Wrote {summary['plan']}"
+        + (f", {', '.join(summary['pareto'])}" if "pareto" in summary else "")
     )
+    if summary["quality"]:
+        from moe import Quality
+
+        headline = Quality(**summary["quality"]).headline()
+        out.print(f"The served model against the dense one (held-out text): {headline}")
+
+
+def candidates(summary: dict[str, Any], *, title: str) -> Table:
+    """The deployment shapes `plan` weighed: bill, latency, functions, or why not."""
+    grid = Table(title=title)
+    for column in ("shape", "bill per batch", "latency", "smallest SLO", "functions", "local"):
+        grid.add_column(column, justify="left" if column == "shape" else "right")
+    grid.add_column("why not", justify="left")
+    for c in summary["candidates"]:
+        chosen = c["deployment"] == summary["deployment"]
+        name = f"[bold]{c['deployment']}[/bold] (chosen)" if chosen else c["deployment"]
+        grid.add_row(
+            name,
+            "-" if c["bill_usd"] is None else f"${c['bill_usd']:.6f}",
+            "-" if c["latency_s"] is None else f"{c['latency_s']:.2f} s",
+            "-" if c["smallest_slo_s"] is None else f"{c['smallest_slo_s']:.2f} s",
+            "-" if c["functions"] is None else str(c["functions"]),
+            "-" if c["local_experts"] is None else str(c["local_experts"]),
+            c["reason"] or "",
+        )
+    return grid
+
+
+def _workflow_layers(out: Console, summary: dict[str, Any], title: str) -> None:
+    grid = Table(title=title)
     per = "function" if summary["experts_per_function"] > 1 else "expert"
     for column in ("layer", "method", "beta", f"memory MB per {per}", "replicas"):
         grid.add_column(column, justify="right" if column != "method" else "left")
@@ -114,25 +178,21 @@ def plan(out: Console, summary: dict[str, Any]) -> None:
             " ".join(str(r) for r in layer["replicas"]),
         )
     out.print(grid)
-    bill = summary["bill_usd"]
-    out.print(
-        f"Latency {summary['latency_s']:.3f} s (smallest feasible "
-        f"{summary['smallest_slo_s']:.3f} s). "
-        f"Expert functions ${summary['moe_cost_usd']:.6f} per batch; full bill "
-        f"${bill['total_usd']:.6f} (non-MoE ${bill['nonmoe_usd']:.6f}, requests "
-        f"${bill['requests_usd']:.6f}, S3 ${bill['s3_usd']:.6f}, {summary['workflow']} "
-        f"workflow ${bill['workflow_usd']:.6f}). Solver {summary['solver']} in "
-        f"{summary['seconds']:.3f} s. "
-        + _packing_line(summary)
-        + _confidence_line(summary["confidence"])
-        + f"Wrote {summary['plan']}"
-        + (f", {', '.join(summary['pareto'])}" if "pareto" in summary else "")
-    )
-    if summary["quality"]:
-        from moe import Quality
 
-        headline = Quality(**summary["quality"]).headline()
-        out.print(f"The served model against the dense one (held-out text): {headline}")
+
+def _driver_layers(out: Console, summary: dict[str, Any], title: str) -> None:
+    grid = Table(title=title)
+    for column in ("layer", "local experts", "remote experts", "memory MB", "replicas"):
+        grid.add_column(column, justify="right")
+    for i, layer in enumerate(summary["layers"]):
+        grid.add_row(
+            str(i),
+            " ".join(map(str, layer["local"])) or "-",
+            " ".join(map(str, layer["remote"])) or "-",
+            " ".join(map(str, layer["memory_mb"])) or "-",
+            " ".join(map(str, layer["replicas"])) or "-",
+        )
+    out.print(grid)
 
 
 def _packing_line(summary: dict[str, Any]) -> str:
@@ -265,3 +325,44 @@ def bench_planner(out: Console, summary: dict[str, Any]) -> None:
             f"{summary['speedup_target']:g}x)."
         )
     out.print(" ".join(lines), highlight=False)
+
+
+def bench_shapes(out: Console, report: dict[str, Any]) -> None:
+    """`moelambda bench shapes`: per model every shape's batch and stream numbers."""
+    stream = report["stream"]
+    grid = Table(
+        title=f"Deployment shapes: one {report['tokens']:,}-token batch (cheapest plan) and a "
+        f"day at {stream['rate_per_s'] * 60:g} request a minute ({stream['trace']})"
+    )
+    for column in ("model", "shape", "batch USD", "USD/M tokens", "latency", "smallest SLO"):
+        grid.add_column(column, justify="left" if column in ("model", "shape") else "right")
+    for column in ("stream USD/M", "stream p99", "cold starts"):
+        grid.add_column(column, justify="right")
+    grid.add_column("why not", justify="left")
+    for row in report["models"]:
+        for i, s in enumerate(row["shapes"]):
+            won = s["deployment"] == row["batch_winner"]
+            day = s["stream"]
+            grid.add_row(
+                f"{row['label']} ({row['params'] / 1e9:.3g} B)" if i == 0 else "",
+                f"[bold]{s['deployment']}[/bold]" if won else s["deployment"],
+                "-" if s["bill_usd"] is None else f"{s['bill_usd']:.6f}",
+                "-"
+                if s["per_million_tokens_usd"] is None
+                else f"{s['per_million_tokens_usd']:.3f}",
+                "-" if s["latency_s"] is None else f"{s['latency_s']:.1f} s",
+                "-" if s["smallest_slo_s"] is None else f"{s['smallest_slo_s']:.1f} s",
+                "-" if day is None else f"{day['per_million_tokens_usd']:.3f}",
+                "-" if day is None or day["p99_s"] is None else f"{day['p99_s']:.1f} s",
+                "-" if day is None else str(day["cold_starts"]),
+                s["reason"] or "",
+            )
+    out.print(grid)
+    wins = "; ".join(
+        f"{row['label']}: {row['batch_winner']} (stream: {row['stream_winner']})"
+        for row in report["models"]
+    )
+    out.print(
+        f"Cheapest shape per model: {wins}."
+        + (f" Wrote {report['plot']}." if "plot" in report else "")
+    )

@@ -111,18 +111,31 @@ def compare(out: Console, summary: dict[str, Any]) -> None:
     """`moelambda compare`: Lambda against the cheapest GPU deployment, and the break-even."""
     lam, gpu = summary["serverless"], summary["gpu"]
     deployment = f"{gpu['copies']} x {gpu['gpus']} {gpu['gpu_type']}"
+    others = [
+        (
+            f"Lambda {c['deployment']}"
+            + (" (cheapest plan)" if c["deployment"] == lam["deployment"] else ""),
+            "-"
+            if c["cost_per_million_tokens_usd"] is None
+            else f"{c['cost_per_million_tokens_usd']:.4f}",
+            "-" if c["latency_s"] is None else f"{c['latency_s']:.3f}",
+            "-" if c["feasible"] else f"infeasible: {c['reason']}",
+        )
+        for c in summary.get("serverless_candidates") or []
+    ]
+    chosen = (
+        f"Lambda {lam.get('deployment', '')} (cheapest plan)",
+        f"{lam['cost_per_million_tokens_usd']:.4f}",
+        f"{lam['latency_s']:.3f}",
+        "-",
+    )
     out.print(
         table(
             f"Serverless or GPU at {summary['rps']:g} requests/s of "
             f"{summary['tokens_per_request']:,} tokens (SLO {summary['slo_s']:g} s)",
             ("backend", "USD per million tokens", "latency s", "GPUs"),
             (
-                (
-                    "Lambda (cheapest plan)",
-                    f"{lam['cost_per_million_tokens_usd']:.4f}",
-                    f"{lam['latency_s']:.3f}",
-                    "-",
-                ),
+                *(others or [chosen]),
                 (
                     "GPU (cheapest at this rate)",
                     f"{gpu['cost_per_million_tokens_usd']:.4f}",

@@ -156,8 +156,32 @@ def run_local(console: Console, summary: dict[str, Any]) -> None:
     )
     if summary["metered"] is None:
         console.print("Metering needs one execution and no faults: --requests 1, no --faults.")
+    console.print(_beside(summary), highlight=False)
     for failure in summary["failed"]:
         console.print(f"[red]{failure['error']}[/red]: {failure['cause']}")
+
+
+def _beside(summary: dict[str, Any]) -> str:
+    """The other shapes the plan was chosen over, as `plan` priced them for its batch."""
+    shape = summary.get("deployment") or "workflow"
+    others = [c for c in summary.get("candidates") or [] if c["deployment"] != shape]
+    mine = next((c for c in summary.get("candidates") or [] if c["deployment"] == shape), None)
+    if not others or mine is None:
+        return f"A {shape} deployment."
+    parts = []
+    for c in others:
+        if c["feasible"]:
+            ratio = c["bill_usd"] / mine["bill_usd"] if mine["bill_usd"] else float("nan")
+            parts.append(
+                f"the {c['deployment']} would bill ${c['bill_usd']:.6f} per batch "
+                f"({ratio:.1f} x) in {c['latency_s']:.2f} s"
+            )
+        else:
+            parts.append(f"the {c['deployment']} is infeasible ({c['reason']})")
+    return (
+        f"A {shape} deployment, planned at ${mine['bill_usd']:.6f} per batch in "
+        f"{mine['latency_s']:.2f} s; beside it " + "; ".join(parts) + " (`moelambda plan`)."
+    )
 
 
 def _side_by_side(

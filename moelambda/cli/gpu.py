@@ -143,8 +143,8 @@ def compare(
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Cost per million tokens on Lambda (cheapest plan, full bill) and on GPUs at a request rate,
-    and the rate at which the GPUs break even."""
+    """Cost per million tokens on Lambda (cheapest plan of any shape, full bill; every shape
+    listed) and on GPUs at a request rate, and the rate at which the GPUs break even."""
     from gpu.api import compare_serverless_gpu
     from planner import load_calibration
     from planner.api import counts_for_plan, serverless_best
@@ -162,15 +162,17 @@ def compare(
         planning = counts_for_plan(counts=counts, tokens=doc.tokens)
         manifest = manifest_of_counts(planning)
         best = serverless_best(manifest, planning, load_calibration(None), slo, confidence)
-    solution, tokens = best.solution, doc.tokens
+    totals, tokens = best.plan.totals, doc.tokens
     comparison = compare_serverless_gpu(
         predicted,
         manifest,
-        lambda_cost_usd=solution.cost,
-        lambda_latency_s=solution.latency,
+        lambda_cost_usd=totals.bill_usd["total_usd"],
+        lambda_latency_s=totals.latency_s,
         tokens=tokens,
         slo_s=slo,
         rps=rps,
+        lambda_deployment=best.summary["deployment"],
+        lambda_candidates=best.summary["candidates"],
     )
     summary = comparison.summary
     if plot is not None:

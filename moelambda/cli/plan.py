@@ -104,6 +104,15 @@ def plan(
             "minimum of it."
         ),
     ] = 1000,
+    deployment: Annotated[
+        str,
+        typer.Option(
+            help="Deployment shape: auto plans one function holding the whole model "
+            "(monolithic), a driver running the non-MoE stack and its local experts and "
+            "invoking the rest (driver), and the fan-out Step Functions workflow (workflow), "
+            "lists them all and deploys the cheapest that meets the SLO."
+        ),
+    ] = "auto",
     traffic: Annotated[
         str | None,
         typer.Option(
@@ -129,8 +138,10 @@ def plan(
 ) -> None:
     """Plan the cheapest deployment that meets the SLO (no SLO: the cheapest plan).
 
-    Per MoE layer a scatter-gather method and pipeline degree, per expert a Lambda memory size and
-    replica count, for a batch of --tokens tokens with the predicted expert popularity.
+    Weighs one function holding the whole model, a driver with local and remote experts, and
+    the fan-out workflow (per MoE layer a scatter-gather method and pipeline degree, per expert
+    a Lambda memory size and replica count), for a batch of --tokens tokens with the predicted
+    expert popularity, and writes the cheapest that meets the SLO.
     """
     from planner import load_calibration
     from planner.api import (
@@ -143,8 +154,10 @@ def plan(
         slo_of,
         write_pareto,
     )
+    from planner.deployments import check_deployment
 
     check_plan_options(solver=solver, arch=arch, tokens=tokens, method=method)
+    check_deployment(deployment, objective=objective, method=method, pack=pack)
     if (traffic is None) != (slo_p99 is None) or (traffic and (slo or throughput)):
         raise UsageError(
             "--traffic and --slo-p99 go together, and replace --slo/--throughput.",
@@ -183,6 +196,7 @@ def plan(
         confidence=confidence,
         pack=pack,
         concurrency_quota=concurrency_quota,
+        deployment=deployment,
     )
     if traffic is not None:
         from moelambda.cli.traffic import plan_with_traffic
@@ -269,3 +283,38 @@ def bench_planner(
         print(json.dumps(summary))
     else:
         _render.bench_planner(stdout(), summary)
+
+
+@bench_app.command("shapes")
+@user_errors
+def bench_shapes(
+    models: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated: minilm (the demo's option), smollm2 (both MoEfied, their "
+            "real routing), olmoe, qwen-moe, mixtral (shapes, Zipf popularity)."
+        ),
+    ] = "minilm,smollm2,olmoe,qwen-moe,mixtral",
+    plot: Annotated[
+        Path | None, typer.Option(help="PNG of the bill against the model's size.")
+    ] = Path("out/shapes.png"),
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Every deployment shape (one function, a driver, the workflow) of every model: the bill
+    and latency of a 10,240-token batch, and a day at one request a minute on the Azure
+    conversation trace; which shape wins for which model."""
+    from planner.shape_bench import bench_shapes as run_bench
+    from planner.shape_bench import plot_shapes
+
+    names = [m.strip() for m in models.split(",") if m.strip()]
+    if plot is not None and plot.exists() and not force:
+        raise UsageError(f"'{plot}' already exists.", "pick another --plot or pass --force.")
+    with err.status("bench shapes") as status:
+        report = run_bench(names, progress=status.update)
+    if plot is not None:
+        report["plot"] = plot_shapes(plot, report, force=force)
+    if as_json:
+        print(json.dumps(report))
+        return
+    _render.bench_shapes(stdout(), report)

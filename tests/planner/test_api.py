@@ -65,13 +65,21 @@ def test_serverless_best_is_compares_lambda_side(counts: Path, minilm: MoEModel)
     comparison = compare_serverless_gpu(
         PredictedCounts.load(counts).array(),
         manifest,
-        lambda_cost_usd=best.solution.cost,
-        lambda_latency_s=best.solution.latency,
+        lambda_cost_usd=best.plan.totals.bill_usd["total_usd"],
+        lambda_latency_s=best.plan.totals.latency_s,
         tokens=10240,
         slo_s=60,
         rps=1,
+        lambda_deployment=best.summary["deployment"],
+        lambda_candidates=best.summary["candidates"],
     )
     assert comparison.summary == printed
+    # every shape is listed beside the GPUs, the cheapest as Lambda's side
+    listed = {c["deployment"]: c for c in printed["serverless_candidates"]}
+    assert set(listed) == {"monolithic", "driver", "workflow"}
+    cheapest = min((c for c in listed.values() if c["feasible"]),
+                   key=lambda c: c["cost_per_million_tokens_usd"])  # fmt: skip
+    assert printed["serverless"]["deployment"] == cheapest["deployment"]
 
 
 def test_a_shape_plans_from_python_as_at_the_command_line(tmp_path: Path) -> None:

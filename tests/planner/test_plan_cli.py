@@ -19,9 +19,13 @@ runner = CliRunner()
 
 
 def _plan(counts: Path, out: Path, *extra: str):  # type: ignore[no-untyped-def]
-    """`plan` one expert per function unless `extra` passes --pack."""
+    """`plan` the workflow (these tests are of its planner; `tests/planner/test_deployments.py`
+    weighs the shapes), one expert per function unless `extra` passes --pack."""
     pack = () if "--pack" in extra else ("--pack", "1")
-    return runner.invoke(app, ["plan", "--counts", str(counts), "--out", str(out), *pack, *extra])
+    shape = () if "--deployment" in extra else ("--deployment", "workflow")
+    return runner.invoke(
+        app, ["plan", "--counts", str(counts), "--out", str(out), *pack, *shape, *extra]
+    )
 
 
 def test_pack_auto_keeps_the_cheapest_grouping_and_never_costs_more(

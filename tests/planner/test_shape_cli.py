@@ -33,6 +33,8 @@ def test_plan_a_shape_without_weights(tmp_path: Path) -> None:
         "100000",
         "--pack",
         "1",
+        "--deployment",
+        "workflow",
         "--out",
         str(out),
     )
@@ -54,7 +56,8 @@ def test_plan_a_shape_without_weights(tmp_path: Path) -> None:
 def test_the_binding_limits_are_named_and_packing_lifts_them(tmp_path: Path) -> None:
     """Unpacked, OLMoE at 10,240 tokens has no plan (64 experts: only direct fans out, and
     its events exceed 6 MB); packed, its functions fit an inline Map."""
-    args = ["plan", "--shape", "olmoe", "--out", str(tmp_path / "p.json")]
+    args = ["plan", "--shape", "olmoe", "--deployment", "workflow"]
+    args += ["--out", str(tmp_path / "p.json")]
     large = ["--tokens", "10240", "--concurrency-quota", "100000"]
     code, text = _invoke(*args, *large, "--pack", "1")
     assert code == 2 and "exceed an inline Map's 40 concurrent iterations" in text

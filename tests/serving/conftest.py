@@ -86,7 +86,8 @@ def mixed_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     plan = tmp / "plan.json"
     made = CliRunner().invoke(
         app,
-        ["plan", "--counts", str(counts), "--tokens", "256", "--pack", "1", "--out", str(plan)],
+        ["plan", "--counts", str(counts), "--tokens", "256", "--pack", "1", "--out", str(plan)]
+        + ["--deployment", "workflow"],
     )
     assert made.exit_code == 0, made.output
     doc = json.loads(plan.read_text())
@@ -107,3 +108,18 @@ def weights(minilm: MoEModel, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("weights") / "w"
     export_model(minilm, root)
     return root
+
+
+@pytest.fixture
+def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retries without their waits: botocore's backoff on SlowDown (1 s base for a throttling
+    error, doubling) and the state machine's Retry intervals, which moto sleeps for real. The
+    retries themselves, and so what is checked, are unchanged; the test takes seconds, not a
+    minute."""
+    from types import SimpleNamespace
+
+    from botocore.retries.standard import ExponentialBackoff
+    from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
+
+    monkeypatch.setattr(ExponentialBackoff, "delay_amount", lambda self, context: 0.0)
+    monkeypatch.setattr(retrier_decl, "time", SimpleNamespace(sleep=lambda seconds: None))

@@ -43,21 +43,6 @@ def test_the_spec_is_parsed_strictly() -> None:
     ]
 
 
-@pytest.fixture
-def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Retries without their waits: botocore's backoff on SlowDown (1 s base for a throttling
-    error, doubling) and the state machine's Retry intervals, which moto sleeps for real. The
-    retries themselves, and so what is checked, are unchanged; the test takes seconds, not a
-    minute."""
-    from types import SimpleNamespace
-
-    from botocore.retries.standard import ExponentialBackoff
-    from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
-
-    monkeypatch.setattr(ExponentialBackoff, "delay_amount", lambda self, context: 0.0)
-    monkeypatch.setattr(retrier_decl, "time", SimpleNamespace(sleep=lambda seconds: None))
-
-
 def _inputs(minilm: MoEModel) -> list[np.ndarray]:
     texts = ["faults are injected on purpose", "and the workflow must survive them"]
     return [minilm.tokenizer([t], return_tensors="pt")["input_ids"].numpy() for t in texts]

@@ -95,11 +95,11 @@ def test_each_request_s_output_equals_its_direct_execution(runs) -> None:  # typ
     ],
 )
 def test_the_tail_refuses_requests_that_are_not_the_front_door_s(requests: list) -> None:
-    from functions.tail import _write_results
+    from functions.common import write_results
     from ground.errors import UsageError
 
     with pytest.raises(UsageError):
-        _write_results(None, "bucket", np.zeros((2, 4), dtype=np.float32), requests)
+        write_results(None, "bucket", np.zeros((2, 4), dtype=np.float32), requests)
 
 
 def test_the_batches_are_the_simulator_s(runs) -> None:  # type: ignore[no-untyped-def]

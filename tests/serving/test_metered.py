@@ -84,6 +84,8 @@ def base_plan(
             str(TOKENS),
             "--pack",
             "1",
+            "--deployment",
+            "workflow",
             "--out",
             str(plan),
         ],

@@ -34,7 +34,10 @@ def _packed_plan(model: list[str], tmp_path: Path, pack: str, *methods: str) -> 
     traces = tmp_path / "traces"
     _cli("profile", *model, "--tokens", "512", "--out", str(traces))
     plan = tmp_path / "plan.json"
-    _cli("plan", "--traces", str(traces), "--tokens", "256", "--pack", pack, "--out", str(plan))
+    _cli(
+        "plan", "--traces", str(traces), "--tokens", "256", "--pack", pack,
+        "--deployment", "workflow", "--out", str(plan),
+    )  # fmt: skip
     if methods:
         doc = json.loads(plan.read_text())
         for layer, method in zip(doc["layers"], methods * len(doc["layers"]), strict=False):

@@ -1,0 +1,224 @@
+"""The deployment shapes as candidates: one function, a driver, the fan-out workflow.
+
+`plan --deployment auto` plans every shape for the same batch and SLO and deploys the cheapest
+that meets it; `candidates` reports each with its bill and latency, or why it is infeasible.
+The workflow is planned by `planner.deploy` as before; the monolithic function and the driver by
+`planner.driver`. Each shape is priced as its deployed form bills it (the full bill), so the
+numbers compare. Under the paper's `experts` objective only the workflow is planned: a
+function that holds its experts has no expert functions to price.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ground.errors import InfeasibleError, UsageError
+from ground.manifest import Manifest
+from ground.plan import DriverPlan, ExpertPlan, LayerPlan, ModelRef, Plan, Totals
+from planner.calibration import Calibration
+from planner.costmodel import tokens_that_fit
+from planner.driver import (
+    DriverInstance,
+    DriverSolution,
+    driver_bill,
+    driver_instance,
+    solve_driver,
+    solve_monolithic,
+)
+from planner.instance import Instance
+
+__all__ = [
+    "CHOICES",
+    "Candidate",
+    "check_deployment",
+    "driver_plan",
+    "plan_driver_shape",
+]
+
+CHOICES = ("auto", "monolithic", "driver", "workflow")
+
+
+@dataclass(frozen=True, eq=False)
+class Candidate:
+    """One shape planned for the batch: its plan when feasible, else why not."""
+
+    deployment: str
+    plan: Plan | None
+    reason: str | None
+    latency_s: float | None = None
+    bill_usd: float | None = None
+    smallest_slo_s: float | None = None
+
+    def describe(self) -> dict[str, Any]:
+        """The JSON entry `plan` prints under `candidates`."""
+        plan = self.plan
+        local = None
+        functions = None
+        if plan is not None:
+            remote = sum(len(layer.experts) for layer in plan.layers)
+            if plan.driver is not None:
+                local = sum(len(x) for x in plan.driver.local)
+                functions = 1 + remote
+            else:
+                local = 0
+                functions = 2 + len(plan.layers) + remote  # head, gates, experts, tail
+        return {
+            "deployment": self.deployment,
+            "bill_usd": self.bill_usd,
+            "latency_s": None if self.latency_s is None else round(self.latency_s, 6),
+            "smallest_slo_s": (
+                None if self.smallest_slo_s is None else round(self.smallest_slo_s, 6)
+            ),
+            "feasible": self.reason is None,
+            "local_experts": local,
+            "functions": functions,
+            "memory_mb": None if plan is None else plan.nonmoe_memory_mb,
+            "reason": self.reason,
+        }
+
+
+def check_deployment(deployment: str, *, objective: str, method: str | None, pack: str) -> None:
+    """Refuse a shape that contradicts the other options, before any loading.
+
+    Raises:
+        UsageError: An unknown shape, or driver/monolithic with --objective experts, --method
+            or a --pack other than auto or 1 (all three are the workflow's).
+    """
+    if deployment not in CHOICES:
+        raise UsageError(
+            f"unknown --deployment '{deployment}'.", f"use one of: {', '.join(CHOICES)}."
+        )
+    if deployment in ("monolithic", "driver"):
+        for flag, clash in (
+            ("--objective experts", objective == "experts"),
+            ("--method", method is not None),
+            (f"--pack {pack}", pack not in ("auto", "1")),
+        ):
+            if clash:
+                raise UsageError(
+                    f"{flag} is an option of the fan-out workflow, not of a {deployment} plan.",
+                    f"drop {flag.split()[0]}, or pass --deployment workflow.",
+                )
+
+
+def plan_driver_shape(
+    deployment: str,
+    base: Instance,
+    manifest: Manifest,
+    calibration: Calibration,
+    slo_s: float | None,
+    counts_source: dict[str, Any],
+    *,
+    choose_workflow: bool = True,
+) -> tuple[Plan, DriverSolution]:
+    """The cheapest `deployment` ("monolithic" or "driver") plan of `base`'s batch.
+
+    The one-state workflow that starts the driver is Express while the request fits its
+    duration limit, else Standard (`choose_workflow`; else `base.workflow` as given).
+
+    Raises:
+        InfeasibleError: No plan of this shape; the message says why.
+    """
+    solve = solve_monolithic if deployment == "monolithic" else solve_driver
+    dinst = driver_instance(base, manifest, calibration)
+    solution = solve(dinst, slo_s)
+    if choose_workflow and solution.latency > calibration.express_max_duration_s:
+        dinst = driver_instance(
+            dataclasses.replace(base, workflow="standard"), manifest, calibration
+        )
+        solution = solve(dinst, slo_s)
+    return driver_plan(dinst, solution, manifest, calibration, slo_s, counts_source), solution
+
+
+def driver_plan(
+    dinst: DriverInstance,
+    solution: DriverSolution,
+    manifest: Manifest,
+    calibration: Calibration,
+    slo_s: float | None,
+    counts_source: dict[str, Any],
+) -> Plan:
+    """The Plan document of a driver or monolithic solution.
+
+    Each remote expert gets its own function (slot = its rank among the layer's remote
+    experts), invoked by the driver; its cap is G replicas, over which the driver spreads a
+    batch's real tokens as a direct gate does, each replica taking what its memory holds.
+    """
+    base, choice, ev = dinst.base, solution.choice, solution.evaluation
+    layers = []
+    for layer in range(base.layers):
+        remote = np.flatnonzero(~choice.local[layer])
+        memory = base.memory_mb[choice.remote_memory[layer]]
+        fits = tokens_that_fit(base, layer, memory)
+        experts = [
+            ExpertPlan(
+                expert=slot,
+                hosts=[int(i)],
+                memory_mb=int(memory[i]),
+                replicas=int(choice.replicas[layer, i]),
+                tokens=float(base.counts[layer, i]),
+                time_s=float(ev.expert_time[layer, i]),
+                cost_usd=float(ev.expert_cost[layer, i]),
+                max_replicas=base.max_replicas,
+                max_tokens_per_replica=max(int(fits[i]), 1),
+            )
+            for slot, i in enumerate(remote)
+        ]
+        layers.append(
+            LayerPlan(
+                layer=layer,
+                method="direct",
+                beta=1,
+                latency_s=float(ev.layer_latency[layer]),
+                cost_usd=float(ev.expert_cost[layer].sum())
+                + dinst.rho(choice.memory) * float(ev.layer_latency[layer]),
+                experts=experts,
+            )
+        )
+    local = [[int(i) for i in np.flatnonzero(choice.local[e])] for e in range(base.layers)]
+    keep = set(ModelRef.model_fields)
+    local_mb = int(choice.local.sum()) * dinst.unit_mb
+    activations = dinst.activations_local_mb if choice.monolithic else dinst.activations_mb
+    return Plan(
+        solver="exact",
+        workflow=base.workflow,  # type: ignore[arg-type]
+        objective="full",
+        nonmoe_memory_mb=int(dinst.memory_mb[choice.memory]),
+        optimal=solution.optimal,
+        arch=base.arch,  # type: ignore[arg-type]
+        direct_payload_bytes=dinst.payload_limit,
+        counts_source=counts_source,
+        model=ModelRef(**{k: v for k, v in manifest.model_dump().items() if k in keep}),
+        calibration=calibration.model_dump(mode="json", exclude={"provenance"}),
+        layers=layers,
+        totals=Totals(
+            tokens=base.tokens,
+            moe_cost_usd=ev.experts_usd,
+            bill_usd=driver_bill(dinst, choice, ev),
+            latency_s=ev.latency,
+            slo_s=slo_s,
+        ),
+        deployment=solution.deployment,  # type: ignore[arg-type]
+        driver=DriverPlan(
+            local=local,
+            time_s=ev.latency,
+            weights_mb=round(dinst.nonmoe_mb + local_mb, 3),
+            activations_mb=round(activations, 3),
+        ),
+    )
+
+
+def infeasible_everywhere(candidates: list[Candidate], slo_s: float | None) -> InfeasibleError:
+    """One error for `auto` when no shape meets the SLO: each shape's reason, and the
+    smallest SLO any of them meets."""
+    reasons = "; ".join(f"{c.deployment}: {c.reason}" for c in candidates)
+    smallest = [c.smallest_slo_s for c in candidates if c.smallest_slo_s is not None]
+    if slo_s is not None and smallest:
+        fix = f"pass --slo {min(smallest):.3f} or more, or plan for fewer --tokens."
+    else:
+        fix = "plan for fewer --tokens, or change the calibration's limits."
+    return InfeasibleError(f"no deployment shape can serve this batch ({reasons}).", fix)
