@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 __all__ = ["ROLES", "THROTTLE_RETRY", "InitModel", "init_phase", "retry_waits", "stage_objects"]
 
-ROLES = ("head", "layer", "expert", "tail")
+ROLES = ("head", "layer", "expert", "tail", "driver")
 # The state machine's retry of a throttled Lambda Task: IntervalSeconds (an integer in ASL),
 # MaxAttempts, BackoffRate, with JitterStrategy FULL. cdk/_state_machine.py emits exactly this.
 THROTTLE_RETRY: dict[str, float] = {"interval_s": 1, "max_attempts": 6, "backoff_rate": 2.0}
@@ -59,10 +59,11 @@ def retry_waits() -> tuple[float, ...]:
 
 def stage_objects(role: str, hosted: int = 1) -> int:
     """Weight objects a function of `role` downloads besides the manifest and config: its stage
-    file, one per hosted expert for a (packed) expert function (`functions.weights`)."""
+    file, one per hosted expert for a (packed) expert function, and for a driver every stage
+    it builds, `hosted` counting them (`functions.weights`)."""
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; one of {ROLES}")
-    return hosted if role == "expert" else 1
+    return hosted if role in ("expert", "driver") else 1
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,10 @@ class InitModel:
             + (config_bytes + weight_bytes) / self.s3_bandwidth_bytes_per_s
         )
         load = self.load_fixed_s + self.load_s_per_byte * weight_bytes
-        return self.image_start_s + self.python_start_s + self.import_s[role], download + load
+        # A driver imports what a gate does (Hugging Face's stage classes, the transports); a
+        # reference measured before drivers existed has no entry of its own for it.
+        imported = self.import_s.get(role, self.import_s["layer"])
+        return self.image_start_s + self.python_start_s + imported, download + load
 
     def seconds(self, role: str, weight_bytes: float, hosted: int = 1) -> float:
         """Seconds from a new environment's start to its first call's work (both phases)."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ground.errors import UsageError
+from ground.errors import InfeasibleError, UsageError
 from ground.progress import Status, quiet
 
 if TYPE_CHECKING:
@@ -53,7 +53,9 @@ def plan_traffic(
 
     The MoE plan of each batch size is `moelambda plan`'s (`planner.api.plan_deployment`);
     `planner.traffic.planning.plan_for_traffic` searches the batch and capacity
-    policies and simulates each candidate over the stream.
+    policies and simulates each candidate over the stream, once per deployment shape the
+    options allow (one function, a driver, the workflow: its cold starts, its concurrency);
+    the cheapest period's bill that meets the SLO is kept, and `deployments` lists each.
 
     Example::
 
@@ -99,31 +101,51 @@ def plan_traffic(
             f"--traffic {traffic} gives no request in the period.",
             "raise --scale or --hours.",
         )
-    plan_at = moe_plan_at(
-        manifest,
-        counts.counts,
-        counts.tokens,
-        calibration,
-        arch=o.arch,
-        workflow=o.workflow,
-        objective=o.objective,
-        solver=o.solver,
-        methods=methods,
-        pack=o.pack,
-        dist=counts.dist,
-        confidence=confidence,
-        counts_source=counts.source,
-    )
+    shapes = o.shapes()
+    choices: dict[str, TrafficChoice] = {}
+    reasons: dict[str, str] = {}
     with status("planning for traffic") as shown:
-        choice = plan_for_traffic(
-            plan_at,
-            arrivals,
-            slo_p99_s,
-            calibration,
-            o.arch,
-            idle_s=idle_s,
-            progress=shown.update,
+        for shape in shapes:
+            plan_at = moe_plan_at(
+                manifest,
+                counts.counts,
+                counts.tokens,
+                calibration,
+                arch=o.arch,
+                workflow=o.workflow,
+                objective=o.objective,
+                solver=o.solver,
+                methods=methods,
+                pack=o.pack,
+                dist=counts.dist,
+                confidence=confidence,
+                counts_source=counts.source,
+                deployment=shape,
+            )
+            shown.update(f"planning the {shape} deployment for traffic")
+            try:
+                choices[shape] = plan_for_traffic(
+                    plan_at,
+                    arrivals,
+                    slo_p99_s,
+                    calibration,
+                    o.arch,
+                    idle_s=idle_s,
+                    progress=lambda message, shape=shape: shown.update(f"{shape}: {message}"),
+                )
+            except InfeasibleError as error:
+                if len(shapes) == 1:
+                    raise
+                reasons[shape] = str(error.problem)
+    if not choices:
+        raise InfeasibleError(
+            "no deployment shape meets the p99 SLO on this traffic ("
+            + "; ".join(f"{k}: {v}" for k, v in reasons.items())
+            + ").",
+            "raise --slo-p99, or plan smaller batches.",
         )
+    shape = min(choices, key=lambda k: (choices[k].result.bill_usd["total_usd"], shapes.index(k)))
+    choice = choices[shape]
     if o.concurrency_quota is not None:
         choice.plan.check_concurrency_quota(o.concurrency_quota)
     t = choice.plan.traffic
@@ -141,7 +163,21 @@ def plan_traffic(
         "tokens_per_batch_planned": choice.plan.totals.tokens,
         "batch_latency_s": choice.plan.totals.latency_s,
         "candidates": len(choice.candidates),
-        "seconds": round(choice.seconds, 3),
+        "seconds": round(sum(c.seconds for c in choices.values()), 3),
+        "deployment": shape,
+        "deployments": [
+            {
+                "deployment": k,
+                "feasible": k in choices,
+                "per_million_tokens_usd": (
+                    choices[k].result.bill_usd["per_million_tokens_usd"] if k in choices else None
+                ),
+                "total_usd": choices[k].result.bill_usd["total_usd"] if k in choices else None,
+                "p99_s": choices[k].result.quantiles()["p99"] if k in choices else None,
+                "reason": reasons.get(k),
+            }
+            for k in shapes
+        ],
     }
     return choice, summary
 

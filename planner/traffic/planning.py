@@ -153,14 +153,23 @@ def _row(
 
 
 def _signature(plan: Plan) -> tuple[Any, ...]:
-    return tuple(
-        (
-            layer.method,
-            layer.beta,
-            tuple((e.memory_mb, e.replicas, tuple(e.hosted)) for e in layer.experts),
+    driver = (
+        None
+        if plan.driver is None
+        else (plan.nonmoe_memory_mb, tuple(tuple(x) for x in plan.driver.local))
+    )
+    return (
+        (plan.deployment, driver)
+        + tuple(
+            (
+                layer.method,
+                layer.beta,
+                tuple((e.memory_mb, e.replicas, tuple(e.hosted)) for e in layer.experts),
+            )
+            for layer in plan.layers
         )
-        for layer in plan.layers
-    ) + (plan.totals.tokens, plan.workflow)
+        + (plan.totals.tokens, plan.workflow)
+    )
 
 
 def plan_for_traffic(
@@ -334,10 +343,13 @@ def moe_plan_at(
     dist: Any = None,
     confidence: float = 0.0,
     counts_source: dict[str, Any] | None = None,
+    deployment: str = "workflow",
 ) -> PlanAt:
     """What `moelambda plan` does for one batch size and SLO, as a function of the two: the
     predicted counts (of a batch of `counts_tokens`) scaled to the batch, planned by
-    `planner.deploy.plan_packed` (packing, workflow type, confidence) and written as a Plan."""
+    `planner.deploy.plan_packed` (packing, workflow type, confidence) and written as a Plan;
+    a `deployment` of "monolithic" or "driver" plans that shape instead
+    (`planner.deployments.plan_driver_shape`, on the predicted counts)."""
     from planner.build import instance_for, make_plan
     from planner.deploy import pack_sizes, plan_packed
     from planner.instance import Method
@@ -346,6 +358,27 @@ def moe_plan_at(
 
     def plan_at(tokens: int, slo_s: float) -> Plan:
         scaled = np.asarray(counts, dtype=float) * tokens / counts_tokens
+        source = dict(counts_source or {}) | {"scaled_to_tokens": tokens}
+        if deployment != "workflow":
+            from planner.deployments import plan_driver_shape
+
+            base = instance_for(
+                manifest,
+                scaled,
+                calibration,
+                tokens=tokens,
+                arch=arch,
+                workflow=workflow or "express",
+            )
+            return plan_driver_shape(
+                deployment,
+                base,
+                manifest,
+                calibration,
+                slo_s,
+                source,
+                choose_workflow=workflow is None,
+            )[0]
         inst = instance_for(
             manifest,
             scaled,
@@ -373,7 +406,6 @@ def moe_plan_at(
                 "workflow's limit.",
                 "plan smaller batches or a Standard workflow.",
             )
-        source = dict(counts_source or {}) | {"scaled_to_tokens": tokens}
         if confident is not None:
             source["confidence"] = confident.describe()
         return make_plan(inst, solution, manifest, calibration, slo_s=slo_s, counts_source=source)

@@ -478,8 +478,8 @@ def simulate(
             )
         ).sum()
     )
-    if door is not None:
-        tail_gb = gb_lambda[fns.role.index("tail")]
+    if door is not None:  # the tail writes the results, or the driver that runs it
+        tail_gb = gb_lambda[fns.role.index("tail" if "tail" in fns.role else "driver")]
         door_bill["results_tail_usd"] = float(results_s.sum() * tail_gb * rate)
     bill["front_door_usd"] = float(sum(door_bill.values()))
     managed_summary: dict[str, Any] = {}
@@ -547,9 +547,12 @@ def simulate(
 
 def _waiting_gb_s(model: WorkflowModel, stage_delay: np.ndarray, gb: np.ndarray) -> float:
     """GB-s billed while functions wait on others' cold starts: a direct gate on its experts'
-    stage, a pipelined replica (all of its replicas) on its gate's stage."""
+    stage, a pipelined replica (all of its replicas) on its gate's stage, a driver on every
+    stage after its own."""
     fns = model.functions
     total = 0.0
+    for f in np.flatnonzero(fns.waits_on_later_stages):
+        total += float(stage_delay[fns.stage[f] + 1 :].sum()) * gb[f]
     for f in np.flatnonzero(fns.waits_on_next_stage):
         total += stage_delay[fns.stage[f] + 1] * gb[f]
     for f in np.flatnonzero(fns.waits_on_previous_stage):

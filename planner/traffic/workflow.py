@@ -14,6 +14,11 @@ Functions are numbered head, then per layer its gate and its expert functions, t
 grouped in stages that run one after another: head, gate 0, experts 0, gate 1, ..., tail. A
 pipelined layer's replicas start with their gate (so their start offset is the gate's), a direct
 layer's after the gate has sent their rows, an s3 layer's after the gate's upload.
+
+A driver or monolithic plan (`ground.driver`) has the driver, in stage 0, then per layer its
+remote expert functions, in stage 1 + the layer: each layer's experts start once the driver has
+run the layer stage and sent their rows, and the driver waits on every later stage (billed while
+a remote expert starts cold, as a direct gate is while its experts do).
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ from ground.manifest import Manifest, StageEntry
 from ground.method import Method
 from ground.plan import Plan, PlanError
 from ground.semantics import adapts, runtime_replicas
-from planner.costmodel import bill, evaluate, expert_options
-from planner.replay import instance_of, runtime_choice
+from planner.costmodel import bill, evaluate, expert_options, price
+from planner.driver import driver_usage, evaluate_driver, remote_options
+from planner.replay import driver_of, instance_of, runtime_choice
 
 __all__ = ["BILL_ITEMS", "Functions", "WorkflowModel", "manifest_of_plan", "workflow_model"]
 
@@ -49,6 +55,7 @@ class Functions:
     waits_on_next_stage: np.ndarray  # bool: a direct gate, billed while its experts run
     waits_on_previous_stage: np.ndarray  # bool: a pipelined replica, billed while its gate runs
     reserved: np.ndarray  # int: concurrency the stack reserves (an expert's max_replicas; 0: none)
+    waits_on_later_stages: np.ndarray  # bool: a driver, billed while any later stage starts
 
     @property
     def count(self) -> int:
@@ -141,7 +148,47 @@ def _per_expert_counts(plan: Plan) -> np.ndarray:
     return counts
 
 
+def _driver_functions(plan: Plan) -> Functions:
+    """The driver (stage 0; `hosted` counts the stage files it builds), then each layer's
+    remote expert functions (stage 1 + layer)."""
+    assert plan.driver is not None
+    sizes = {(s.role, s.layer, s.expert): s.bytes for s in plan.model.stages}
+    held = [sizes[("head", None, None)], sizes[("tail", None, None)]]
+    for layer, local in zip(plan.layers, plan.driver.local, strict=True):
+        held.append(sizes[("layer", layer.layer, None)])
+        held.extend(sizes[("expert", layer.layer, i)] for i in local)
+    names, memory, weights, reserved, stage = (
+        ["driver"],
+        [plan.nonmoe_memory_mb],
+        [sum(held)],
+        [0],
+        [0],
+    )
+    for layer in plan.layers:
+        for e in layer.experts:
+            names.append(f"layer{layer.layer:02d}/expert{e.expert:02d}")
+            memory.append(e.memory_mb)
+            weights.append(sizes[("expert", layer.layer, e.hosted[0])])
+            reserved.append(e.max_replicas)
+            stage.append(1 + layer.layer)
+    count = len(names)
+    return Functions(
+        names=names,
+        role=["driver"] + ["expert"] * (count - 1),
+        stage=np.array(stage, dtype=np.int64),
+        memory_mb=np.array(memory, dtype=float),
+        weight_bytes=np.array(weights, dtype=float),
+        hosted=np.array([len(held)] + [1] * (count - 1), dtype=np.int64),
+        waits_on_next_stage=np.zeros(count, dtype=bool),
+        waits_on_previous_stage=np.zeros(count, dtype=bool),
+        reserved=np.array(reserved, dtype=np.int64),
+        waits_on_later_stages=np.arange(count) == 0,
+    )
+
+
 def _functions(plan: Plan) -> Functions:
+    if plan.driver is not None:
+        return _driver_functions(plan)
     sizes = {(s.role, s.layer, s.expert): s.bytes for s in plan.model.stages}
     names, roles, stage, memory, weights, hosted = [], [], [], [], [], []
     waits_next, waits_prev, reserved = [], [], []
@@ -190,13 +237,17 @@ def _functions(plan: Plan) -> Functions:
         waits_on_next_stage=np.array(waits_next, dtype=bool),
         waits_on_previous_stage=np.array(waits_prev, dtype=bool),
         reserved=np.array(reserved, dtype=np.int64),
+        waits_on_later_stages=np.zeros(len(names), dtype=bool),
     )
 
 
 def _feasible(plan: Plan, manifest: Manifest, counts: np.ndarray, tokens: int) -> bool:
-    inst = instance_of(plan, manifest, counts * tokens / plan.totals.tokens, tokens)
+    scaled = counts * tokens / plan.totals.tokens
     try:
-        runtime_choice(plan, inst)
+        if plan.driver is not None:
+            driver_of(plan, manifest, scaled, tokens)
+        else:
+            runtime_choice(plan, instance_of(plan, manifest, scaled, tokens))
     except PlanError:
         return False
     return True
@@ -221,6 +272,8 @@ def _point(
     plan: Plan, manifest: Manifest, counts: np.ndarray, tokens: int, functions: Functions
 ) -> tuple[float, dict[str, float], np.ndarray, np.ndarray]:
     """(latency, bill by item, start offsets (F,), billed seconds (F,)) of one batch size."""
+    if plan.driver is not None:
+        return _driver_point(plan, manifest, counts, tokens, functions)
     inst = instance_of(plan, manifest, counts * tokens / plan.totals.tokens, tokens)
     choice = runtime_choice(plan, inst)
     ev = evaluate(inst, choice)
@@ -255,6 +308,36 @@ def _point(
     return ev.latency, items, offset, duration
 
 
+def _driver_point(
+    plan: Plan, manifest: Manifest, counts: np.ndarray, tokens: int, functions: Functions
+) -> tuple[float, dict[str, float], np.ndarray, np.ndarray]:
+    """`_point` of a driver plan: the driver from 0 for the whole request; a remote expert
+    from when the driver, done with its layer's stage, has sent its rows."""
+    dinst, choice = driver_of(plan, manifest, counts * tokens / plan.totals.tokens, tokens)
+    ev = evaluate_driver(dinst, choice)
+    items = price(dinst.base, driver_usage(dinst, choice, ev), ev.latency)
+    b = dinst.base
+    offset = np.zeros(functions.count)
+    duration = np.zeros(functions.count)
+    duration[0] = ev.latency
+    t = b.warm_start_s + b.s3_delay_s + tokens * 8 / b.s3_bandwidth  # the ids read
+    f = 1
+    experts = np.arange(b.experts)
+    for layer in plan.layers:
+        e = layer.layer
+        t += tokens * float(dinst.u_layer[0, e])
+        opts = remote_options(dinst, e)
+        j, g = choice.remote_memory[e], choice.replicas[e] - 1
+        time, finish = opts.time[experts, j, g], opts.finish[experts, j, g]
+        for x in layer.experts:
+            i = x.hosted[0]
+            offset[f] = t + float(finish[i] - time[i])
+            duration[f] = float(time[i])
+            f += 1
+        t += float(ev.layer_latency[e])
+    return ev.latency, items, offset, duration
+
+
 def _replica_table(plan: Plan, counts: np.ndarray, max_tokens: int, f_count: int) -> np.ndarray:
     """(max_tokens + 1, F) invocations of each function at every whole batch size: 1 for the
     head, gates and tail; per expert function, its non-empty shards under the gates' rule."""
@@ -263,13 +346,13 @@ def _replica_table(plan: Plan, counts: np.ndarray, max_tokens: int, f_count: int
     table[0] = 0
     f = 1
     for layer in plan.layers:
-        f += 1
+        f += plan.driver is None  # a gate; a driver's remote experts follow each other
         planned = np.array([e.replicas for e in layer.experts])
         cap = np.array([e.max_replicas for e in layer.experts])
         fit = np.array([e.max_tokens_per_replica for e in layer.experts])
         share = np.array([e.tokens for e in layer.experts]) / plan.totals.tokens
         tokens = np.ceil(n[:, None] * share[None, :])  # (N, E) the batch's rows per function
-        if adapts(Method.parse(layer.method)):
+        if plan.driver is not None or adapts(Method.parse(layer.method)):
             replicas = runtime_replicas(tokens, planned[None, :], cap[None, :], fit[None, :])
             invoked = np.minimum(tokens, np.minimum(replicas, cap[None, :]))
         else:
