@@ -139,10 +139,12 @@ class DriverPlan(_Strict):
     """The driver of a driver or monolithic plan: what it runs itself (`ground.driver`).
 
     Its memory is the plan's `nonmoe_memory_mb`; `local[l]` lists the experts of layer l it
-    runs in process, ascending (all of them in a monolithic plan).
+    runs in process, ascending (all of them in a monolithic plan), and `local_tokens[l]` the
+    tokens predicted for each (the remote experts' are in their `ExpertPlan.tokens`).
     """
 
     local: list[list[int]]
+    local_tokens: list[list[float]]
     time_s: float = Field(ge=0, description="Predicted run of one request, waits included.")
     weights_mb: float = Field(ge=0, description="Non-MoE stages and local experts it holds.")
     activations_mb: float = Field(ge=0, description="A batch's tensors at their peak.")
@@ -312,8 +314,10 @@ class Plan(_Strict):
                 f"the driver runs {self.driver.time_s:.1f} s, over Lambda's "
                 f"{cal['max_timeout_s']} s timeout"
             )
-        if len(self.driver.local) != len(self.layers):
-            raise ValueError("driver.local needs one list per layer")
+        if len(self.driver.local) != len(self.layers) or [len(x) for x in self.driver.local] != [
+            len(x) for x in self.driver.local_tokens
+        ]:
+            raise ValueError("driver.local and local_tokens need one list per layer, alike")
         remote = sum(len(layer.experts) for layer in self.layers)
         if self.deployment == "monolithic" and remote:
             raise ValueError(f"a monolithic plan has no expert function, this one {remote}")

@@ -205,6 +205,7 @@ def driver_plan(
         deployment=solution.deployment,  # type: ignore[arg-type]
         driver=DriverPlan(
             local=local,
+            local_tokens=[[float(base.counts[e, i]) for i in own] for e, own in enumerate(local)],
             time_s=ev.latency,
             weights_mb=round(dinst.nonmoe_mb + local_mb, 3),
             activations_mb=round(activations, 3),

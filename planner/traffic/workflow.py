@@ -140,11 +140,17 @@ def manifest_of_plan(plan: Plan) -> Manifest:
 
 def _per_expert_counts(plan: Plan) -> np.ndarray:
     """(L, E) predicted tokens per expert of the plan's batch (a packed function's split evenly
-    among its experts: the packed instance sums them back)."""
+    among its experts: the packed instance sums them back; a driver's local experts' from its
+    `local_tokens`)."""
     counts = np.zeros((plan.model.num_layers, plan.model.experts))
     for layer in plan.layers:
         for e in layer.experts:
             counts[layer.layer, e.hosted] = e.tokens / len(e.hosted)
+    if plan.driver is not None:  # the driver's own experts
+        for layer, own, tokens in zip(
+            plan.layers, plan.driver.local, plan.driver.local_tokens, strict=True
+        ):
+            counts[layer.layer, own] = tokens
     return counts
 
 

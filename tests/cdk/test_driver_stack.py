@@ -40,7 +40,13 @@ def driver_plan(deployment: str = "driver", memory_mb: int = 10240, **change: An
         "deployment": deployment,
         "nonmoe_memory_mb": memory_mb,
         "workflow": "express",
-        "driver": {"local": local, "time_s": 12.0, "weights_mb": 1.0, "activations_mb": 1.0},
+        "driver": {
+            "local": local,
+            "local_tokens": [[40.0] * len(x) for x in local],
+            "time_s": 12.0,
+            "weights_mb": 1.0,
+            "activations_mb": 1.0,
+        },
     }
     return Plan.model_validate(base | change)
 
@@ -148,11 +154,15 @@ def test_checkov_finds_nothing_unexplained_in_a_driver_stack(
     ("change", "message"),
     [
         ({"nonmoe_memory_mb": 12000}, "outside 128-10240 MB"),
-        ({"driver": {"local": LOCAL, "time_s": 901.0, "weights_mb": 1, "activations_mb": 1}},
+        ({"driver": {"local": LOCAL, "local_tokens": [[1.0] * len(x) for x in LOCAL],
+                     "time_s": 901.0, "weights_mb": 1, "activations_mb": 1}},
          "over Lambda's 900 s timeout"),
         ({"driver": None}, "needs a driver exactly when not workflow"),
-        ({"driver": {"local": [[0, 1], [], [0, 1, 2]], "time_s": 1.0, "weights_mb": 1,
-                     "activations_mb": 1}}, "must host each of the 3 experts once"),
+        ({"driver": {"local": [[0, 1], [], [0, 1, 2]], "local_tokens": [[1.0, 1.0], [], [1.0] * 3],
+                     "time_s": 1.0, "weights_mb": 1, "activations_mb": 1}},
+         "must host each of the 3 experts once"),
+        ({"driver": {"local": LOCAL, "local_tokens": [[1.0], [], []], "time_s": 1.0,
+                     "weights_mb": 1, "activations_mb": 1}}, "local_tokens need one list"),
     ],
 )  # fmt: skip
 def test_a_driver_plan_that_lambda_cannot_run_is_refused(

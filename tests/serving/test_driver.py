@@ -60,10 +60,12 @@ def _remote(doc: dict[str, Any], layer: int, experts: list[int], replicas: int =
     """Move `experts` of `layer` from the driver to functions of their own (by hand, as a
     plan with more remote experts would have them)."""
     local = doc["driver"]["local"][layer]
+    tokens = doc["driver"]["local_tokens"][layer]
     functions = doc["layers"][layer]["experts"]
     hosted = [e["hosts"][0] for e in functions]
     for i in experts:
         if i in local:
+            del tokens[local.index(i)]
             local.remove(i)
             hosted.append(i)
     hosted.sort()
