@@ -45,6 +45,7 @@ bench: setup
 	$(BIN)/moelambda bench gpu
 	$(BIN)/moelambda bench cluster
 	$(BIN)/moelambda bench quality
+	$(BIN)/moelambda bench shapes --plot out/shapes.png --force
 	$(BIN)/moelambda profile --out out/bench-trace --tokens 102400 --force
 	$(BIN)/moelambda bo --traces out/bench-trace --predictor lina-token --seeds 5 --plot out/bo.png --force
 	$(BIN)/moelambda backtest --traces out/bench-trace --batches 50 --plot out/backtest.png --force

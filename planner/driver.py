@@ -468,7 +468,7 @@ class _LayerTable:
         has = pos >= 0
         clipped = np.maximum(pos, 0)
         c_tau = np.where(has, np.take_along_axis(best, clipped, axis=1), np.inf)  # (E, T)
-        # the option attaining the cummin: first index where c_sorted equals best up to pos
+        # the option attaining each expert's cheapest cost within tau
         arg_sorted = _cumargmin(c_sorted)
         option = np.take_along_axis(order, np.take_along_axis(arg_sorted, clipped, axis=1), 1)
         option_over = np.take_along_axis(over, option, axis=1) & has
@@ -493,10 +493,11 @@ class _LayerTable:
 
 
 def _cumargmin(values: np.ndarray) -> np.ndarray:
-    """(E, K) index of the running minimum of each row (the first where it is attained)."""
+    """(E, K) per position, where each row's running minimum up to it is attained (the latest
+    of equal minima; the threshold at the earliest one, also tried, picks that one)."""
     best = np.minimum.accumulate(values, axis=1)
     index = np.where(values == best, np.arange(values.shape[1])[None, :], 0)
-    return np.maximum.accumulate(index * (values <= best), axis=1)
+    return np.maximum.accumulate(index, axis=1)
 
 
 Curve = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # latency, cost, set, tau

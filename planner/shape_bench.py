@@ -210,6 +210,7 @@ def plot_shapes(path: Path, report: dict[str, Any], *, force: bool = False) -> s
         )
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.margins(x=0.12, y=0.15)
     ax.set_xlabel("model parameters")
     ax.set_ylabel(f"USD per million tokens ({report['tokens']:,}-token batch)")
     ax.set_title("Deployment shapes by model size (ringed: the cheapest)")

@@ -196,3 +196,23 @@ def test_the_driver_may_invoke_only_its_own_experts(driver_template: dict[str, A
     (machine,) = machines
     definition = json.dumps(machine["Properties"]["DefinitionString"])
     assert "Map" not in definition and "Parallel" not in definition  # no fan-out
+
+
+def test_a_driver_behind_the_front_door_writes_each_request_s_result(
+    plans: dict[str, Path], tmp_path: Path
+) -> None:
+    """The batcher starts the one-state workflow as it starts the fan-out: the driver writes
+    each client request's rows to its own result, within its policy, billed as planned."""
+    from tests.serving.test_run_local import _with_front_door
+
+    plan = _with_front_door(plans["driver"], tmp_path / "traffic-plan.json", 256)
+    result = runner.invoke(
+        app, ["run-local", "--plan", str(plan), "--front-door", "3", "--tokens", "384", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["status"] == "SUCCEEDED" and out["errors"] == [] and out["access_denied"] == []
+    assert out["executions"] == [["request-0000", "request-0001"], ["request-0002"]]
+    assert all(r["max_abs_diff_vs_monolithic"] <= TOL for r in out["requests"])
+    assert out["metered_equals_planned"]
+    assert out["front_door_metered"]["s3_result_put"] == 3

@@ -129,19 +129,11 @@ def test_concurrent_requests_all_succeed_with_their_own_keys(
 
 def _with_front_door(plan: Path, out: Path, max_tokens: int) -> Path:
     """`plan` with the traffic block `plan --traffic` would add: a batch policy, no capacity."""
-    from ground.plan import Plan, function_names
+    from ground.plan import Plan
+    from tests.traffic.plans import with_traffic
 
-    doc = Plan.load(plan)
-    traffic = {
-        "traffic": {"spec": "test"},
-        "slo_p99_s": 30.0,
-        "max_batch_tokens": max_tokens,
-        "max_wait_s": 1.0,
-        "idle_reclaim_s": 600.0,
-        "capacity": [{"function": n, "policy": "none"} for n in function_names(doc.layers)],
-        "simulated": {},
-    }
-    return Plan.model_validate(doc.model_dump() | {"traffic": traffic}).save(out)
+    served = with_traffic(Plan.load(plan), max_batch_tokens=max_tokens, max_wait_s=1.0)
+    return served.save(out)
 
 
 def test_run_local_through_the_front_door(mixed_plan: Path, tmp_path: Path) -> None:

@@ -107,7 +107,8 @@ def with_traffic(
 
     chosen = policies or {}
     capacity = [
-        {"function": n, "policy": "none"} | chosen.get(n, {}) for n in function_names(plan.layers)
+        {"function": n, "policy": "none"} | chosen.get(n, {})
+        for n in function_names(plan.layers, plan.deployment)
     ]
     traffic = {
         "traffic": {"spec": spec},
