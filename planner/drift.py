@@ -3,8 +3,9 @@
 The gates emit each batch's tokens per expert as CloudWatch embedded-metric records
 (`functions.metrics`; `run-local --metrics-out` writes the same lines). `read_metrics` sums them
 per layer; `replan` compares the observed shares with the plan's (total-variation distance per
-layer), prices today's plan on the observed routing (its gates adapt replicas to the real counts,
-`planner.replay.runtime_choice`; a batch its caps cannot take is refused), makes the plan the
+layer), prices today's plan on the observed routing (its gates, or its driver, adapt replicas to
+the real counts, `planner.replay.planned_usage`; a batch its caps cannot take is refused), makes
+the plan of the same deployment shape the
 planner would make for the observed routing at the same batch, SLO, arch, workflow and objective,
 and says whether, and by how much, the new plan saves money or restores the SLO.
 """
@@ -20,8 +21,7 @@ import numpy as np
 from ground.errors import InfeasibleError, UsageError
 from ground.plan import Plan, PlanError
 from ground.routing_metrics import NAMESPACE, metric_name, metric_value
-from planner.costmodel import bill, evaluate
-from planner.replay import calibration_of, instance_of, runtime_choice
+from planner.replay import calibration_of, planned_usage
 from planner.traffic.workflow import _per_expert_counts, manifest_of_plan
 
 __all__ = ["SAVING_THRESHOLD", "read_metrics", "replan"]
@@ -81,20 +81,18 @@ def _shares(counts: np.ndarray) -> np.ndarray:
 
 
 def _priced(plan: Plan, manifest: Any, counts: np.ndarray) -> dict[str, Any]:
-    """Today's plan on a batch routed as `counts` (the plan's batch size)."""
-    inst = instance_of(plan, manifest, counts, plan.totals.tokens)
+    """Today's plan on a batch routed as `counts` (the plan's batch size), any shape."""
     try:
-        choice = runtime_choice(plan, inst)
+        used = planned_usage(plan, manifest, counts, plan.totals.tokens)
     except PlanError as error:
         return {"refused": True, "reason": error.problem}
-    ev = evaluate(inst, choice)
-    items = bill(inst, choice, ev)
+    latency = float(used["latency_s"])
     slo = plan.totals.slo_s
     return {
         "refused": False,
-        "latency_s": float(ev.latency),
-        "cost_usd": float(items["total_usd"]),
-        "meets_slo": slo is None or float(ev.latency) <= slo * (1 + 1e-9),
+        "latency_s": latency,
+        "cost_usd": float(used["bill"]["total_usd"]),
+        "meets_slo": slo is None or latency <= slo * (1 + 1e-9),
     }
 
 
@@ -106,10 +104,10 @@ def replan(
     `observed` (L, E) are tokens per expert summed over any number of batches; only their
     shares per layer matter, scaled to the plan's batch. `pack`: experts per function of the
     new plan (`moelambda plan --pack`); default today's plan's, so that the comparison is of
-    the routing alone.
+    the routing alone. The new plan has today's deployment shape, for the same reason.
     """
     if pack is None:
-        pack = str(max(len(e.hosted) for layer in plan.layers for e in layer.experts))
+        pack = str(max((len(e.hosted) for la in plan.layers for e in la.experts), default=1))
     from planner.traffic.planning import moe_plan_at
 
     manifest = manifest_of_plan(plan)
@@ -132,6 +130,7 @@ def replan(
         solver=solver,
         pack=pack,
         counts_source={"replan": True, "from_plan_solver": plan.solver},
+        deployment=plan.deployment,
     )
     slo = plan.totals.slo_s
     try:

@@ -90,3 +90,19 @@ def test_a_monolithic_stream_has_one_function() -> None:
     # nothing but the Express execution waits on its cold start: no function waits on another
     express = model.express_usd_per_s * float(result.latency_s.sum())
     assert result.bill_usd["cold_wait_usd"] <= express
+
+
+def test_replan_prices_a_driver_on_the_observed_routing_and_keeps_its_shape(
+    driver,  # type: ignore[no-untyped-def]
+) -> None:
+    from planner.drift import replan
+
+    planned = _per_expert_counts(driver)
+    observed = planned[:, ::-1].copy()  # the popular experts became the rare ones
+    report, new = replan(driver, observed)
+    assert report["max_drift"] > 0.1 and not report["current"]["refused"]
+    assert report["current"]["cost_usd"] > 0 and new is not None
+    assert new.deployment == "driver" and new.driver is not None
+    same, _ = replan(driver, planned)
+    assert same["max_drift"] == pytest.approx(0.0, abs=1e-12)
+    assert same["current"]["cost_usd"] == pytest.approx(driver.totals.bill_usd["total_usd"])
