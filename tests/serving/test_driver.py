@@ -201,11 +201,12 @@ def test_the_driver_may_invoke_only_its_own_experts(driver_template: dict[str, A
 def test_a_driver_behind_the_front_door_writes_each_request_s_result(
     plans: dict[str, Path], tmp_path: Path
 ) -> None:
-    """The batcher starts the one-state workflow as it starts the fan-out: the driver writes
+    """The batcher starts the one-state workflow as it starts the fan-out: the driver (here
+    holding every expert, the cheapest to run; its remote calls are the tests' above) writes
     each client request's rows to its own result, within its policy, billed as planned."""
     from tests.serving.test_run_local import _with_front_door
 
-    plan = _with_front_door(plans["driver"], tmp_path / "traffic-plan.json", 256)
+    plan = _with_front_door(plans["monolithic"], tmp_path / "traffic-plan.json", 256)
     result = runner.invoke(
         app, ["run-local", "--plan", str(plan), "--front-door", "3", "--tokens", "384", "--json"]
     )
