@@ -53,7 +53,16 @@ class CalibrationError(MoelambdaError):
 
 
 class InfeasibleError(MoelambdaError):
-    """No plan meets the constraints (the SLO, a limit, or a confidence level)."""
+    """No plan meets the constraints (the SLO, a limit, or a confidence level).
+
+    `smallest_slo_s`, when latency is what binds, is the smallest SLO a plan meets.
+    """
+
+    def __init__(
+        self, problem: str, fix: str | None = None, *, smallest_slo_s: float | None = None
+    ) -> None:
+        super().__init__(problem, fix)
+        self.smallest_slo_s = smallest_slo_s
 
 
 class OutputExistsError(MoelambdaError):

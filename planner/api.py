@@ -439,11 +439,8 @@ def _reason(error: Exception) -> str:
 
 
 def _smallest_slo(error: Exception) -> float | None:
-    """The smallest feasible SLO an infeasibility message names ("the fastest takes X s")."""
-    import re
-
-    found = re.search(r"fastest (?:plan )?takes ([0-9.]+) s", str(error))
-    return float(found[1]) if found else None
+    """The smallest feasible SLO of a shape whose latency binds (else None)."""
+    return getattr(error, "smallest_slo_s", None)
 
 
 def _plan_workflow(

@@ -214,6 +214,7 @@ def infeasible(
         "tail and non-MoE layer functions that no MoE decision changes.",
         f"pass --slo {math.ceil(fastest * 1000) / 1000:.3f} or more (or a --throughput of at "
         f"most {inst.tokens / fastest:,.0f} tokens/s), or plan for fewer --tokens.",
+        smallest_slo_s=fastest,
     )
 
 

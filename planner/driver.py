@@ -861,6 +861,7 @@ def _no_driver(
     return InfeasibleError(
         f"no driver plan meets the SLO of {slo_s:.3f} s: the fastest takes {fastest:.3f} s.",
         f"pass --slo {math.ceil(fastest * 1000) / 1000:.3f} or more.",
+        smallest_slo_s=fastest,
     )
 
 
@@ -904,6 +905,7 @@ def solve_monolithic(dinst: DriverInstance, slo_s: float | None) -> DriverSoluti
             f"no one-function plan meets the SLO of {slo_s:.3f} s: the fastest takes "
             f"{fastest:.3f} s.",
             f"pass --slo {math.ceil(fastest * 1000) / 1000:.3f} or more.",
+            smallest_slo_s=fastest,
         )
     return DriverSolution(
         deployment="monolithic",
