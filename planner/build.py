@@ -46,6 +46,10 @@ def instance_for(
     options = np.asarray(calibration.memory_options_mb, dtype=float)
     layer_u_ref = expert_compute_s(calibration, flops_per_token(float(layer_bytes.mean()), width))
     nonmoe_u = float(np.interp(NONMOE_MEMORY_MB, options, layer_u_ref))
+    # The tail stage computes too: a decoder's LM head is a (vocab x hidden) matmul per token.
+    tail_bytes = float(sizes[("tail", None, None)])
+    tail_u_ref = expert_compute_s(calibration, flops_per_token(tail_bytes, width))
+    tail_u = float(np.interp(NONMOE_MEMORY_MB, options, tail_u_ref))
     if counts.shape != (layers, experts):
         raise ValueError(f"counts have shape {counts.shape}, the model ({layers}, {experts})")
     return Instance.build(
@@ -56,6 +60,7 @@ def instance_for(
         compute_s=expert_u,
         nonmoe_compute_s=nonmoe_u,
         tokens=tokens,
+        tail_compute_s=tail_u,
         arch=arch,
         workflow=workflow,
         objective=objective,

@@ -65,7 +65,7 @@ class Instance:
     express_step_s: float
     nonmoe_memory_mb: float  # memory of the head, layer (gate) and tail functions
     head_s: float  # T^head: warm start, read the input, write the hidden state
-    tail_s: float  # T^tail: gather the last layer, write the output, delete the intermediates
+    tail_s: float  # T^tail: gather the last layer, run the tail stage, write the output, delete
     layer_s: np.ndarray  # (L,) the gate's work before its scatter (see `Instance.build`)
     tokens: int
     workflow: str = "express"  # "express" or "standard": how the workflow itself is billed
@@ -114,6 +114,7 @@ class Instance:
         compute_s: np.ndarray,
         nonmoe_compute_s: float,
         tokens: int,
+        tail_compute_s: float = 0.0,
         arch: str = "x86_64",
         nonmoe_memory_mb: float = 1769.0,
         workflow: str = "express",
@@ -136,6 +137,8 @@ class Instance:
             compute_s: (J,) U_j for one expert of this model, at each memory option.
             nonmoe_compute_s: seconds per token of a layer function (attention block + gate) at
                 `nonmoe_memory_mb`.
+            tail_compute_s: seconds per token of the tail stage (a decoder's LM head, a final
+                norm) at `nonmoe_memory_mb`. Defaults to 0 (an instance priced without it).
             workflow: "express" or "standard" Step Functions pricing.
             objective: "full" (the whole bill) or "experts" (the paper's: expert functions).
             payload: "invoke" when the gate invokes its experts synchronously with the shard
@@ -195,7 +198,12 @@ class Instance:
             # last layer, read the residual, write the output (one hidden row per token at
             # most), list and delete the request's intermediates.
             head_s=start + 2 * dl + tokens * 8 * per_byte + hidden,
-            tail_s=start + 3 * dl + float(routed[-1]) + 2 * (dl + hidden) + 2 * dl,
+            tail_s=start
+            + 3 * dl
+            + float(routed[-1])
+            + tokens * tail_compute_s
+            + 2 * (dl + hidden)
+            + 2 * dl,
             layer_s=layer_s,
             tokens=tokens,
             workflow=workflow,
