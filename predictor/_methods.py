@@ -414,6 +414,14 @@ def predict_batch(trace: RoutingTrace, tokens: int, *, seed: int = 0) -> tuple[n
 
     window = int(trace.meta.get("window", 128))
     batch = max(window, tokens // window * window)
+    if batch >= trace.num_tokens:
+        most = max(trace.num_tokens - window, 0)
+        raise UsageError(
+            f"--tokens {tokens:,}: the predictor needs windows of the trace ({trace.num_tokens:,} "
+            "tokens) to fit on beside the batch it predicts.",
+            f"pass --tokens {most:,} or less, or profile more tokens (`moelambda profile "
+            "--tokens`).",
+        )
     split = split_windows(trace, eval_tokens=batch, repeats=1, seed=seed)[0]
     predictor = make_predictor(DEFAULT_METHOD).fit(build_tables(split.profile), split.profile)
     return predictor.predict(split.held_out).counts * tokens / batch, batch

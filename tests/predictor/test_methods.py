@@ -149,3 +149,18 @@ def test_history_recovers_a_stationary_share() -> None:
 def test_unknown_method_names_the_choices() -> None:
     with pytest.raises(UsageError, match="Did you mean 'bayes-soft'"):
         make_predictor("bayes_soft")
+
+
+def test_predicting_a_batch_the_size_of_the_trace_names_plans_option() -> None:
+    """`plan --traces` predicts a held-out batch of --tokens: the trace must keep windows to
+    fit on, and the refusal names --tokens (plan's option) and how many fit."""
+    from predictor._methods import predict_batch
+
+    rng = np.random.default_rng(0)
+    trace = make_trace(
+        rng.integers(0, 16, 128), rng.integers(0, 4, (2, 128, 2)), num_experts=4, window=16
+    )
+    counts, batch = predict_batch(trace, 64)
+    assert batch == 64 and counts.shape == (2, 4)
+    with pytest.raises(UsageError, match=r"--tokens 128[\s\S]*--tokens 112 or less"):
+        predict_batch(trace, trace.num_tokens)
