@@ -125,8 +125,11 @@ def test_a_traffic_plan_s_warmers_are_replayed(one_layer_plan: Path, tmp_path: P
     served = with_traffic(
         Plan.load(one_layer_plan), max_batch_tokens=2048, max_wait_s=0.0, policies={"tail": warmer}
     )
-    # 3 minutes at a twentieth of the rate, compressed 12 times: 15 s.
+    # 3 minutes at a twentieth of the rate, compressed 12 times: 15 s. An hour's idle time (300 s
+    # compressed) so that no environment is reclaimed however long a loaded machine takes: the
+    # default 600 s is 50 s here, which a CI run on a busy machine has outlasted.
     short = ["--traffic", "azure-conv", "--scale", "0.05", "--minutes", "3", "--compress", "12"]
+    short += ["--idle-s", "3600"]
     out = _cli("run-local", "--plan", str(served.save(tmp_path / "plan.json")), *short)
     assert out["warmers_replayed"] == {"tail": {"interval_s": 5.0, "concurrency": 2}}
     assert out["capacity_not_replayed"] == {}
