@@ -18,6 +18,15 @@ from moe._experts import (
     routing_shards,
 )
 from moe._export import describe_model, export_model
+from moe._generate import (
+    DecodeContext,
+    Generated,
+    GenerationConfig,
+    Step,
+    eos_ids,
+    generate_tokens,
+    generation_request,
+)
 from moe._model import LayerRouting, MoEModel, build_model, moefy_options
 from moe._moefy import LayerFit
 from moe._options import EXPERT_CHOICES, MoefyOptions, TopK, parse_top_k
@@ -46,11 +55,14 @@ from moe._stages import (
 __all__ = [
     "BUILTIN_MODELS",
     "Corpus",
+    "DecodeContext",
     "EXPERT_CHOICES",
     "ExpertBank",
     "ExpertCall",
     "ExpertStage",
     "HELD_OUT_TOKENS",
+    "Generated",
+    "GenerationConfig",
     "LayerFit",
     "LayerOutput",
     "LayerRouting",
@@ -67,6 +79,7 @@ __all__ = [
     "StageEntry",
     "StageLoader",
     "Stages",
+    "Step",
     "TopK",
     "build_model",
     "default_cache_dir",
@@ -76,6 +89,9 @@ __all__ = [
     "expert_key",
     "export_model",
     "gather_shards",
+    "eos_ids",
+    "generate_tokens",
+    "generation_request",
     "layer_key",
     "load_corpus",
     "load_exported",

@@ -82,7 +82,12 @@ class BertBlock(nn.Module):
         super().__init__()
         self.attention = attention
 
-    def forward(self, hidden: torch.Tensor) -> BlockOutput:
+    def forward(self, hidden: torch.Tensor, context: Any = None) -> BlockOutput:
+        if context is not None:
+            raise ModelError(
+                "an encoder has no generation step: it embeds text, it does not continue it.",
+                "generate with a decoder model (SmolLM2, Mixtral, OLMoE).",
+            )
         # Windows are full (no padding), so no attention mask is needed.
         out, weights = self.attention(hidden, None)
         return BlockOutput(out, out, weights)
@@ -146,13 +151,21 @@ class DecoderBlock(nn.Module):
         self.rotary = rotary
         self.sliding_window = sliding_window
 
-    def forward(self, hidden: torch.Tensor) -> BlockOutput:
-        length = hidden.shape[1]
-        positions = torch.arange(length)[None]
+    def forward(self, hidden: torch.Tensor, context: Any = None) -> BlockOutput:
+        """Full windows (`context` None: causal mask, positions from 0), or one generation step
+        (`moe._generate.DecodeContext`: its positions, mask and KV cache)."""
+        if context is None:
+            length = hidden.shape[1]
+            positions = torch.arange(length)[None]
+            mask = causal_mask(length, self.sliding_window, hidden.dtype)
+            cache = None
+        else:
+            positions, mask, cache = context.positions, context.mask, context.cache
         attn_out, weights = self.self_attn(
             hidden_states=self.input_layernorm(hidden),
             position_embeddings=self.rotary(hidden, positions),
-            attention_mask=causal_mask(length, self.sliding_window, hidden.dtype),
+            attention_mask=mask,
+            past_key_values=cache,
         )
         residual = hidden + attn_out
         return BlockOutput(residual, self.post_attention_layernorm(residual), weights)

@@ -20,10 +20,12 @@ from torch import nn
 from ground.errors import ModelError, UsageError
 from moe._experts import ExpertBank, Router, SharedExpert, expert_ffn
 from moe._families import NATIVE_MOE_TYPES, Family, family_for
+from moe._generate import Generated, GenerationConfig, Step, eos_ids, generate_tokens
 from moe._moefy import LayerFit, MoefiedLayer, moefy_layer
 from moe._options import EXPERT_CHOICES, MAX_SHARED, MoefyOptions, TopK, parse_top_k
 from moe._quality import HELD_OUT_TOKENS, QUALITY_TOKENS, QUALITY_WINDOW
 from moe._registry import ModelSource, resolve_model
+from moe._stages import ExpertCall, HeadStage, LayerOutput, LayerStage, TailStage
 
 __all__ = [
     "EXPERT_CHOICES",
@@ -130,6 +132,65 @@ class MoEModel:
                     LayerRouting(idx, probs, input_ids.gather(1, most_attended).reshape(-1))
                 )
         return self.tail(hidden) if tail else hidden
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        config: GenerationConfig,
+        *,
+        on_step: Callable[[Step], None] | None = None,
+    ) -> list[Generated]:
+        """Generate in this process, every expert local: what a monolithic function does, and
+        the reference a deployment's generation is held to (`moe.generate_tokens`)."""
+        if self.family.name != "decoder":
+            raise UsageError(
+                f"{self.name} is an encoder: it has no next token to generate.",
+                "generate with a decoder model (SmolLM2, Mixtral, OLMoE).",
+            )
+        cfg = self.family.config
+        return generate_tokens(
+            self.stages(),
+            self.num_layers,
+            prompts,
+            self.expert_call(),
+            config,
+            pad_id=0,
+            eos_ids=eos_ids(cfg),
+            sliding_window=getattr(cfg, "sliding_window", None),
+            tokenizer=self.tokenizer,
+            on_step=on_step,
+        )
+
+    def stages(self) -> _ModelStages:
+        """This model as serving stages (`moe.Stages`) sharing its tensors: what a monolithic
+        function runs, in process, for `moe.generate_tokens`."""
+        return _ModelStages(self)
+
+    def expert_call(self) -> ExpertCall:
+        """Every routed expert of a layer in this process (the `ExpertCall` of one function)."""
+
+        def call(layer: int, out: LayerOutput) -> torch.Tensor:
+            return self.banks[layer].sparse(out.ffn_in, out.experts, out.weights)
+
+        return call
+
+
+class _ModelStages:
+    """`MoEModel`'s modules as the stages of `moe.run_stages`."""
+
+    def __init__(self, model: MoEModel) -> None:
+        self.model = model
+
+    def head(self) -> HeadStage:
+        return HeadStage(self.model.head)
+
+    def layer(self, layer: int) -> LayerStage:
+        m = self.model
+        combine = m.combines[layer - 1] if layer > 0 else None
+        return LayerStage(combine, m.blocks[layer], m.routers[layer], m.shared_expert(layer))
+
+    def tail(self) -> TailStage:
+        return TailStage(self.model.combines[-1], self.model.tail)
 
 
 def moefy_options(

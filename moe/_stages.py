@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from pydantic import ValidationError
@@ -24,6 +24,9 @@ from ground.manifest import HEAD_KEY, MANIFEST_VERSION, TAIL_KEY, Manifest, expe
 from moe._experts import Router, SharedExpert, expert_ffn, gather_shards, routing_shards
 from moe._families import Family
 from moe._options import TopK, parse_top_k
+
+if TYPE_CHECKING:
+    from moe._generate import DecodeContext
 
 __all__ = [
     "ExpertCall",
@@ -84,13 +87,19 @@ class LayerStage:
         self.shared = shared
 
     @torch.inference_mode()
-    def run(self, hidden: torch.Tensor, expert_sum: torch.Tensor | None = None) -> LayerOutput:
-        """`hidden` is the head's output (layer 0) or the previous layer's residual."""
+    def run(
+        self,
+        hidden: torch.Tensor,
+        expert_sum: torch.Tensor | None = None,
+        context: DecodeContext | None = None,
+    ) -> LayerOutput:
+        """`hidden` is the head's output (layer 0) or the previous layer's residual; `context`
+        the KV cache, positions and mask of a generation step (`moe._generate`), if any."""
         if self.combine is not None:
             if expert_sum is None:
                 raise ValueError("a layer after the first needs the previous layer's expert sum")
             hidden = self.combine(hidden, expert_sum.view_as(hidden))
-        out = self.block(hidden)
+        out = self.block(hidden) if context is None else self.block(hidden, context)
         x = out.ffn_in.reshape(-1, out.ffn_in.shape[-1])
         experts, weights, probs = self.router(x)
         residual = out.residual
@@ -156,6 +165,13 @@ class StageLoader:
         config = AutoConfig.from_pretrained(self.root / "config")
         config._attn_implementation = "eager"
         return Family(self.manifest.family, config, self.manifest.classes)
+
+    @cached_property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer, exported beside its config (decodes text, finds stop strings)."""
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.root / "config")
 
     def _tensors(self, key: str) -> dict[str, torch.Tensor]:
         path = self.root / key
@@ -237,22 +253,32 @@ ExpertCall = Callable[[int, LayerOutput], torch.Tensor]
 
 
 def run_stages(
-    stages: Stages, num_layers: int, input_ids: torch.Tensor, experts: ExpertCall
+    stages: Stages,
+    num_layers: int,
+    input_ids: torch.Tensor,
+    experts: ExpertCall,
+    *,
+    context: DecodeContext | None = None,
 ) -> torch.Tensor:
     """The layer loop, once: head -> (layer stage -> `experts` -> its sum) x L -> tail.
 
     `experts` is what differs between the ways a model is served: every expert in this process
     (`run_staged`, a monolithic function), or some in process and the rest invoked remotely (a
     driver function). Whatever it does, it returns the layer's expert sum for the next combine.
+    A generation step (`context`, see `moe._generate`) runs the tail on the last column only:
+    the next token is all it needs, and the LM head over a whole prompt costs as much as a layer.
     """
     residual = stages.head().run(input_ids)
     expert_sum = None
     for layer in range(num_layers):
-        out = stages.layer(layer).run(residual, expert_sum)
+        out = stages.layer(layer).run(residual, expert_sum, context)
         expert_sum = experts(layer, out)
         residual = out.residual
     if expert_sum is None:
         raise ValueError("a model without MoE layers has no staged forward")
+    if context is not None:
+        expert_sum = expert_sum.view_as(residual)[:, -1:]
+        residual = residual[:, -1:]
     return stages.tail().run(residual, expert_sum)
 
 
