@@ -46,6 +46,11 @@ bench: setup
 	$(BIN)/moelambda bench cluster
 	$(BIN)/moelambda bench quality
 	$(BIN)/moelambda bench shapes --plot out/shapes.png --force
+	$(BIN)/moelambda profile --model smollm2 --experts 8 --top-k 4 --correction --tokens 20480 \
+		--out out/smollm2-trace --force
+	$(BIN)/moelambda predict --traces out/smollm2-trace --repeats 1 --predictors bayes-pos-soft \
+		--counts-out out/smollm2-counts.json --force
+	$(BIN)/moelambda bench generate --smollm2-counts out/smollm2-counts.json
 	$(BIN)/moelambda profile --out out/bench-trace --tokens 102400 --force
 	$(BIN)/moelambda bo --traces out/bench-trace --predictor lina-token --seeds 5 --plot out/bo.png --force
 	$(BIN)/moelambda backtest --traces out/bench-trace --batches 50 --plot out/backtest.png --force

@@ -45,6 +45,12 @@ class GpuType(_Strict):
     memory_gb: float = Field(gt=0)
     peak_tflops: float = Field(gt=0, description="Dense FP16/BF16 tensor peak.")
     network_gbps: float = Field(gt=0, description="This GPU's share of the instance network.")
+    memory_gbps: float | None = Field(
+        default=None,
+        gt=0,
+        description="Memory bandwidth, GB/s: a decode step reads every weight it uses "
+        "(`gpu.generation`); None: the type is not offered for generation.",
+    )
     usd_per_gpu_hour: float = Field(gt=0)
     source: str
     as_of: str

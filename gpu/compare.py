@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from gpu.estimate import ModelWork, estimate_layer
 from gpu.lina import static_placement
 from ground.manifest import Manifest
 
-__all__ = ["GpuOption", "breakeven_rps", "gpu_cost_per_million", "gpu_options"]
+__all__ = ["GpuOption", "breakeven_rps", "free_bytes", "gpu_cost_per_million", "gpu_options"]
 
 _MEMORY_HEADROOM = 0.9
 
@@ -41,19 +42,31 @@ class GpuOption:
         return max(1, math.ceil(rps * self.latency_s / max_utilisation - 1e-12))
 
 
-def _weights_fit(manifest: Manifest, gpus: int, memory_gb: float) -> bool:
-    """Every GPU holds the non-MoE weights and its experts (e mod n), in bf16."""
+def free_bytes(manifest: Manifest, gpus: int, memory_gb: float) -> float:
+    """Bytes left on the fullest GPU of n within the headroom (negative: the weights do not
+    fit), every GPU holding the non-MoE weights and its experts (e mod n), in bf16."""
     width = manifest.dtype_bytes
     shared = sum(s.bytes for s in manifest.stages if s.role != "expert") / width * 2
     per_gpu = np.zeros(gpus)
     for stage in manifest.stages:
         if stage.role == "expert":
             per_gpu[stage.expert % gpus] += stage.bytes / width * 2
-    return bool(shared + per_gpu.max() <= _MEMORY_HEADROOM * memory_gb * 1e9)
+    return float(_MEMORY_HEADROOM * memory_gb * 1e9 - shared - per_gpu.max())
 
 
-def gpu_options(counts: np.ndarray, manifest: Manifest, catalogue: Catalogue) -> list[GpuOption]:
-    """Every (type, n) deployment whose weights fit: n = 1, 2, 4, ... up to E GPUs."""
+def _weights_fit(manifest: Manifest, gpus: int, memory_gb: float) -> bool:
+    """Every GPU holds the non-MoE weights and its experts (e mod n), in bf16."""
+    return free_bytes(manifest, gpus, memory_gb) >= 0
+
+
+def gpu_options(
+    counts: np.ndarray,
+    manifest: Manifest,
+    catalogue: Catalogue,
+    order: Literal["aurora", "bound"] = "aurora",
+) -> list[GpuOption]:
+    """Every (type, n) deployment whose weights fit: n = 1, 2, 4, ... up to E GPUs; `order`
+    as `gpu.estimate.estimate_layer` takes it ("bound": the same seconds, faster)."""
     layers, experts = counts.shape
     work = ModelWork.of(manifest)
     tokens = float(counts[0].sum()) / manifest.top_k
@@ -71,7 +84,7 @@ def gpu_options(counts: np.ndarray, manifest: Manifest, catalogue: Catalogue) ->
             for layer in range(layers):
                 shards = np.repeat(counts[layer][None, :] / gpus, gpus, axis=0)
                 total += estimate_layer(
-                    shards, placement, layer, work, kinds, catalogue, "aurora"
+                    shards, placement, layer, work, kinds, catalogue, order
                 ).layer_s
             options.append(GpuOption(name, gpus, total, gpus * kind.usd_per_gpu_hour))
     return options

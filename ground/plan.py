@@ -23,6 +23,13 @@ stack's one capacity provider's instance type and count), with the p99 SLO and t
 period they were chosen on. Plans without it (every plan before it) stay valid, and mean one
 execution per arriving request with no capacity policy.
 
+`generation`, when set, is what `moelambda plan --slo-ttft/--slo-tpot` planned a driver or one
+function for (`ground.generation`): B sequences of P prompt tokens generating G tokens each,
+with the predicted time to first token and per output token and the bill per million input and
+output tokens. The plan's `totals` and its functions are then the prefill's (B x P tokens, the
+prompt's SLO), `driver.time_s` is the whole invocation (prefill and decode steps) and
+`driver.local` the local set chosen. Plans without it (every plan before it) stay valid.
+
 `candidates` lists the shapes `plan` weighed beside the chosen one. `deployment` says the
 plan's shape (`ground.driver`): the fan-out `workflow` (the default, and
 every plan made before the other shapes), a `driver` function that runs the non-MoE stack and
@@ -43,6 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ground.driver import DEPLOYMENTS
 from ground.errors import MoelambdaError
 from ground.files import read_document, write_file_atomically
+from ground.generation import decode_steps
 from ground.kinds import refuse_other_kind
 from ground.managed import MB_PER_GIB, MEMORY_GIB_PER_VCPU
 from ground.manifest import StageEntry
@@ -52,6 +60,7 @@ __all__ = [
     "PLAN_VERSION",
     "ExpertPlan",
     "FunctionCapacity",
+    "GenerationPlan",
     "LayerPlan",
     "DriverPlan",
     "ModelRef",
@@ -148,6 +157,32 @@ class DriverPlan(_Strict):
     time_s: float = Field(ge=0, description="Predicted run of one request, waits included.")
     weights_mb: float = Field(ge=0, description="Non-MoE stages and local experts it holds.")
     activations_mb: float = Field(ge=0, description="A batch's tensors at their peak.")
+
+
+class GenerationPlan(_Strict):
+    """What a generating driver was planned for, and what the model predicts of it (see the
+    module docstring; formulas in `planner.generation`)."""
+
+    batch_sequences: int = Field(ge=1, description="Sequences decoded together (B).")
+    prompt_tokens: int = Field(ge=1, description="Prompt tokens of each sequence (P).")
+    new_tokens: int = Field(ge=1, description="Tokens each sequence generates (G).")
+    slo_ttft_s: float | None = Field(default=None, gt=0)
+    slo_tpot_s: float | None = Field(default=None, gt=0)
+    ttft_s: float = Field(ge=0, description="Time to first token: the prefill's latency.")
+    tpot_s: float = Field(ge=0, description="Time per output token: one decode step.")
+    bill_per_million_input_usd: float = Field(
+        ge=0, description="The prefill's bill over its B x P prompt tokens, per million."
+    )
+    bill_per_million_output_usd: float = Field(
+        ge=0, description="The G - 1 decode steps' bill over the B x G new tokens, per million."
+    )
+    invokes_per_step: float = Field(ge=0, description="Expected remote Invokes of one step.")
+    kv_cache_mb: float = Field(ge=0, description="The driver's KV cache at the last token.")
+
+    @property
+    def run_s(self) -> float:
+        """The driver's invocation: the prefill, then one step per token after the first."""
+        return self.ttft_s + decode_steps(self.new_tokens) * self.tpot_s
 
 
 class ModelRef(_Strict):
@@ -291,6 +326,7 @@ class Plan(_Strict):
     traffic: TrafficPlan | None = None
     deployment: Literal["workflow", "driver", "monolithic"] = "workflow"
     driver: DriverPlan | None = None
+    generation: GenerationPlan | None = None
     candidates: list[dict[str, Any]] | None = Field(
         default=None,
         description="Every shape `plan` weighed for this batch: its bill and latency, or why "
@@ -391,10 +427,13 @@ class Plan(_Strict):
                 raise ValueError(
                     f"traffic.capacity names {named}, not the plan's functions in order"
                 )
+        if self.generation is not None and self.driver is None:
+            raise ValueError("a generating plan needs a driver (deployment driver or monolithic)")
         limit = cal["express_max_duration_s"]
-        if self.workflow == "express" and self.totals.latency_s > limit:
+        run_s = self.totals.latency_s if self.generation is None else self.generation.run_s
+        if self.workflow == "express" and run_s > limit:
             raise ValueError(
-                f"latency {self.totals.latency_s:.1f} s exceeds an Express workflow's {limit} s; "
+                f"latency {run_s:.1f} s exceeds an Express workflow's {limit} s; "
                 "use --workflow standard"
             )
         return self

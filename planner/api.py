@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from planner.confidence import CountDistribution
     from planner.costmodel import Solution
     from planner.exact import Frontier
+    from planner.generation import GenerationSolution
     from planner.instance import Method
 
 __all__ = [
@@ -111,6 +112,13 @@ class PlanOptions:
             quota; None: no check.
         deployment: "auto" (every shape, the cheapest kept), "monolithic", "driver" or
             "workflow" (`planner.deployments`).
+        slo_ttft_s: Plan generation (`planner.generation`): time to first token, seconds;
+            None: no bound. Setting any of it, `slo_tpot_s`, `batch_sequences`,
+            `prompt_tokens` or `new_tokens` plans a decoder's generation instead of a batch.
+        slo_tpot_s: Time per output token, seconds; None: no bound.
+        batch_sequences: Sequences decoded together; None: `DEFAULT_SEQUENCES`.
+        prompt_tokens: Prompt tokens per sequence; None: `DEFAULT_PROMPT_TOKENS`.
+        new_tokens: Tokens generated per sequence; None: `DEFAULT_NEW_TOKENS`.
     """
 
     solver: str = "exact"
@@ -122,13 +130,35 @@ class PlanOptions:
     pack: str = "auto"
     concurrency_quota: int | None = 1000
     deployment: str = "auto"
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
+    batch_sequences: int | None = None
+    prompt_tokens: int | None = None
+    new_tokens: int | None = None
+
+    @property
+    def generating(self) -> bool:
+        """Whether to plan a decoder's generation (TTFT, TPOT) rather than one batch."""
+        return any(
+            value is not None
+            for value in (
+                self.slo_ttft_s,
+                self.slo_tpot_s,
+                self.batch_sequences,
+                self.prompt_tokens,
+                self.new_tokens,
+            )
+        )
 
     def shapes(self) -> list[str]:
         """The deployment shapes to plan, cheapest-first on ties: one function, a driver, the
         workflow; only the workflow under the experts objective, a forced --method or packing
-        of K > 1 experts per function, choices only it has."""
+        of K > 1 experts per function, choices only it has; one function and a driver when
+        generating (the workflow does not decode)."""
         if self.deployment != "auto":
             return [self.deployment]
+        if self.generating:
+            return ["monolithic", "driver"]
         if (
             self.objective == "experts"
             or self.method is not None
@@ -156,7 +186,35 @@ class PlanOptions:
         methods = check_plan_options(
             solver=self.solver, arch=self.arch, tokens=counts.tokens, method=self.method
         )
+        if self.generating:
+            self._check_generation()
         return methods, plan_confidence(self.confidence, counts)
+
+    def _check_generation(self) -> None:
+        """Refuse options that a generation plan cannot honour.
+
+        Raises:
+            UsageError: The workflow shape, a workflow-only option, a confidence level, or a
+                non-positive SLO.
+        """
+        from planner.deployments import check_deployment
+
+        if self.deployment == "workflow":
+            raise UsageError(
+                "the fan-out workflow does not generate: a decode step would pay a Step "
+                "Functions transition and S3 round trips per layer and per token.",
+                "pass --deployment driver, monolithic or auto with --slo-ttft/--slo-tpot.",
+            )
+        check_deployment("driver", objective=self.objective, method=self.method, pack=self.pack)
+        if self.confidence:
+            raise UsageError(
+                "--confidence is not planned for generation: it is planned for the predicted "
+                "routing shares.",
+                "drop --confidence (or pass 0).",
+            )
+        for flag, value in (("--slo-ttft", self.slo_ttft_s), ("--slo-tpot", self.slo_tpot_s)):
+            if value is not None and not value > 0:
+                raise UsageError(f"{flag} {value} is not positive.", f"pass a positive {flag}.")
 
 
 def counts_for_plan(
@@ -338,6 +396,12 @@ def plan_deployment(
     SLO is kept; the summary's `candidates` lists every shape with its bill and latency or
     why it is infeasible.
 
+    With `options` that plan generation (`PlanOptions.generating`), a decoder's driver or one
+    function is planned instead for B sequences of P prompt tokens generating G tokens each,
+    under the TTFT and TPOT SLOs (`planner.generation`); the plan carries `generation`, and
+    the summary a `generation` block (TTFT, TPOT, the bill per million input and output
+    tokens, the local set).
+
     Example::
 
         planned = plan_deployment(manifest, planning, load_calibration(), slo_s=30,
@@ -355,7 +419,8 @@ def plan_deployment(
         progress: Called with a message per step. Defaults to None.
 
     Raises:
-        UsageError: A bad option (see `PlanOptions.check`).
+        UsageError: A bad option (see `PlanOptions.check`); generation options for an encoder,
+            or with `slo_s` or `whole_curve`.
         InfeasibleError: No plan; the message names the binding constraint (of every shape).
         ground.plan.PlanError: The plan's reservations exceed the concurrency quota.
     """
@@ -363,6 +428,14 @@ def plan_deployment(
 
     o = options or PlanOptions()
     methods, confidence = o.check(counts)
+    if o.generating:
+        if slo_s is not None or whole_curve:
+            raise UsageError(
+                "--slo and --pareto are a batch's; generation is planned under --slo-ttft (the "
+                "prompts') and --slo-tpot (each further token's).",
+                "drop --slo/--throughput and --pareto, or the generation options.",
+            )
+        return _plan_generating(manifest, counts, calibration, o, progress)
     started = time.perf_counter()
     shapes = o.shapes()
     candidates: list[Candidate] = []
@@ -575,7 +648,7 @@ def _driver_summary(
         "objective_usd": bill["total_usd"],
         "moe_cost_usd": plan.totals.moe_cost_usd,
         "bill_usd": bill,
-        "smallest_slo_s": chosen.smallest_slo_s,
+        "smallest_slo_s": None if chosen is None else chosen.smallest_slo_s,
         "experts_per_function": 1,
         "functions": sum(len(layer.experts) for layer in plan.layers),
         "packing": [],
@@ -600,6 +673,107 @@ def _driver_summary(
             }
             for layer in plan.layers
         ],
+    }
+
+
+def _plan_generating(
+    manifest: Manifest,
+    counts: PlanningCounts,
+    calibration: Calibration,
+    o: PlanOptions,
+    progress: Callable[[str], None] | None,
+) -> PlannedDeployment:
+    """The cheapest generating plan of every shape `o` allows (`planner.generation`), with
+    each shape's TTFT, TPOT and bills, or why it is infeasible, as `candidates`."""
+    from planner import generation as gen
+    from planner.deployments import generation_plan
+    from planner.shapes import load_shape
+
+    started = time.perf_counter()
+    shape = counts.source.get("shape")
+    kv = None if shape is None else load_shape(shape).kv_bytes_per_token()
+    listed: list[dict[str, Any]] = []
+    planned: dict[str, tuple[Plan, GenerationSolution]] = {}
+    errors: dict[str, Exception] = {}
+    for deployment in o.shapes():
+        if progress is not None:
+            progress(f"planning the generating {deployment}")
+        try:
+            ginst, solution = gen.plan_generation(
+                manifest,
+                counts.counts / counts.tokens,
+                calibration,
+                deployment=deployment,
+                slo_ttft_s=o.slo_ttft_s,
+                slo_tpot_s=o.slo_tpot_s,
+                sequences=_given(o.batch_sequences, gen.DEFAULT_SEQUENCES),
+                prompt_tokens=_given(o.prompt_tokens, gen.DEFAULT_PROMPT_TOKENS),
+                new_tokens=_given(o.new_tokens, gen.DEFAULT_NEW_TOKENS),
+                arch=o.arch,
+                kv_bytes_per_token=kv,
+            )
+            plan = generation_plan(ginst, solution, manifest, calibration, counts.source)
+            if o.concurrency_quota is not None:
+                plan.check_concurrency_quota(o.concurrency_quota)
+        except (InfeasibleError, PlanError) as error:
+            errors[deployment] = error
+            listed.append(
+                {"deployment": deployment, "feasible": False, "reason": _reason(error)}
+                | {"smallest_slo_s": _smallest_slo(error)}
+            )
+            continue
+        planned[deployment] = (plan, solution)
+        listed.append(_generation_entry(plan, solution))
+    if not planned:
+        if len(errors) == 1:
+            raise next(iter(errors.values()))
+        reasons = "; ".join(f"{c['deployment']}: {c['reason'].rstrip('.')}" for c in listed)
+        fixes = "; ".join(
+            f"{d}: {str(getattr(e, 'fix', '')).rstrip('.')}" for d, e in errors.items()
+        )
+        raise InfeasibleError(f"no deployment shape can generate as asked ({reasons}).", fixes)
+    name = min(planned, key=lambda d: planned[d][1].evaluation.total_usd)
+    plan, solution = planned[name]
+    plan = plan.model_copy(update={"candidates": listed})
+    chosen = next(c for c in listed if c["deployment"] == name)
+    summary = _driver_summary(plan, manifest, counts, None) | {
+        "seconds": round(time.perf_counter() - started, 4),
+        "deployment": name,
+        "candidates": listed,
+        "generation": chosen,
+    }
+    return PlannedDeployment(plan, summary, None, None, {d: p for d, (p, _) in planned.items()})
+
+
+def _given(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def _generation_entry(plan: Plan, solution: GenerationSolution) -> dict[str, Any]:
+    """One generating shape as `plan --json` lists it: what `Plan.generation` holds, the
+    prefill's and a step's bill, the local set and the fastest TPOT within the TTFT SLO."""
+    from ground.generation import decode_steps
+
+    assert plan.generation is not None and plan.driver is not None
+    ev = solution.evaluation
+    prefill_usd = plan.totals.bill_usd["total_usd"]
+    steps = decode_steps(plan.generation.new_tokens)
+    return {
+        "deployment": solution.deployment,
+        "feasible": True,
+        "reason": None,
+        **plan.generation.model_dump(),
+        "run_s": plan.generation.run_s,
+        "smallest_tpot_s": solution.smallest_tpot_s,
+        "prefill_usd": prefill_usd,
+        "step_usd": ev.step_usd,
+        "generation_usd": prefill_usd + steps * ev.step_usd,
+        "driver_memory_mb": plan.nonmoe_memory_mb,
+        "local_per_layer": solution.choice.local_per_layer,
+        "local": plan.driver.local,
+        "remote_memory_mb": sorted({e.memory_mb for layer in plan.layers for e in layer.experts}),
+        "replicas": solution.choice.replicas,
+        "functions": 1 + sum(len(layer.experts) for layer in plan.layers),
     }
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "ExpertComputeReference",
     "IdleReclaim",
     "LambdaPrice",
+    "ManagedApiPrice",
     "ManagedInstancesPrice",
     "Parameter",
     "ProvisionedPrice",
@@ -146,6 +147,20 @@ class ManagedInstancesPrice(BaseModel):
     request_usd: PositiveFloat
     management_fee_fraction: PositiveFloat
     default_instances: PositiveInt
+
+
+class ManagedApiPrice(BaseModel):
+    """A managed serverless API's list price for one open model: what a user would pay per
+    token instead of deploying it (`plan --slo-tpot` reports the bill per million tokens beside
+    it). `model_id` is the provider's name of the offering (often the instruction-tuned
+    variant of the architecture the key names)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    provider: str = Field(min_length=1)
+    model_id: str = Field(min_length=1)
+    input_per_million_usd: PositiveFloat
+    output_per_million_usd: PositiveFloat
 
 
 class Ec2InstancePrice(BaseModel):
@@ -279,6 +294,10 @@ class Calibration(BaseModel):
     # plans made before them.
     driver_runtime_mb: PositiveInt | None = None
     driver_activation_states: PositiveFloat | None = None
+    # Generation (`planner.generation`): optional, for the calibration of plans made before it.
+    invoke_round_trip_s: PositiveFloat | None = None
+    decode_layer_floor_s: PositiveFloat | None = None
+    managed_api_prices: dict[str, ManagedApiPrice] | None = None  # model name -> list price
     provenance: dict[str, Parameter] = Field(default_factory=dict, repr=False)
     source_path: Path | None = None
 

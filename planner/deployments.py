@@ -18,7 +18,7 @@ import numpy as np
 
 from ground.errors import InfeasibleError, UsageError
 from ground.manifest import Manifest
-from ground.plan import DriverPlan, ExpertPlan, LayerPlan, ModelRef, Plan, Totals
+from ground.plan import DriverPlan, ExpertPlan, GenerationPlan, LayerPlan, ModelRef, Plan, Totals
 from planner.calibration import Calibration
 from planner.costmodel import tokens_that_fit
 from planner.driver import (
@@ -29,6 +29,7 @@ from planner.driver import (
     solve_driver,
     solve_monolithic,
 )
+from planner.generation import GenerationInstance, GenerationSolution
 from planner.instance import Instance
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "Candidate",
     "check_deployment",
     "driver_plan",
+    "generation_plan",
     "plan_driver_shape",
 ]
 
@@ -211,6 +213,58 @@ def driver_plan(
             activations_mb=round(activations, 3),
         ),
     )
+
+
+def generation_plan(
+    ginst: GenerationInstance,
+    solution: GenerationSolution,
+    manifest: Manifest,
+    calibration: Calibration,
+    counts_source: dict[str, Any],
+) -> Plan:
+    """The Plan document of a generating driver or one function (`planner.generation`).
+
+    Its functions, `totals` and their bill are the prefill's (`driver_plan` of B x P tokens,
+    under the TTFT SLO); `driver.time_s` is the whole invocation; `generation` holds the rest.
+    The bill per million input tokens is the prefill's exact bill (`driver_bill`) over its
+    tokens, per million output tokens the decode steps' over the B x G new tokens.
+    """
+    ev, choice, dinst = solution.evaluation, solution.choice, ginst.prefill
+    driver_solution = DriverSolution(
+        deployment=solution.deployment,
+        choice=choice.driver_choice(ginst),
+        evaluation=ev.prefill,
+        seconds=solution.seconds,
+        optimal=None,
+        min_latency=ev.ttft_s,
+        note="local sets: each layer's most popular experts; one memory and replica count "
+        "for every remote expert",
+    )
+    plan = driver_plan(
+        dinst, driver_solution, manifest, calibration, solution.slo_ttft_s, counts_source
+    )
+    prompts = ginst.sequences * ginst.prompt_tokens
+    generation = GenerationPlan(
+        batch_sequences=ginst.sequences,
+        prompt_tokens=ginst.prompt_tokens,
+        new_tokens=ginst.new_tokens,
+        slo_ttft_s=solution.slo_ttft_s,
+        slo_tpot_s=solution.slo_tpot_s,
+        ttft_s=ev.ttft_s,
+        tpot_s=ev.tpot_s,
+        bill_per_million_input_usd=plan.totals.bill_usd["total_usd"] / prompts * 1e6,
+        bill_per_million_output_usd=ginst.steps
+        * ev.step_usd
+        / (ginst.sequences * ginst.new_tokens)
+        * 1e6,
+        invokes_per_step=ev.invokes_per_step,
+        kv_cache_mb=ginst.kv_mb,
+    )
+    document = plan.model_dump()
+    document["solver"] = "generation"
+    document["driver"]["time_s"] = generation.run_s
+    document["generation"] = generation.model_dump()
+    return Plan.model_validate(document)
 
 
 def infeasible_everywhere(candidates: list[Candidate], slo_s: float | None) -> InfeasibleError:

@@ -88,6 +88,10 @@ class GQAAttention(_Frozen):
         projections = hidden * (q + 2 * kv) + q * hidden
         return projections + (q + 2 * kv) * self.qkv_bias + (q + kv) * self.qk_norm
 
+    def kv_width(self) -> int:
+        """Elements of one token's keys and values that a KV cache keeps per layer."""
+        return 2 * self.kv_heads * self.head_dim
+
 
 class MLAAttention(_Frozen):
     """DeepSeek-V2's multi-head latent attention: keys and values pass a low-rank latent."""
@@ -108,6 +112,11 @@ class MLAAttention(_Frozen):
         latent = hidden * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
         expand = self.kv_lora_rank * self.heads * (self.qk_nope_head_dim + self.v_head_dim)
         return query + latent + expand + self.heads * self.v_head_dim * hidden
+
+    def kv_width(self) -> int:
+        """Elements of one token's keys and values that a KV cache keeps per layer: Hugging
+        Face's DeepseekV2 attention caches the expanded keys and values, not the latent."""
+        return self.heads * (self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim)
 
 
 class ModelShape(_Frozen):
@@ -186,6 +195,12 @@ class ModelShape(_Frozen):
     def active_params(self) -> int:
         """Weights one token touches: every non-expert weight and top_k experts per layer."""
         return self._params(self.top_k)
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes one token's keys and values take in a driver's KV cache, every decoder layer
+        (dense ones included), kept as float32 like the hidden states."""
+        layers = self.moe_layers + self.dense_layers
+        return layers * self.attention.kv_width() * HIDDEN_STATE_BYTES
 
     def manifest(self) -> Manifest:
         """A synthetic manifest: the stage sizes an export of this model would have.

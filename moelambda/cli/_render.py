@@ -98,6 +98,9 @@ def popularity(out: Console, summary: dict[str, Any]) -> None:
 def plan(out: Console, summary: dict[str, Any]) -> None:
     """`moelambda plan`: the deployment shapes weighed, the chosen plan's layers, its latency,
     bill and files."""
+    if summary.get("generation") is not None:
+        _generation_plan(out, summary)
+        return
     slo = "no SLO (cheapest)" if summary["slo_s"] is None else f"SLO {summary['slo_s']:.3f} s"
     title = f"Plan for {summary['model']}: {summary['tokens']:,} tokens per batch, {slo}"
     if len(summary.get("candidates", [])) > 1:
@@ -161,6 +164,57 @@ def candidates(summary: dict[str, Any], *, title: str) -> Table:
             c["reason"] or "",
         )
     return grid
+
+
+def _generation_plan(out: Console, summary: dict[str, Any]) -> None:
+    """`moelambda plan --slo-ttft/--slo-tpot`: each shape's TTFT, TPOT and bills per million
+    tokens, the chosen plan's layers, its generation and bill."""
+    g = summary["generation"]
+    slos = ", ".join(
+        f"{name} SLO {value:.3f} s"
+        for name, value in (("TTFT", g["slo_ttft_s"]), ("TPOT", g["slo_tpot_s"]))
+        if value is not None
+    )
+    title = (
+        f"Generation plan for {summary['model']}: {g['batch_sequences']} sequence(s) of "
+        f"{g['prompt_tokens']:,} prompt tokens, {g['new_tokens']:,} new tokens each"
+        + (f", {slos}" if slos else " (no SLO: the cheapest)")
+    )
+    grid = Table(title=title)
+    columns = ("shape", "TTFT", "TPOT", "fastest TPOT", "$/M input", "$/M output", "local")
+    for column in columns:
+        grid.add_column(column, justify="left" if column == "shape" else "right")
+    grid.add_column("why not", justify="left")
+    for c in summary["candidates"]:
+        chosen = c["deployment"] == summary["deployment"]
+        name = f"[bold]{c['deployment']}[/bold] (chosen)" if chosen else c["deployment"]
+        if not c["feasible"]:
+            grid.add_row(name, *["-"] * (len(columns) - 1), c["reason"])
+            continue
+        grid.add_row(
+            name,
+            f"{c['ttft_s']:.2f} s",
+            f"{c['tpot_s']:.3f} s",
+            f"{c['smallest_tpot_s']:.3f} s",
+            f"${c['bill_per_million_input_usd']:,.2f}",
+            f"${c['bill_per_million_output_usd']:,.2f}",
+            f"{c['local_per_layer']} per layer",
+            "",
+        )
+    out.print(grid)
+    _driver_layers(out, summary, f"The generating {summary['deployment']} plan")
+    out.print(
+        f"TTFT {g['ttft_s']:.3f} s, TPOT {g['tpot_s']:.3f} s (the fastest within the TTFT SLO: "
+        f"{g['smallest_tpot_s']:.3f} s); one generation runs {g['run_s']:,.1f} s in a "
+        f"{g['driver_memory_mb']:,} MB function holding {g['local_per_layer']} experts per layer "
+        f"and a {g['kv_cache_mb']:,.0f} MB KV cache, with {g['invokes_per_step']:.1f} remote "
+        f"calls per step on average ({summary['workflow']} workflow). Bill "
+        f"${g['prefill_usd']:.6f} per prefill, ${g['step_usd']:.6f} per decode step, "
+        f"${g['generation_usd']:.6f} per "
+        f"generation: ${g['bill_per_million_input_usd']:,.2f} per million input tokens, "
+        f"${g['bill_per_million_output_usd']:,.2f} per million output tokens. "
+        f"Wrote {summary['plan']}"
+    )
 
 
 def _workflow_layers(out: Console, summary: dict[str, Any], title: str) -> None:

@@ -1,5 +1,6 @@
-"""Readable summaries of the GPU-backend commands: `gpu-plan`, `run-gpu`, `compare` and
-`bench gpu` (see `moelambda.cli._render`)."""
+"""Readable summaries of the GPU-backend commands: `gpu-plan`, `run-gpu`, `compare` (of a
+batch, or of a decoder's generation), `bench gpu` and `bench generate` (see
+`moelambda.cli._render`)."""
 
 from __future__ import annotations
 
@@ -158,6 +159,77 @@ def compare(out: Console, summary: dict[str, Any]) -> None:
     )
     plot = f" Wrote {summary['plot']}." if "plot" in summary else ""
     out.print(f"At this rate {cheaper} cost less; {crossing}.{plot}", highlight=False)
+
+
+def compare_generation(out: Console, summary: dict[str, Any]) -> None:
+    """`moelambda compare --slo-ttft/--slo-tpot`: Lambda, GPUs and a managed API per token."""
+    rows = [
+        (
+            r["backend"],
+            r["deployment"],
+            optional(r["ttft_s"], ".3f"),
+            optional(r["tpot_s"], ".4f"),
+            optional(r["per_million_input_usd"], ".4f"),
+            optional(r["per_million_output_usd"], ".4f")
+            if r["per_million_output_usd"] is not None
+            else "no list price",
+        )
+        for r in summary["rows"]
+    ]
+    out.print(
+        table(
+            f"{summary['model']} generating {summary['new_tokens']} tokens for "
+            f"{summary['prompt_tokens']:,}-token prompts, {summary['rps']:g} requests/s",
+            ("backend", "deployment", "TTFT s", "TPOT s", "USD / M input", "USD / M output"),
+            rows,
+            left=2,
+        )
+    )
+    for r in summary["rows"]:
+        out.print(f"{r['backend']}: {r['source']}", highlight=False)
+
+
+def bench_generate(out: Console, report: dict[str, Any]) -> None:
+    """`moelambda bench generate`: per model and rate, Lambda against GPUs and a managed API."""
+    rows = []
+    for model in report["models"]:
+        managed = model["managed_api"]["per_million_output_usd"]
+        for run in model["runs"]:
+            lam, gpu = run["lambda"], run["gpu"]
+            rows.append(
+                (
+                    model["label"],
+                    f"{run['rate_per_s']:.4g}",
+                    optional(lam["ttft_p99_s"], ".2f"),
+                    optional(lam["tpot_p99_s"], ".4f"),
+                    f"{lam['per_million_output_usd']:.3f}",
+                    f"{lam['refused_fraction']:.2%}",
+                    f"{gpu['ttft_p99_s']:.3f}",
+                    f"{gpu['tpot_p99_s']:.4f}",
+                    f"{gpu['per_million_output_usd']:.3f}",
+                    "no list price" if managed is None else f"{managed:.2f}",
+                )
+            )
+    out.print(
+        table(
+            f"Generation on the Azure conversation trace (SLOs: TTFT {report['slo_ttft_s']} s, "
+            f"TPOT {report['slo_tpot_s']} s)",
+            (
+                "model",
+                "req/s",
+                "Lambda TTFT p99 s",
+                "TPOT p99 s",
+                "USD / M out",
+                "refused",
+                "GPU TTFT p99 s",
+                "TPOT p99 s",
+                "USD / M out",
+                "managed API USD / M out",
+            ),
+            rows,
+        )
+    )
+    out.print(f"{report['seconds']:.0f} s.", highlight=False)
 
 
 def bench_gpu(out: Console, summary: dict[str, Any]) -> None:

@@ -38,6 +38,54 @@ def traffic(out: Console, summary: dict[str, Any]) -> None:
     out.print(table)
 
 
+def generation_traffic(out: Console, summary: dict[str, Any]) -> None:
+    """`moelambda traffic` of a generating plan: TTFT, TPOT and end to end, refusals, bill."""
+    bill, refused = summary["bill_usd"], summary["refused"]
+
+    def fmt(value: float | None) -> str:
+        return "-" if value is None else f"{value:.4g}"
+
+    out.print(
+        f"{summary['requests']:,} requests over {summary['period_s'] / 3600:.2f} h "
+        f"({summary['traffic']['rate_per_s']:.4g} req/s), {summary['served']:,} served; "
+        f"{summary['cold_starts']['count']:,} cold starts.",
+        highlight=False,
+    )
+    table = Table(title="Latency of the served requests (s)")
+    for column in ("", "p50", "p99", "max"):
+        table.add_column(column, justify="right" if column else "left")
+    rows = (
+        ("time to first token", "ttft_s"),
+        ("per output token", "tpot_s"),
+        ("end to end", "e2e_s"),
+    )
+    for name, key in rows:
+        q = summary[key]
+        table.add_row(name, fmt(q["p50"]), fmt(q["p99"]), fmt(q["max"]))
+    out.print(table)
+    failed = summary["failed"]
+    out.print(
+        f"Refused: {refused['total']:,} ({summary['refused_fraction']:.2%}): "
+        f"{refused['over_time_limit']:,} would outlast the {summary['time_limit_s']:g} s of "
+        f"one invocation, {refused['over_memory']:,} need more memory for their KV cache, "
+        f"{refused['over_replicas']:,} more replicas; failed: {failed['throttled']:,} "
+        f"throttled, {failed['timed_out']:,} timed out.",
+        highlight=False,
+    )
+    if summary["slo_s"] is not None:
+        out.print(
+            f"End-to-end SLO {summary['slo_s']:.3f} s met by {summary['slo_attainment']:.2%} "
+            "of requests.",
+            highlight=False,
+        )
+    out.print(
+        f"Bill ${bill['total_usd']:.4f}: ${bill['per_million_input_usd']:.4f} per million "
+        f"input tokens ({summary['input_tokens']:,}), ${bill['per_million_output_usd']:.4f} "
+        f"per million output tokens ({summary['output_tokens']:,}).",
+        highlight=False,
+    )
+
+
 def plan_traffic(out: Console, summary: dict[str, Any]) -> None:
     """`moelambda plan --traffic`: the chosen batch and capacity policies, simulated."""
     bill, stream = summary["bill_usd"], summary["traffic"]

@@ -1,4 +1,4 @@
-"""GPU backend commands: gpu-plan, run-gpu, compare, and `bench gpu`."""
+"""GPU backend commands: gpu-plan, run-gpu, compare, `bench gpu` and `bench generate`."""
 
 from __future__ import annotations
 
@@ -123,13 +123,15 @@ def run_gpu(
 @app.command("compare")
 @user_errors
 def compare(
-    counts: Annotated[
-        Path, typer.Option(help="Counts file from `moelambda predict --counts-out`.")
-    ],
-    slo: Annotated[float, typer.Option(help="Latency SLO of one request (batch), seconds.")],
     rps: Annotated[
         float, typer.Option(help="Requests (batches of the counts' tokens) per second.")
     ],
+    counts: Annotated[
+        Path | None, typer.Option(help="Counts file from `moelambda predict --counts-out`.")
+    ] = None,
+    slo: Annotated[
+        float | None, typer.Option(help="Latency SLO of one request (batch), seconds.")
+    ] = None,
     plot: Annotated[
         Path | None, typer.Option(help="PNG of cost per million tokens against the rate.")
     ] = None,
@@ -140,16 +142,68 @@ def compare(
             "distribution (default 0.99 when the file has one, else 0), as `plan` does."
         ),
     ] = None,
+    shape: Annotated[
+        str | None,
+        typer.Option(
+            help="With --slo-ttft/--slo-tpot: a decoder known by its architecture alone (a "
+            "built-in shape: olmoe, mixtral, qwen-moe, deepseek-v2-lite), Zipf(1) popularity."
+        ),
+    ] = None,
+    slo_ttft: Annotated[
+        float | None,
+        typer.Option(
+            help="Compare a decoder's generation: time to first token, seconds (as `plan "
+            "--slo-ttft`); reports dollars per million output tokens on Lambda, on GPUs and at "
+            "a managed API's list price."
+        ),
+    ] = None,
+    slo_tpot: Annotated[
+        float | None, typer.Option(help="Generation: time per output token, seconds.")
+    ] = None,
+    prompt_tokens: Annotated[
+        int | None, typer.Option(help="Generation: prompt tokens per request (default 1,020).")
+    ] = None,
+    new_tokens: Annotated[
+        int | None, typer.Option(help="Generation: tokens generated per request (default 129).")
+    ] = None,
+    concurrency_quota: Annotated[
+        int,
+        typer.Option(help="Generation: the account's Lambda concurrency quota, as `plan`'s."),
+    ] = 1000,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Cost per million tokens on Lambda (cheapest plan of any shape, full bill; every shape
-    listed) and on GPUs at a request rate, and the rate at which the GPUs break even."""
+    listed) and on GPUs at a request rate, and the rate at which the GPUs break even.
+
+    With --slo-ttft/--slo-tpot (a decoder, from --counts or --shape): dollars per million input
+    and output tokens of its generating Lambda plan, of the cheapest GPU deployment at the rate
+    (continuous batching), and of a managed API's list price where the calibration has one.
+    """
+    if any(v is not None for v in (slo_ttft, slo_tpot, prompt_tokens, new_tokens)):
+        _compare_generation(
+            rps,
+            counts,
+            shape,
+            slo_ttft,
+            slo_tpot,
+            prompt_tokens,
+            new_tokens,
+            concurrency_quota,
+            refused={"--slo": slo, "--plot": plot, "--confidence": confidence},
+            as_json=as_json,
+        )
+        return
     from gpu.api import compare_serverless_gpu
     from planner import load_calibration
     from planner.api import counts_for_plan, serverless_best
     from predictor import PredictedCounts
 
+    if counts is None or slo is None or shape is not None:
+        raise UsageError(
+            "comparing a batch needs --counts and --slo (--shape plans a decoder's generation).",
+            "pass --counts FILE --slo SECONDS, or --slo-ttft/--slo-tpot for a decoder.",
+        )
     if rps <= 0 or slo <= 0:
         raise UsageError("--rps and --slo must be positive.", "pass e.g. --rps 1 --slo 30.")
     if confidence is not None and not 0 <= confidence < 1:
@@ -183,6 +237,59 @@ def compare(
     render.compare(stdout(), summary)
 
 
+def _compare_generation(
+    rps: float,
+    counts: Path | None,
+    shape: str | None,
+    slo_ttft: float | None,
+    slo_tpot: float | None,
+    prompt_tokens: int | None,
+    new_tokens: int | None,
+    concurrency_quota: int,
+    *,
+    refused: dict[str, object],
+    as_json: bool,
+) -> None:
+    """`moelambda compare --slo-ttft/--slo-tpot`: `gpu.generation_compare.compare_generation`."""
+    from gpu.generation_compare import compare_generation
+    from planner import load_calibration
+    from planner.api import PlanOptions, counts_for_plan, shape_counts_for_plan
+
+    given = [flag for flag, value in refused.items() if value is not None]
+    if given:
+        raise UsageError(
+            f"{', '.join(given)} belong to a batch comparison, not a decoder's generation.",
+            f"drop {', '.join(given)}.",
+        )
+    if (counts is None) == (shape is None):
+        raise UsageError(
+            "a decoder to compare comes from --counts or --shape, one of them.",
+            "pass --counts FILE (a measured decoder) or --shape NAME.",
+        )
+    tokens = 10240  # the sample the routing shares are read from, as `plan` reads it
+    if shape is not None:
+        planning = shape_counts_for_plan(shape, "zipf:1.0", tokens=tokens)
+    else:
+        planning = counts_for_plan(counts=counts, tokens=tokens)
+    manifest = planning.manifest or manifest_of_counts(planning)
+    options = PlanOptions(
+        concurrency_quota=concurrency_quota,
+        slo_ttft_s=slo_ttft,
+        slo_tpot_s=slo_tpot,
+        prompt_tokens=prompt_tokens,
+        new_tokens=new_tokens,
+        confidence=0.0,
+    )
+    with err.status("Lambda, GPUs and the managed API"):
+        summary = compare_generation(
+            manifest, planning, load_calibration(None), rps=rps, options=options
+        )
+    if as_json:
+        print(json.dumps(summary))
+        return
+    render.compare_generation(stdout(), summary)
+
+
 @bench_app.command("gpu")
 @user_errors
 def bench_gpu(
@@ -205,3 +312,72 @@ def bench_gpu(
         print(json.dumps(summary))
         return
     render.bench_gpu(stdout(), summary)
+
+
+@bench_app.command("generate")
+@user_errors
+def bench_generate(
+    models: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated: smollm2 (a MoEfied SmolLM2, from --smollm2-counts), and "
+            "built-in shapes (olmoe, mixtral, qwen-moe, deepseek-v2-lite; Zipf(1) popularity)."
+        ),
+    ] = "smollm2,olmoe,mixtral",
+    smollm2_counts: Annotated[
+        Path | None,
+        typer.Option(
+            help="Counts of a MoEfied SmolLM2 (`moelambda predict --counts-out` on a `profile "
+            "--model smollm2` trace): SmolLM2 has no built-in shape."
+        ),
+    ] = None,
+    slo_ttft: Annotated[
+        float, typer.Option(help="Time to first token SLO of every plan, seconds.")
+    ] = 300.0,
+    slo_tpot: Annotated[float, typer.Option(help="Time per output token SLO, seconds.")] = 5.0,
+    concurrency_quota: Annotated[
+        int, typer.Option(help="The account's Lambda concurrency quota the plans must fit.")
+    ] = 100_000,
+    as_json: JsonOpt = False,
+) -> None:
+    """TTFT p99, TPOT p99 and dollars per million output tokens on the Azure conversation
+    trace at one request a minute (a day) and one a second (an hour), per model: on Lambda
+    (`plan --traffic azure-conv --slo-ttft --slo-tpot`, simulated with cold starts; expert
+    functions without reserved concurrency), on GPUs at the same rate, and at a managed API's
+    list price."""
+    from gpu.generation_compare import GenerationModel, bench_generate, shape_model
+    from planner import load_calibration
+    from planner.api import PlanOptions, counts_for_plan
+
+    names = [m.strip() for m in models.split(",") if m.strip()]
+    if "smollm2" in names and smollm2_counts is None:
+        raise UsageError(
+            "smollm2 has no built-in shape: its counts come from a MoEfied model.",
+            "pass --smollm2-counts FILE (`moelambda profile --model smollm2 --experts 8 "
+            "--top-k 4 --correction`, then `moelambda predict --counts-out FILE`), or drop "
+            "smollm2 from --models.",
+        )
+    entries = []
+    with err.status("bench generate") as status:
+        for name in names:
+            status.update(f"{name}: its counts")
+            if name == "smollm2":
+                planning = counts_for_plan(counts=smollm2_counts, tokens=10240)
+                manifest = manifest_of_counts(planning)
+                label = f"SmolLM2-135M (E{manifest.experts} k{manifest.top_k})"
+                entries.append(GenerationModel(name, label, manifest, planning))
+            else:
+                entries.append(shape_model(name))
+        options = PlanOptions(
+            concurrency_quota=concurrency_quota,
+            slo_ttft_s=slo_ttft,
+            slo_tpot_s=slo_tpot,
+            confidence=0.0,
+        )
+        report = bench_generate(
+            entries, load_calibration(None), options=options, progress=status.update
+        )
+    if as_json:
+        print(json.dumps(report))
+        return
+    render.bench_generate(stdout(), report)

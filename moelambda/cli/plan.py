@@ -117,7 +117,9 @@ def plan(
         str | None,
         typer.Option(
             help="Plan for a request stream (a CSV, azure-conv, poisson:RATE, "
-            "diurnal:PEAK,TROUGH): choose the batch and capacity policies too, under --slo-p99."
+            "diurnal:PEAK,TROUGH): choose the batch and capacity policies too, under --slo-p99; "
+            "with --slo-ttft/--slo-tpot, a decoder's generation for the stream's p99 prompt and "
+            "generation lengths, then simulated over it."
         ),
     ] = None,
     slo_p99: Annotated[
@@ -133,6 +135,35 @@ def plan(
     idle_s: Annotated[
         float | None, typer.Option(help="With --traffic: idle seconds before reclaim.")
     ] = None,
+    slo_ttft: Annotated[
+        float | None,
+        typer.Option(
+            help="Plan a decoder's generation: time to first token (the prompts' prefill), "
+            "seconds. Any generation option plans a driver or one function for --batch-"
+            "sequences x --prompt-tokens prompts generating --new-tokens each; --tokens then "
+            "only sizes the sample the routing shares are read from."
+        ),
+    ] = None,
+    slo_tpot: Annotated[
+        float | None, typer.Option(help="Generation: time per output token, seconds.")
+    ] = None,
+    batch_sequences: Annotated[
+        int | None,
+        typer.Option(help="Generation: sequences decoded together (default 1)."),
+    ] = None,
+    prompt_tokens: Annotated[
+        int | None,
+        typer.Option(
+            help="Generation: prompt tokens per sequence (default 1,020, the Azure "
+            "conversation trace's median)."
+        ),
+    ] = None,
+    new_tokens: Annotated[
+        int | None,
+        typer.Option(
+            help="Generation: tokens generated per sequence (default 129, the trace's median)."
+        ),
+    ] = None,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -141,7 +172,9 @@ def plan(
     Weighs one function holding the whole model, a driver with local and remote experts, and
     the fan-out workflow (per MoE layer a scatter-gather method and pipeline degree, per expert
     a Lambda memory size and replica count), for a batch of --tokens tokens with the predicted
-    expert popularity, and writes the cheapest that meets the SLO.
+    expert popularity, and writes the cheapest that meets the SLO. With --slo-ttft/--slo-tpot
+    (a decoder), plans a generating driver or one function instead and reports the time to
+    first token, per output token and the bill per million input and output tokens.
     """
     from planner import load_calibration
     from planner.api import (
@@ -158,7 +191,30 @@ def plan(
 
     check_plan_options(solver=solver, arch=arch, tokens=tokens, method=method)
     check_deployment(deployment, objective=objective, method=method, pack=pack)
-    if (traffic is None) != (slo_p99 is None) or (traffic and (slo or throughput)):
+    options = PlanOptions(
+        solver=solver,
+        method=method,
+        arch=arch,
+        workflow=workflow,
+        objective=objective,
+        confidence=confidence,
+        pack=pack,
+        concurrency_quota=concurrency_quota,
+        deployment=deployment,
+        slo_ttft_s=slo_ttft,
+        slo_tpot_s=slo_tpot,
+        batch_sequences=batch_sequences,
+        prompt_tokens=prompt_tokens,
+        new_tokens=new_tokens,
+    )
+    if traffic is not None and options.generating:
+        if slo_p99 is not None:
+            raise UsageError(
+                "--slo-p99 bounds a batch plan's requests; a generating plan for --traffic is "
+                "planned under --slo-ttft and --slo-tpot.",
+                "drop --slo-p99 (pass --slo-ttft and --slo-tpot).",
+            )
+    elif (traffic is None) != (slo_p99 is None) or (traffic and (slo or throughput)):
         raise UsageError(
             "--traffic and --slo-p99 go together, and replace --slo/--throughput.",
             "pass --traffic SPEC --slo-p99 SECONDS, or neither.",
@@ -187,17 +243,25 @@ def plan(
         planning = counts_for_plan(traces=traces, counts=counts, tokens=tokens, seed=seed)
     plan_confidence(confidence, planning)
     manifest = planning.manifest or manifest_of_counts(planning)
-    options = PlanOptions(
-        solver=solver,
-        method=method,
-        arch=arch,
-        workflow=workflow,
-        objective=objective,
-        confidence=confidence,
-        pack=pack,
-        concurrency_quota=concurrency_quota,
-        deployment=deployment,
-    )
+    if traffic is not None and options.generating:
+        from moelambda.cli.traffic import plan_generation_with_traffic
+        from planner.traffic import period_hours
+
+        plan_generation_with_traffic(
+            manifest,
+            planning,
+            cal,
+            options,
+            traffic=traffic,
+            scale=scale,
+            hours=period_hours(hours, minutes),
+            seed=seed,
+            idle_s=idle_s,
+            out=out,
+            force=force,
+            as_json=as_json,
+        )
+        return
     if traffic is not None:
         from moelambda.cli.traffic import plan_with_traffic
         from planner.traffic import period_hours

@@ -3,8 +3,10 @@
 `moelambda traffic` replays a traffic spec through a plan (`planner.traffic.simulate_plan`);
 `moelambda calibrate --cold` (`calibrate_cold` here) measures the handlers' INIT
 (`moelambda.coldstart.calibrate_cold`); `moelambda plan --traffic` (`plan_with_traffic` here)
-plans for a stream (`planner.traffic.api.plan_traffic`); `moelambda bench traffic` compares the
-steady-state plan with the traffic-aware one (`planner.traffic.api.bench_traffic`).
+plans for a stream (`planner.traffic.api.plan_traffic`), a decoder's generation with
+`plan_generation_with_traffic` (`planner.traffic.api.plan_generation_traffic`); `moelambda bench
+traffic` compares the steady-state plan with the traffic-aware one
+(`planner.traffic.api.bench_traffic`).
 """
 
 from __future__ import annotations
@@ -112,7 +114,9 @@ def traffic(
     Every execution environment of every function is simulated (busy, idle, reclaimed after the
     idle time; provisioned and warmed ones as the plan's capacity policy says); each batch's
     workflow is the plan's cost model at the batch's size. A plan made without --traffic runs
-    one execution per arriving request with no capacity policy.
+    one execution per arriving request with no capacity policy. A generating plan (--slo-ttft/
+    --slo-tpot) serves each request's prefill and decode steps in one driver invocation and
+    reports TTFT, TPOT and the bill per million input and output tokens.
     """
     from ground.plan import Plan
     from planner.traffic import load_arrivals, period_hours, simulate_plan
@@ -137,8 +141,38 @@ def traffic(
         )
     if as_json:
         print(json.dumps(summary))
+    elif "planned_for" in summary:
+        render.generation_traffic(stdout(), summary)
     else:
         render.traffic(stdout(), summary)
+
+
+def plan_generation_with_traffic(
+    manifest: Any,
+    counts: Any,
+    calibration: Any,
+    options: Any,
+    *,
+    out: Path,
+    force: bool,
+    as_json: bool,
+    **stream: Any,
+) -> None:
+    """`moelambda plan --traffic --slo-ttft/--slo-tpot`:
+    `planner.traffic.api.plan_generation_traffic`, saved and rendered."""
+    from moelambda.cli import _render
+    from planner.traffic.api import plan_generation_traffic
+
+    plan, summary = plan_generation_traffic(
+        manifest, counts, calibration, options=options, status=err.status, **stream
+    )
+    plan.save(out, force=force)
+    summary = {"plan": str(out), **summary}
+    if as_json:
+        print(json.dumps(summary))
+        return
+    _render.plan(stdout(), summary)
+    render.generation_traffic(stdout(), summary["traffic"])
 
 
 def plan_with_traffic(

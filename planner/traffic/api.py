@@ -1,5 +1,6 @@
-"""Planning for a request stream in a call: what `moelambda plan --traffic` and
-`moelambda bench traffic` do (`moelambda traffic` is `planner.traffic.simulate_plan`).
+"""Planning for a request stream in a call: what `moelambda plan --traffic` (for a batch
+plan, or a decoder's generation) and `moelambda bench traffic` do (`moelambda traffic` is
+`planner.traffic.simulate_plan`).
 
 Each function takes loaded inputs (the model's manifest, the predicted counts, the
 calibration), checks them, does the work and returns JSON-ready results; the command line only
@@ -26,13 +27,21 @@ from ground.progress import Status, quiet
 
 if TYPE_CHECKING:
     from ground.manifest import Manifest
+    from ground.plan import Plan
     from planner.api import PlanningCounts, PlanOptions
     from planner.calibration import Calibration
     from planner.traffic.planning import TrafficChoice
 
-__all__ = ["BENCH_TOKENS", "bench_traffic", "plan_traffic"]
+__all__ = [
+    "BENCH_TOKENS",
+    "GENERATION_QUANTILE",
+    "bench_traffic",
+    "plan_generation_traffic",
+    "plan_traffic",
+]
 
 BENCH_TOKENS = 10240  # tokens per batch of today's plan in `bench traffic`
+GENERATION_QUANTILE = 0.99  # a generating plan for a stream is sized for this request length
 
 
 def plan_traffic(
@@ -180,6 +189,87 @@ def plan_traffic(
         ],
     }
     return choice, summary
+
+
+def plan_generation_traffic(
+    manifest: Manifest,
+    counts: PlanningCounts,
+    calibration: Calibration,
+    *,
+    traffic: str,
+    options: PlanOptions,
+    scale: float = 1.0,
+    hours: float | None = None,
+    seed: int = 0,
+    idle_s: float | None = None,
+    reserve: bool = True,
+    status: Status = quiet,
+) -> tuple[Plan, dict[str, Any]]:
+    """A decoder's generating plan for a request stream, and the stream simulated through it.
+
+    Each request is its own driver invocation (one sequence; `planner.traffic.generation`).
+    The plan is `moelambda plan --slo-ttft/--slo-tpot`'s (`planner.api.plan_deployment`) for
+    one sequence whose prompt and generation are the stream's `GENERATION_QUANTILE` lengths
+    (unless the options give them): the driver holds the KV cache of all but the longest
+    requests, its workflow is Standard where their generation outlasts Express's duration, and
+    the TTFT SLO holds, warm, for that share of the prompts. The simulation then reports what
+    cold starts add, the requests refused, and the bill per million input and output tokens.
+
+    Example::
+
+        options = PlanOptions(slo_ttft_s=300, slo_tpot_s=5, concurrency_quota=100_000)
+        plan, summary = plan_generation_traffic(manifest, planning, load_calibration(),
+                                                traffic="azure-conv", options=options)
+        print(summary["traffic"]["ttft_s"]["p99"], summary["traffic"]["bill_usd"])
+
+    `reserve` is whether the stack reserves each expert's `max_replicas` of concurrency, as
+    `synth` emits it unless `--no-reserve-concurrency`.
+
+    Raises:
+        UsageError: More than one sequence per batch, or a stream without a request or
+            without the tokens each generates.
+        InfeasibleError: No plan meets the SLOs for those lengths.
+    """
+    import dataclasses
+
+    import numpy as np
+
+    from planner.api import plan_deployment
+    from planner.traffic import load_arrivals, simulate_plan
+    from planner.traffic.platform import init_model
+
+    if options.batch_sequences not in (None, 1):
+        raise UsageError(
+            f"--batch-sequences {options.batch_sequences} with --traffic: each request of a "
+            "stream is decoded in its own invocation (batching requests together is not built).",
+            "drop --batch-sequences.",
+        )
+    init_model(calibration)
+    arrivals = load_arrivals(traffic, scale=scale, hours=hours, seed=seed)
+    if arrivals.requests == 0 or arrivals.generated is None:
+        raise UsageError(
+            f"--traffic {traffic} gives no request, or does not say what each generates.",
+            "raise --scale or --hours, or pass a stream with GeneratedTokens (azure-conv).",
+        )
+
+    def length(given: int | None, values: np.ndarray) -> int:
+        if given is not None:
+            return given
+        return int(np.quantile(values, GENERATION_QUANTILE, method="inverted_cdf"))
+
+    sized = dataclasses.replace(
+        options,
+        batch_sequences=1,
+        prompt_tokens=length(options.prompt_tokens, arrivals.tokens),
+        new_tokens=length(options.new_tokens, arrivals.generated),
+    )
+    with status("planning generation for traffic") as shown:
+        planned = plan_deployment(manifest, counts, calibration, options=sized)
+        shown.update(f"simulating {arrivals.requests:,} requests")
+        simulated = simulate_plan(
+            planned.plan, arrivals, idle_s=idle_s, calibration=calibration, reserve=reserve
+        )
+    return planned.plan, planned.summary | {"traffic": simulated}
 
 
 def bench_traffic(

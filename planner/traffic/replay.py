@@ -4,7 +4,9 @@ A plan made with `--traffic` carries its batch policy and a capacity policy per 
 is deployed behind the batching front door (`ground.frontdoor`); any other plan is served as
 today's steady-state plan is deployed: no front door, one execution per arriving request
 (requests arriving at the same instant share one, up to the plan's batch), no capacity policy.
-`simulate_plan` is what `moelambda traffic` prints.
+A generating plan (`Plan.generation`) serves each request in its own driver invocation, a
+prefill and its decode steps (`planner.traffic.generation`). `simulate_plan` is what
+`moelambda traffic` prints.
 """
 
 from __future__ import annotations
@@ -72,10 +74,23 @@ def simulate_plan(
             concurrency, as `synth` does unless `--no-reserve-concurrency`.
 
     Raises:
-        UsageError: A non-positive override.
+        UsageError: A non-positive override; a batch override, or a stream without generated
+            tokens, for a generating plan.
         CalibrationError: A traffic parameter is missing, or provisioned concurrency has no
             price for the plan's architecture.
     """
+    if plan.generation is not None:
+        from planner.traffic.generation import generation_report
+
+        if max_batch_tokens is not None or max_wait_s is not None:
+            raise UsageError(
+                "a generating plan serves each request in its own driver invocation: it has "
+                "no front door to batch behind.",
+                "drop --max-batch-tokens and --max-wait.",
+            )
+        return generation_report(
+            plan, arrivals, slo_s=slo_s, idle_s=idle_s, calibration=calibration, reserve=reserve
+        )
     started = time.perf_counter()
     policy, capacity, plan_slo = policies_of(plan)
     if max_batch_tokens is not None and max_batch_tokens < 1:

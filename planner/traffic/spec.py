@@ -2,18 +2,20 @@
 
 A spec is one of
 - a CSV file with an arrival timestamp and a token count per request, read as the Azure LLM
-  inference trace is written (`TIMESTAMP,ContextTokens,...`; a numeric `time_s` column and a
-  `tokens` column work too); `azure-conv` names the conversation trace shipped in
-  `planner/traffic/data` (CC-BY 4.0, see its SOURCES.md);
+  inference trace is written (`TIMESTAMP,ContextTokens,GeneratedTokens`; a numeric `time_s`
+  column and a `tokens` column work too; the generated tokens, `GeneratedTokens` or
+  `generated`, are optional and only a generating plan reads them); `azure-conv` names the
+  conversation trace shipped in `planner/traffic/data` (CC-BY 4.0, see its SOURCES.md);
 - `poisson:RATE`: a Poisson process of RATE requests per second;
 - `diurnal:PEAK,TROUGH`: a Poisson process whose rate follows a day, from TROUGH requests per
   second at midnight to PEAK at noon (a raised cosine), made by thinning.
 
-Synthetic specs draw each request's tokens from the shipped trace's ContextTokens, so every
-spec has the same request sizes; they are seeded. `scale` multiplies the arrival rate: a trace's
-times are divided by it (0.01 stretches the same pattern a hundred times in time), a synthetic
-rate is multiplied by it. `hours` keeps the first H hours; a trace repeats to fill them (each
-repetition starts one mean gap after the previous one ends). Everything is vectorised numpy.
+Synthetic specs draw each request from the shipped trace's requests (its ContextTokens and
+GeneratedTokens together), so every spec has the same request sizes; they are seeded. `scale`
+multiplies the arrival rate: a trace's times are divided by it (0.01 stretches the same pattern
+a hundred times in time), a synthetic rate is multiplied by it. `hours` keeps the first H
+hours; a trace repeats to fill them (each repetition starts one mean gap after the previous one
+ends). Everything is vectorised numpy.
 """
 
 from __future__ import annotations
@@ -29,22 +31,32 @@ import numpy as np
 
 from ground.errors import UsageError
 
-__all__ = ["BUNDLED", "Arrivals", "load_arrivals", "period_hours", "trace_tokens"]
+__all__ = [
+    "BUNDLED",
+    "Arrivals",
+    "load_arrivals",
+    "period_hours",
+    "trace_requests",
+    "trace_tokens",
+]
 
 BUNDLED = {"azure-conv": "AzureLLMInferenceTrace_conv.csv"}
 TIME_COLUMNS = ("TIMESTAMP", "timestamp", "time_s")
 TOKEN_COLUMNS = ("ContextTokens", "tokens")
+GENERATED_COLUMNS = ("GeneratedTokens", "generated")
 DAY_S = 86400.0
 
 
 @dataclass(frozen=True, eq=False)
 class Arrivals:
-    """Requests of one period: arrival seconds from its start (sorted) and tokens of each."""
+    """Requests of one period: arrival seconds from its start (sorted), tokens of each (a
+    decoder's context), and the tokens each generates (None: the stream does not say)."""
 
     times_s: np.ndarray
     tokens: np.ndarray
     period_s: float
     source: dict[str, Any] = field(default_factory=dict)
+    generated: np.ndarray | None = None
 
     @property
     def requests(self) -> int:
@@ -65,7 +77,10 @@ class Arrivals:
             )
         keep = (self.times_s >= start_s) & (self.times_s < end_s)
         source = self.source | {"window_s": [start_s, end_s]}
-        return Arrivals(self.times_s[keep] - start_s, self.tokens[keep], end_s - start_s, source)
+        generated = None if self.generated is None else self.generated[keep]
+        return Arrivals(
+            self.times_s[keep] - start_s, self.tokens[keep], end_s - start_s, source, generated
+        )
 
     def describe(self) -> dict[str, Any]:
         """What the stream is, for JSON reports: its spec and its measured rate."""
@@ -81,10 +96,14 @@ def _bundled_path(name: str) -> Path:
     return Path(str(resources.files("planner.traffic") / "data" / BUNDLED[name]))
 
 
+def _find(header: list[str], names: tuple[str, ...]) -> int | None:
+    return next((header.index(name) for name in names if name in header), None)
+
+
 def _column(header: list[str], names: tuple[str, ...], path: Path, what: str) -> int:
-    for name in names:
-        if name in header:
-            return header.index(name)
+    found = _find(header, names)
+    if found is not None:
+        return found
     raise UsageError(
         f"{path} has no {what} column (looked for {', '.join(names)}; found "
         f"{', '.join(header) or 'no header'}).",
@@ -92,8 +111,9 @@ def _column(header: list[str], names: tuple[str, ...], path: Path, what: str) ->
     )
 
 
-def _read_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """(seconds from the first arrival, tokens) of a trace file, sorted by arrival."""
+def _read_csv(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(seconds from the first arrival, tokens, generated tokens or None) of a trace file,
+    sorted by arrival."""
     try:
         with path.open(encoding="utf-8", newline="") as handle:
             rows = list(csv.reader(handle))
@@ -107,9 +127,13 @@ def _read_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
     header, body = [h.strip().lstrip("\ufeff") for h in rows[0]], rows[1:]
     t_col = _column(header, TIME_COLUMNS, path, "timestamp")
     n_col = _column(header, TOKEN_COLUMNS, path, "token count")
+    g_col = _find(header, GENERATED_COLUMNS)
     try:
         raw_t = np.array([row[t_col].strip() for row in body])
         tokens = np.array([row[n_col] for row in body], dtype=np.int64)
+        generated = None
+        if g_col is not None:
+            generated = np.array([row[g_col] for row in body], dtype=np.int64)
         if header[t_col] == "time_s":
             seconds = raw_t.astype(float)
         else:
@@ -119,21 +143,30 @@ def _read_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise UsageError(
             f"the traffic file {path} has a row that does not parse: {exc}.",
             "each row needs a timestamp (e.g. 2023-11-16 18:15:46.68) or seconds, and an "
-            "integer token count.",
+            "integer token count (and generated tokens, when the file has them).",
         ) from None
-    if (tokens < 1).any():
-        raise UsageError(
-            f"the traffic file {path} has requests of {int(tokens.min())} tokens.",
-            "every request needs at least one token.",
-        )
+    for what, values in (("tokens", tokens), ("generated tokens", generated)):
+        if values is not None and (values < 1).any():
+            raise UsageError(
+                f"the traffic file {path} has requests of {int(values.min())} {what}.",
+                f"every request needs at least one of its {what}.",
+            )
     order = np.argsort(seconds, kind="stable")
     seconds = seconds[order]
-    return seconds - seconds[0], tokens[order]
+    return seconds - seconds[0], tokens[order], None if generated is None else generated[order]
+
+
+def trace_requests() -> tuple[np.ndarray, np.ndarray]:
+    """(context tokens, generated tokens) per request of the shipped conversation trace: what
+    synthetic specs draw from."""
+    _, tokens, generated = _read_csv(_bundled_path("azure-conv"))
+    assert generated is not None  # the shipped trace has the column
+    return tokens, generated
 
 
 def trace_tokens() -> np.ndarray:
-    """Tokens per request of the shipped conversation trace: what synthetic specs draw from."""
-    return _read_csv(_bundled_path("azure-conv"))[1]
+    """Tokens per request of the shipped conversation trace (its ContextTokens)."""
+    return trace_requests()[0]
 
 
 def _number(text: str, spec: str) -> float:
@@ -149,16 +182,18 @@ def _number(text: str, spec: str) -> float:
     return value
 
 
-def _repeat(times: np.ndarray, tokens: np.ndarray, period_s: float) -> tuple[np.ndarray, ...]:
+def _repeat(
+    times: np.ndarray, tokens: np.ndarray, generated: np.ndarray | None, period_s: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """The trace repeated end to end until it covers `period_s` seconds, cut there."""
     span = float(times[-1])
     gap = span / (times.size - 1) if times.size > 1 else max(span, 1.0)
     cycle = span + gap
     copies = max(1, math.ceil(period_s / cycle))
     all_times = (times[None, :] + cycle * np.arange(copies)[:, None]).ravel()
-    all_tokens = np.tile(tokens, copies)
     keep = all_times < period_s
-    return all_times[keep], all_tokens[keep]
+    all_generated = None if generated is None else np.tile(generated, copies)[keep]
+    return all_times[keep], np.tile(tokens, copies)[keep], all_generated
 
 
 def _poisson(rate: float, period_s: float, rng: np.random.Generator) -> np.ndarray:
@@ -235,15 +270,18 @@ def load_arrivals(
                 f"--traffic {spec!r} is neither a file nor a spec.",
                 f"pass a CSV path, {', '.join(BUNDLED)}, poisson:RATE or diurnal:PEAK,TROUGH.",
             )
-        trace_s, trace_n = _read_csv(path)
+        trace_s, trace_n, trace_g = _read_csv(path)
         trace_s = trace_s / scale
         if hours is None:
             period = float(trace_s[-1]) + (
                 float(trace_s[-1]) / (trace_s.size - 1) if trace_s.size > 1 else 1.0
             )
-            return Arrivals(trace_s, trace_n, period, source)
+            return Arrivals(trace_s, trace_n, period, source, trace_g)
         period = hours * 3600.0
-        times, tokens = _repeat(trace_s, trace_n, period)
-        return Arrivals(times, tokens, period, source)
-    tokens = rng.choice(trace_tokens(), size=times.size)
-    return Arrivals(times, tokens.astype(np.int64), period, source)
+        times, tokens, generated = _repeat(trace_s, trace_n, trace_g, period)
+        return Arrivals(times, tokens, period, source, generated)
+    # One draw per request of the trace's rows (the same draws `rng.choice` of the context
+    # tokens alone made, so an encoder's streams are unchanged), its context and generation.
+    context, generated = trace_requests()
+    row = rng.integers(0, context.size, size=times.size)
+    return Arrivals(times, context[row].astype(np.int64), period, source, generated[row])
