@@ -33,7 +33,16 @@ from functions.common import (
 )
 from ground import layout
 from ground.semantics import runtime_replicas
-from moe import LayerOutput, gather_shards, routing_shards, run_stages
+from moe import (
+    LayerOutput,
+    Step,
+    eos_ids,
+    gather_shards,
+    generate_tokens,
+    generation_request,
+    routing_shards,
+    run_stages,
+)
 from pipeline import transports
 
 __all__ = ["handler"]
@@ -61,6 +70,13 @@ class _Stages:
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """{"request_id", "execution", "input", "remote"} -> {"request_id", "output_key"}.
 
+    A forward request's output is the tail's (embeddings or logits). A generation request
+    (`input["generate"]`: `prompts`, token id lists, and the `moe.GenerationConfig` fields)
+    runs a prefill and its decode steps here, with every sequence's KV cache in this process
+    (`moe.generate_tokens`); its output is the new token ids (-1 past a sequence's end) and the
+    seconds since the start at which each arrived, and it writes each step's tokens where the
+    routing metrics go (stdout on Lambda), so a client can stream them.
+
     Intermediates exist only for shards that went through S3; they are deleted before the
     driver returns, whether it succeeds or fails (the workflow's cleanup is the fallback for
     a driver that dies). A second delivery computes the same output again.
@@ -74,27 +90,68 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     manifest = weights.loader(s3, cfg.bucket, cfg.weights_prefix).manifest
     local = cfg.driver_local
     remote = config.remote_plan(event.get("remote"), manifest.num_layers, local, manifest.experts)
-    ids = request_ids(s3, cfg.bucket, event)
     stages = _Stages(s3, cfg.bucket, cfg.weights_prefix)
-    overflowed = 0
+    call = _RemoteExperts(s3, cfg, request_id, manifest, local, remote, stages)
+    request = (event.get("input") or {}).get("generate")
+    key = layout.output_key(request_id)
+    try:
+        if request is not None:
+            arrays = _generate(request, s3, cfg, request_id, manifest, stages, call)
+        else:
+            ids = request_ids(s3, cfg.bucket, event)
+            output = run_stages(stages, manifest.num_layers, torch.from_numpy(ids), call)
+            result = output.numpy().astype("float32")
+            write_results(s3, cfg.bucket, result, (event.get("input") or {}).get("requests"))
+            arrays = (result,)
+        transports.write_tensors(s3, cfg.bucket, key, *arrays)
+    finally:
+        if call.overflowed:
+            transports.delete_request(s3, cfg.bucket, request_id)
+    return {"request_id": request_id, "output_key": key}
 
-    def experts(layer: int, out: LayerOutput) -> torch.Tensor:
-        nonlocal overflowed
+
+class _RemoteExperts:
+    """The driver's `moe.ExpertCall`: local experts in process, the others invoked.
+
+    A forward pass (and a generation's prefill) splits an expert's rows over the replicas the
+    plan gave it; a decode step's few rows go to one replica per expert, more only where one
+    cannot hold them (`decoding`): one Invoke per remote expert hit, as `ground.generation`
+    counts them.
+    """
+
+    def __init__(
+        self,
+        s3: Any,
+        cfg: config.Config,
+        request_id: str,
+        manifest: Any,
+        local: list[list[int]],
+        remote: list[list[config.RemoteFunction]],
+        stages: _Stages,
+    ) -> None:
+        self.s3, self.cfg, self.request_id = s3, cfg, request_id
+        self.manifest, self.local, self.remote, self.stages = manifest, local, remote, stages
+        self.overflowed = 0
+        self.decoding = False
+
+    def __call__(self, layer: int, out: LayerOutput) -> torch.Tensor:
+        m, cfg = self.manifest, self.cfg
         routed = out.experts.reshape(-1).numpy()
-        counts = np.bincount(routed[routed < manifest.experts], minlength=manifest.experts)
-        metrics.emit(metrics.expert_counts_record(layer, counts, request_id), cfg.metrics_file)
-        shards_of = routing_shards(out.experts, out.weights, manifest.experts)
+        counts = np.bincount(routed[routed < m.experts], minlength=m.experts)
+        record = metrics.expert_counts_record(layer, counts, self.request_id)
+        metrics.emit(record, cfg.metrics_file)
+        shards_of = routing_shards(out.experts, out.weights, m.experts)
         parts = {
-            e: (shards_of[e][0], shards_of[e][1], stages.expert(layer, e).run(out.ffn_in[t]))
-            for e in local[layer]
+            e: (shards_of[e][0], shards_of[e][1], self.stages.expert(layer, e).run(out.ffn_in[t]))
+            for e in self.local[layer]
             if (t := shards_of[e][0]).numel()
         }
-        functions = remote[layer]
-        shards = _shards(layer, functions, shards_of)
+        functions = self.remote[layer]
+        shards = _shards(layer, functions, shards_of, decoding=self.decoding)
         got, over = transports.call_remote(
-            s3,
+            self.s3,
             cfg.bucket,
-            request_id,
+            self.request_id,
             layer,
             out.ffn_in.numpy(),
             shards,
@@ -102,7 +159,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
             cfg.invoke,
             cfg.payload_limit,
         )
-        overflowed += over
+        self.overflowed += over
         for slot, f in enumerate(functions):
             tokens, w = shards_of[f.expert]
             pieces = [got[key] for key in sorted(got) if key[0] == slot]
@@ -110,34 +167,72 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
                 parts[f.expert] = (tokens, w, torch.from_numpy(np.concatenate(pieces)))
         # expert by expert, as the monolithic forward adds them
         ordered = [parts[e] for e in sorted(parts)]
-        return gather_shards(out.ffn_in.shape[0], manifest.hidden_size, ordered)
+        return gather_shards(out.ffn_in.shape[0], m.hidden_size, ordered)
 
-    try:
-        output = run_stages(stages, manifest.num_layers, torch.from_numpy(ids), experts)
-        result = output.numpy().astype("float32")
-        key = layout.output_key(request_id)
-        write_results(s3, cfg.bucket, result, (event.get("input") or {}).get("requests"))
-        transports.write_tensors(s3, cfg.bucket, key, result)
-    finally:
-        if overflowed:
-            transports.delete_request(s3, cfg.bucket, request_id)
-    return {"request_id": request_id, "output_key": key}
+
+def _generate(
+    request: Any,
+    s3: Any,
+    cfg: config.Config,
+    request_id: str,
+    manifest: Any,
+    stages: _Stages,
+    call: _RemoteExperts,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Prefill and decode the request's prompts; (new ids, arrival seconds), (B, steps) each."""
+    loader = weights.loader(s3, cfg.bucket, cfg.weights_prefix)
+    family = loader.family
+    prompts, settings = generation_request(request, int(family.config.vocab_size))
+
+    def on_step(step: Step) -> None:
+        call.decoding = True  # every call after the prefill's is a decode step's
+        record = {
+            "kind": "generated_tokens",
+            "request_id": request_id,
+            "step": step.index,
+            "tokens": [int(t) if a else -1 for t, a in zip(step.tokens, step.active, strict=True)],
+            "seconds": round(step.seconds, 6),
+        }
+        metrics.emit(record, cfg.metrics_file)
+
+    done = generate_tokens(
+        stages,
+        manifest.num_layers,
+        prompts,
+        call,
+        settings,
+        pad_id=0,
+        eos_ids=eos_ids(family.config),
+        sliding_window=getattr(family.config, "sliding_window", None),
+        tokenizer=loader.tokenizer if settings.stop else None,
+        on_step=on_step,
+    )
+    width = max(len(g.token_ids) for g in done)
+    ids = np.full((len(done), width), -1, dtype=np.int64)
+    times = np.full((len(done), width), np.nan, dtype=np.float32)
+    for b, g in enumerate(done):
+        ids[b, : len(g.token_ids)] = g.token_ids
+        times[b, : len(g.step_times)] = g.step_times
+    return ids, times
 
 
 def _shards(
     layer: int,
     functions: list[config.RemoteFunction],
     shards_of: list[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    decoding: bool = False,
 ) -> list[transports.ShardRows]:
     """Each remote expert's rows split over the replicas its real tokens need (the plan's,
     more where one replica's memory cannot hold its share, up to its cap), as a direct gate
-    splits them (`ground.semantics.runtime_replicas`).
+    splits them (`ground.semantics.runtime_replicas`); a decode step's over one replica, more
+    only where one cannot hold them.
 
     Raises:
         CapacityError: An expert's tokens do not fit even its cap of replicas.
     """
     tokens = np.array([shards_of[f.expert][0].numel() for f in functions], dtype=int)
-    planned = np.array([f.replicas for f in functions], dtype=int)
+    planned = np.array([1 if decoding else f.replicas for f in functions], dtype=int)
     cap = np.array([f.max_replicas for f in functions], dtype=int)
     fits = np.array([f.max_tokens for f in functions], dtype=int)
     replicas = runtime_replicas(tokens, planned, cap, fits) if functions else planned

@@ -64,7 +64,7 @@ class LocalHandlers:
 def run_workflow(
     template: dict[str, Any],
     weights_dir: Path,
-    requests: list[np.ndarray],
+    requests: list[np.ndarray | dict[str, Any]],
     *,
     timeout_s: float = 600.0,
     metered: bool = False,
@@ -76,7 +76,7 @@ def run_workflow(
     Args:
         template: The synthesised CloudFormation template (`pipeline.stacks.flat_template`).
         weights_dir: The exported weights (`moelambda export`).
-        requests: Token ids, one array per execution.
+        requests: Token ids, one array per execution, or an execution's input (a dict).
         timeout_s: Seconds every execution may take in all. Defaults to 600.
         metered: Warm every function first and count what AWS would bill. Defaults to False.
         faults: Faults to inject (`pipeline.faults`). Defaults to None (none).

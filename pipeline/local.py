@@ -456,7 +456,7 @@ def _wait(sfn: Any, execution_arns: list[str], deadline: float) -> list[dict[str
 def run_workflow(
     template: dict[str, Any],
     weights_dir: Path,
-    requests: list[np.ndarray],
+    requests: list[np.ndarray | dict[str, Any]],
     *,
     handlers: Handlers,
     timeout_s: float = 600.0,
@@ -465,6 +465,9 @@ def run_workflow(
     metrics_file: Path | None = None,
 ) -> dict[str, Any]:
     """Deploy `template` onto moto, upload the weights, and run one execution per request.
+
+    A request is token ids (uploaded under `inputs/`, the execution input empty) or a dict, the
+    execution's input itself (a generation request: `{"generate": {...}}`).
 
     `metrics_file`: where the gates append their EMF routing records (`functions.metrics`),
     as on Lambda they print them for CloudWatch.
@@ -512,7 +515,12 @@ def run_workflow(
         # The caller names its executions and uploads each input under that name; the
         # workflow derives the request's keys from the execution's ARN, not from the caller.
         names_ = [f"{run}-{i:04d}" for i in range(len(requests))]
+        inputs = []
         for name, ids in zip(names_, requests, strict=True):
+            if isinstance(ids, dict):
+                inputs.append(json.dumps(ids))
+                continue
+            inputs.append("{}")
             s3.put_object(
                 Bucket=bucket, Key=layout.input_key(name), Body=encode(ids.astype(np.int64))
             )
@@ -521,8 +529,8 @@ def run_workflow(
         deadline = time.monotonic() + timeout_s
         with lambdas.metered(meter) if metered else contextlib.nullcontext():
             executions = [
-                sfn.start_execution(stateMachineArn=arn, name=name, input="{}")["executionArn"]
-                for name in names_
+                sfn.start_execution(stateMachineArn=arn, name=name, input=data)["executionArn"]
+                for name, data in zip(names_, inputs, strict=True)
             ]
             final = _wait(sfn, executions, deadline)
             lambdas.drain(max(deadline - time.monotonic(), 1.0))
@@ -537,7 +545,8 @@ def run_workflow(
             if info["status"] == "SUCCEEDED":
                 key = json.loads(info["output"])["output_key"]
                 body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-                entry["output"] = decode(body)[0]
+                entry["outputs"] = decode(body)
+                entry["output"] = entry["outputs"][0]
             else:
                 entry["error"] = info.get("error")
                 entry["cause"] = info.get("cause")
