@@ -149,7 +149,8 @@ def candidates(summary: dict[str, Any], *, title: str) -> Table:
     """The deployment shapes `plan` weighed: bill, latency, functions, or why not."""
     grid = Table(title=title)
     for column in ("shape", "bill per batch", "latency", "smallest SLO", "functions", "local"):
-        grid.add_column(column, justify="left" if column == "shape" else "right")
+        left = column == "shape"
+        grid.add_column(column, justify="left" if left else "right", no_wrap=left)
     grid.add_column("why not", justify="left")
     for c in summary["candidates"]:
         chosen = c["deployment"] == summary["deployment"]
@@ -183,13 +184,15 @@ def _generation_plan(out: Console, summary: dict[str, Any]) -> None:
     grid = Table(title=title)
     columns = ("shape", "TTFT", "TPOT", "fastest TPOT", "$/M input", "$/M output", "local")
     for column in columns:
-        grid.add_column(column, justify="left" if column == "shape" else "right")
-    grid.add_column("why not", justify="left")
+        left = column == "shape"
+        grid.add_column(column, justify="left" if left else "right", no_wrap=left)
+    refused = []
     for c in summary["candidates"]:
         chosen = c["deployment"] == summary["deployment"]
         name = f"[bold]{c['deployment']}[/bold] (chosen)" if chosen else c["deployment"]
         if not c["feasible"]:
-            grid.add_row(name, *["-"] * (len(columns) - 1), c["reason"])
+            grid.add_row(name, *["-"] * (len(columns) - 1))
+            refused.append(f"{c['deployment']}: {c['reason']}")
             continue
         grid.add_row(
             name,
@@ -199,9 +202,10 @@ def _generation_plan(out: Console, summary: dict[str, Any]) -> None:
             f"${c['bill_per_million_input_usd']:,.2f}",
             f"${c['bill_per_million_output_usd']:,.2f}",
             f"{c['local_per_layer']} per layer",
-            "",
         )
     out.print(grid)
+    for line in refused:  # below the table: a reason is a sentence, not a cell
+        out.print(f"Not {line}", highlight=False)
     _driver_layers(out, summary, f"The generating {summary['deployment']} plan")
     out.print(
         f"TTFT {g['ttft_s']:.3f} s, TPOT {g['tpot_s']:.3f} s (the fastest within the TTFT SLO: "
