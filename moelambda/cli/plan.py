@@ -243,29 +243,12 @@ def plan(
         planning = counts_for_plan(traces=traces, counts=counts, tokens=tokens, seed=seed)
     plan_confidence(confidence, planning)
     manifest = planning.manifest or manifest_of_counts(planning)
-    if traffic is not None and options.generating:
-        from moelambda.cli.traffic import plan_generation_with_traffic
-        from planner.traffic import period_hours
-
-        plan_generation_with_traffic(
-            manifest,
-            planning,
-            cal,
-            options,
-            traffic=traffic,
-            scale=scale,
-            hours=period_hours(hours, minutes),
-            seed=seed,
-            idle_s=idle_s,
-            out=out,
-            force=force,
-            as_json=as_json,
-        )
-        return
     if traffic is not None:
         from moelambda.cli.traffic import plan_with_traffic
         from planner.traffic import period_hours
 
+        # a batch plan meets a p99 SLO over the stream; a generating one its TTFT/TPOT SLOs
+        p99 = {} if options.generating else {"slo_p99_s": float(slo_p99)}  # type: ignore[arg-type]
         plan_with_traffic(
             manifest,
             planning,
@@ -275,11 +258,11 @@ def plan(
             scale=scale,
             hours=period_hours(hours, minutes),
             seed=seed,
-            slo_p99_s=float(slo_p99),  # type: ignore[arg-type]
             idle_s=idle_s,
             out=out,
             force=force,
             as_json=as_json,
+            **p99,
         )
         return
     with err.status("planning") as status:

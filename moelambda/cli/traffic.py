@@ -3,8 +3,8 @@
 `moelambda traffic` replays a traffic spec through a plan (`planner.traffic.simulate_plan`);
 `moelambda calibrate --cold` (`calibrate_cold` here) measures the handlers' INIT
 (`moelambda.coldstart.calibrate_cold`); `moelambda plan --traffic` (`plan_with_traffic` here)
-plans for a stream (`planner.traffic.api.plan_traffic`), a decoder's generation with
-`plan_generation_with_traffic` (`planner.traffic.api.plan_generation_traffic`); `moelambda bench
+plans for a stream (`planner.traffic.api.plan_traffic`; a decoder's generation,
+`planner.traffic.api.plan_generation_traffic`); `moelambda bench
 traffic` compares the steady-state plan with the traffic-aware one
 (`planner.traffic.api.bench_traffic`).
 """
@@ -147,34 +147,6 @@ def traffic(
         render.traffic(stdout(), summary)
 
 
-def plan_generation_with_traffic(
-    manifest: Any,
-    counts: Any,
-    calibration: Any,
-    options: Any,
-    *,
-    out: Path,
-    force: bool,
-    as_json: bool,
-    **stream: Any,
-) -> None:
-    """`moelambda plan --traffic --slo-ttft/--slo-tpot`:
-    `planner.traffic.api.plan_generation_traffic`, saved and rendered."""
-    from moelambda.cli import _render
-    from planner.traffic.api import plan_generation_traffic
-
-    plan, summary = plan_generation_traffic(
-        manifest, counts, calibration, options=options, status=err.status, **stream
-    )
-    plan.save(out, force=force)
-    summary = {"plan": str(out), **summary}
-    if as_json:
-        print(json.dumps(summary))
-        return
-    _render.plan(stdout(), summary)
-    render.generation_traffic(stdout(), summary["traffic"])
-
-
 def plan_with_traffic(
     manifest: Any,
     counts: Any,
@@ -186,16 +158,24 @@ def plan_with_traffic(
     as_json: bool,
     **stream: Any,
 ) -> None:
-    """`moelambda plan --traffic`: `planner.traffic.api.plan_traffic`, saved and rendered."""
-    from planner.traffic.api import plan_traffic
+    """`moelambda plan --traffic`: `planner.traffic.api.plan_traffic` (or, with the generation
+    options, `plan_generation_traffic`), saved and rendered."""
+    from moelambda.cli import _render
+    from planner.traffic.api import plan_generation_traffic, plan_traffic
 
-    choice, summary = plan_traffic(
+    generating = options.generating
+    planner = plan_generation_traffic if generating else plan_traffic
+    made, summary = planner(
         manifest, counts, calibration, options=options, status=err.status, **stream
     )
-    choice.plan.save(out, force=force)
+    plan = made if generating else made.plan
+    plan.save(out, force=force)
     summary = {"plan": str(out), **summary}
     if as_json:
         print(json.dumps(summary))
+    elif generating:
+        _render.plan(stdout(), summary)
+        render.generation_traffic(stdout(), summary["traffic"])
     else:
         render.plan_traffic(stdout(), summary)
 
