@@ -155,8 +155,10 @@ class Invocation:
 
 @dataclasses.dataclass
 class ColdStart:
-    """One environment started: its function, when, its INIT, and how many environments were
-    starting at the same time (itself included) when it began."""
+    """One environment started: its function, when, its INIT, how many environments were
+    starting at the same time (itself included) when it began, and the request whose
+    invocation started it and so waited on it (the event's `request_id`; None for a warmer's
+    ping), which ties the start to the request it delayed (`traffic_replay.host_bound`)."""
 
     function: str
     spawned: float
@@ -164,6 +166,7 @@ class ColdStart:
     import_s: float
     concurrent: int
     queued_s: float = 0.0  # waited for `start_limit` before the process started
+    request_id: str | None = None
 
 
 class EnvironmentPool:
@@ -211,25 +214,28 @@ class EnvironmentPool:
     def invoke(self, name: str, event: dict[str, Any]) -> tuple[bool, Any]:
         """(ok, body) of `event` run by function `name` (see the class docstring)."""
         spec = self.functions[name]
-        with self._lock:
-            now = time.monotonic()
-            expired = self._expire(now)
-            if spec.reserved and self._in_flight[name] >= spec.reserved:
-                self.throttled[spec.label] += 1
-                raise Throttled(f"reserved concurrency {spec.reserved} of {spec.label}")
-            stack = self._idle[name]
-            env = stack.pop() if stack else None
-            if env is None:
-                if self._live - len(expired) >= self.max_environments:
-                    self.limit_reached += 1
-                    raise Throttled(f"{self.max_environments} environments are live")
-                self._live += 1
-                self._starting += 1
-                concurrent = self._starting
-            self._in_flight[name] += 1
-            self.peak[spec.label] = max(self.peak[spec.label], self._in_flight[name])
-        for old in expired:
-            old.close()
+        rid = event.get("request_id") if isinstance(event, dict) else None
+        expired: list[_Environment] = []
+        try:
+            with self._lock:
+                now = time.monotonic()
+                expired = self._expire(now)
+                if spec.reserved and self._in_flight[name] >= spec.reserved:
+                    self.throttled[spec.label] += 1
+                    raise Throttled(f"reserved concurrency {spec.reserved} of {spec.label}")
+                stack = self._idle[name]
+                env = stack.pop() if stack else None
+                if env is None:
+                    if self._live >= self.max_environments:  # the expired no longer count
+                        self.limit_reached += 1
+                        raise Throttled(f"{self.max_environments} environments are live")
+                    self._live += 1
+                    self._starting += 1
+                    concurrent = self._starting
+                self._in_flight[name] += 1
+                self.peak[spec.label] = max(self.peak[spec.label], self._in_flight[name])
+        finally:  # a throttled invocation too ends what it took out
+            self._reclaim(expired)
         cold = env is None
         ok, body = False, None
         try:
@@ -249,7 +255,13 @@ class EnvironmentPool:
                     self._starting -= 1
                     self.cold_starts.append(
                         ColdStart(
-                            spec.label, env.spawned, env.init_s, env.import_s, concurrent, queued
+                            spec.label,
+                            env.spawned,
+                            env.init_s,
+                            env.import_s,
+                            concurrent,
+                            queued,
+                            rid,
                         )
                     )
             ok, body = env.call(event)
@@ -263,28 +275,32 @@ class EnvironmentPool:
                     self._idle[name].append(env)
                 elif env is not None:
                     self._live -= 1
-                rid = event.get("request_id") if isinstance(event, dict) else None
                 self.invocations.append(Invocation(spec.label, rid, now, end, cold, ok))
 
     def _expire(self, now: float) -> list[_Environment]:
-        """Take out (under the lock) every environment idle longer than the idle time."""
+        """Take out (under the lock) every environment idle longer than the idle time; they no
+        longer count as live, and `_reclaim` ends them."""
         expired = []
-        for name, stack in self._idle.items():
-            keep = [e for e in stack if e.last_used >= now - self.idle_s]
-            for env in stack:
-                if env.last_used < now - self.idle_s:
-                    expired.append(env)
-                    self.reclaimed[self.functions[name].label] += 1
-            stack[:] = keep
+        for stack in self._idle.values():
+            expired += [e for e in stack if e.last_used < now - self.idle_s]
+            stack[:] = [e for e in stack if e.last_used >= now - self.idle_s]
         self._live -= len(expired)
         return expired
+
+    def _reclaim(self, expired: list[_Environment]) -> None:
+        """End the environments `_expire` took out (outside the lock: ending one takes up to
+        seconds), and only then count each reclaimed, so that a reclaim once counted has
+        already removed its process and its temporary directory."""
+        for env in expired:
+            env.close()
+            with self._lock:
+                self.reclaimed[env.spec.label] += 1
 
     def _reap_loop(self) -> None:
         while not self._stop.wait(REAP_S):
             with self._lock:
                 expired = self._expire(time.monotonic())
-            for env in expired:
-                env.close()
+            self._reclaim(expired)
 
     def limit_starts(self, limit: int | None) -> None:
         """From now on, at most `limit` environments in INIT at once (None: no bound)."""

@@ -8,7 +8,10 @@ tensor codec every object of the stack uses (`pipeline.tensorio`). `fetch_result
 that object and decodes it, so a client needs neither the key scheme nor the codec.
 
 The clients are boto3's, made by the caller with its own credentials: the stack grants no one
-`sqs:SendMessage` or `s3:GetObject` on `results/*`; whoever runs clients grants them.
+`sqs:SendMessage`, `s3:GetObject` on `results/*` or `s3:ListBucket` on the bucket; whoever runs
+clients grants them. `s3:ListBucket` is what lets a result not yet written read as missing: S3
+answers a missing key with 404 only to a caller that may list the bucket, and with 403 to any
+other, which `fetch_result` cannot tell from a real denial and so does not wait on.
 """
 
 from __future__ import annotations
@@ -23,13 +26,19 @@ from ground import frontdoor, layout
 from ground.errors import MoelambdaError, UsageError
 from pipeline.tensorio import decode
 
-__all__ = ["ResultTimeout", "fetch_result", "send_request"]
+__all__ = ["ResultAccessDenied", "ResultTimeout", "fetch_result", "send_request"]
 
-_NOT_YET = ("NoSuchKey", "404", "NotFound", "403", "AccessDenied")
+_NOT_YET = ("NoSuchKey", "404", "NotFound")
+_DENIED = ("403", "AccessDenied")
 
 
 class ResultTimeout(MoelambdaError):
     """A request's result did not appear in time (its batch still runs, or failed)."""
+
+
+class ResultAccessDenied(MoelambdaError):
+    """S3 refused to read a result (403): these credentials lack a permission, which waiting
+    does not grant."""
 
 
 def send_request(sqs: Any, queue_url: str, request: str, input_ids: Any) -> str:
@@ -76,6 +85,9 @@ def fetch_result(
 
     Raises:
         ResultTimeout: The result did not appear within `timeout_s`.
+        ResultAccessDenied: S3 answered 403, at the first poll that did: the credentials may
+            not read the result, or (S3's answer to a missing key for a caller that may not
+            list the bucket) may not tell a result not yet written from one they may not read.
     """
     key = layout.result_key(message_id)
     deadline = time.monotonic() + timeout_s
@@ -84,8 +96,17 @@ def fetch_result(
         try:
             body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
         except ClientError as err:
-            # S3 answers a missing key with 403 to a caller that may not list the bucket.
-            if err.response.get("Error", {}).get("Code") not in _NOT_YET:
+            code = err.response.get("Error", {}).get("Code")
+            if code in _DENIED:
+                raise ResultAccessDenied(
+                    f"S3 refused to read s3://{bucket}/{key} ({code}): these credentials may "
+                    "not read it, or may not list the bucket, to which S3 answers 403 for a "
+                    "result not yet written too.",
+                    f"grant them s3:GetObject on arn:aws:s3:::{bucket}/results/* and "
+                    f"s3:ListBucket on arn:aws:s3:::{bucket} (with it, a result not yet "
+                    "written reads as 404, which fetch_result waits on).",
+                ) from err
+            if code not in _NOT_YET:
                 raise
         else:
             return decode(body)[0]
@@ -93,9 +114,7 @@ def fetch_result(
             raise ResultTimeout(
                 f"no result at s3://{bucket}/{key} after {timeout_s:g} s.",
                 "its batch may still run (wait longer) or have failed (the state machine's "
-                "executions and their log group say which); if every fetch times out, check "
-                "that these credentials may s3:GetObject on results/* (S3 answers 403 to a "
-                "caller that may not, as it does for a missing key when it may not list).",
+                "executions and their log group say which).",
             )
         time.sleep(wait)
         wait = min(wait * 2, max_poll_s)

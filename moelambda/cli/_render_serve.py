@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.console import Console
 
-__all__ = ["replay", "run_local"]
+__all__ = ["agreement_line", "replay", "run_local"]
 
 
 def replay(console: Console, summary: dict[str, Any]) -> None:
@@ -55,7 +55,6 @@ def replay(console: Console, summary: dict[str, Any]) -> None:
         console.print(per)
     arrivals, idle = summary["arrivals"], summary["idle_reclaim_s"]
     contention = summary["contention"]
-    agreement = summary["agreement"]
     console.print(
         f"{arrivals['requests']:,} request(s) over {arrivals['period_s']:g} s (compressed "
         f"{summary['compression']:g}x from {summary['traffic']['period_s']:g} s), idle reclaim "
@@ -75,23 +74,36 @@ def replay(console: Console, summary: dict[str, Any]) -> None:
         + f"; warm calls took {contention['warm_call_vs_fed']['median']}x their fed duration "
         "(median)."
     )
+    console.print(agreement_line(summary["agreement"]))
+
+
+def agreement_line(agreement: dict[str, Any]) -> str:
+    """A replay's measured over simulated cold starts and p99, and p99 without the requests
+    that waited on a crowded start of their own, with how many those were and the verdict (none
+    when they were more than a quarter: what is left no longer stands for the trace)."""
 
     def ratio(value: float | None) -> str:
         return "-" if value is None else f"{value:.2f}"
 
-    cold = ratio(agreement["cold_starts_measured_over_simulated"])
-    p99 = ratio(agreement["p99_measured_over_simulated"])
+    line = (
+        f"measured / simulated: cold starts "
+        f"{ratio(agreement['cold_starts_measured_over_simulated'])}, "
+        f"p99 {ratio(agreement['p99_measured_over_simulated'])}"
+    )
     within = agreement["within_host"]
     bound = len(within["host_bound_requests"])
-    console.print(
-        f"measured / simulated: cold starts {cold}, p99 {p99}"
-        + (
-            f"; {bound} request(s) waited on a start begun while more than {within['cores']} "
-            f"environments were starting (this machine's cores), p99 without them "
-            f"{ratio(within['p99_measured_over_simulated'])}."
-            if bound
-            else "."
-        )
+    if not bound:
+        return line + "."
+    if within["no_verdict"] is not None:
+        verdict = f"no verdict: {within['no_verdict']}"
+    else:
+        verdict = "within 30 %" if within["p99_within_30pct"] else "not within 30 %"
+    share = within["excluded_share"] * 100
+    return (
+        f"{line}; {bound} of {bound + within['requests']} request(s) ({share:.0f} %) waited on a "
+        f"cold start of their own begun while more than {within['cores']} environments were "
+        f"starting (this machine's cores), p99 without them "
+        f"{ratio(within['p99_measured_over_simulated'])} ({verdict})."
     )
 
 

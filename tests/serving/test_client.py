@@ -1,5 +1,6 @@
 """A front-door client's two calls on moto: the message it sends is the batcher's kind, and its
-result is found under the id SQS returned, or a timeout names the key and the likely causes."""
+result is found under the id SQS returned, or a timeout names the key and the likely causes,
+and a refused read fails at once, naming the permissions to grant."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import json
 
 import numpy as np
 import pytest
+from botocore.exceptions import ClientError
 
 from functions import batcher
 from ground.errors import UsageError
-from pipeline.client import ResultTimeout, fetch_result, send_request
+from pipeline.client import ResultAccessDenied, ResultTimeout, fetch_result, send_request
 from pipeline.tensorio import encode
 from tests.serving.conftest import BUCKET
 
@@ -52,3 +54,32 @@ def test_a_result_is_read_under_its_message_id_and_a_missing_one_times_out(s3: o
     with pytest.raises(UsageError):  # an id that would leave results/
         fetch_result(s3, BUCKET, "../weights/manifest", timeout_s=0.1)
     s3.delete_object(Bucket=BUCKET, Key="results/m-1.bin")
+
+
+class _Denying:
+    """An S3 client whose every GET is refused with `code`, as S3 refuses a caller without
+    s3:GetObject (or, for a missing key, without s3:ListBucket); it counts the GETs."""
+
+    def __init__(self, code: str) -> None:
+        self.code, self.gets = code, 0
+
+    def get_object(self, **_: object) -> dict:
+        self.gets += 1
+        error = {"Code": self.code, "Message": "Access Denied"}
+        raise ClientError(
+            {"Error": error, "ResponseMetadata": {"HTTPStatusCode": 403}}, "GetObject"
+        )
+
+
+@pytest.mark.parametrize("code", ["AccessDenied", "403"])
+def test_a_refused_read_fails_at_once_naming_the_permissions(code: str) -> None:
+    """Waiting does not grant a permission: one GET, then the error, not polls until the
+    timeout (300 s by default)."""
+    s3 = _Denying(code)
+    with pytest.raises(ResultAccessDenied) as raised:
+        fetch_result(s3, BUCKET, "m-3", timeout_s=2.0, poll_s=0.01)
+    assert s3.gets == 1
+    assert "s3://moelambda-test/results/m-3.bin" in raised.value.problem
+    assert raised.value.fix is not None
+    assert "s3:GetObject on arn:aws:s3:::moelambda-test/results/*" in raised.value.fix
+    assert "s3:ListBucket on arn:aws:s3:::moelambda-test" in raised.value.fix

@@ -5,6 +5,8 @@ A benchmark-style test: one replay of 11 Azure conversation requests over 22.5 s
 tiny Mixtral (4 functions, each environment a real process importing its handler). It checks the
 JSON's structure and that what was measured is consistent with the arrivals and the mechanism,
 not timing-tight agreement (the machine is shared; docs/traffic.md reports the full-size run).
+The rule that leaves requests out of the agreement (`host_bound`, `within_host`) is tested on
+hand-built cold starts.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typer.testing import CliRunner
 
 from moe import resolve_model
 from moelambda.cli import app
+from moelambda.environments import ColdStart
+from moelambda.traffic_replay import host_bound, within_host
 from planner.traffic import load_arrivals
 
 runner = CliRunner()
@@ -110,6 +114,8 @@ def test_a_short_replay_reports_measured_beside_simulated(one_layer_plan: Path) 
     within = out["agreement"]["within_host"]
     assert within["cores"] >= 1
     assert within["requests"] + len(within["host_bound_requests"]) == 11
+    assert within["excluded_share"] == round(len(within["host_bound_requests"]) / 11, 3)
+    assert (within["no_verdict"] is None) == (within["excluded_share"] <= 0.25)
     assert out["wall_s"] >= out["trace_wall_s"] >= arrivals["time_s"][-1]
 
 
@@ -166,21 +172,69 @@ def test_bad_traffic_arguments_exit_2_before_anything_starts(
     assert message in result.output
 
 
-def test_host_bound_marks_the_requests_that_waited_on_a_crowded_start() -> None:
-    """A start begun while more environments than the cores were starting marks every request
-    whose execution overlapped its INIT, and only those; a crowd no larger than the cores
-    marks none."""
-    from moelambda.environments import ColdStart
-    from moelambda.traffic_replay import host_bound
+def _start(request_id: str | None, concurrent: int, function: str = "layer00") -> ColdStart:
+    """A cold start begun with `concurrent` environments starting (itself included), made by
+    an invocation of `request_id`'s execution (None: a warmer's ping); all overlap in time."""
+    return ColdStart(function, 1.0, 2.0, 1.0, concurrent, request_id=request_id)
 
-    def start(at: float, init: float, concurrent: int) -> ColdStart:
-        return ColdStart("f", at, init, init, concurrent)
 
-    begin = np.array([0.0, 10.0, 20.0, 30.0])
-    end = np.array([5.0, 15.0, 25.0, np.inf])  # the last request failed: open-ended
-    starts = [start(1.0, 2.0, 1), start(11.0, 3.0, 2), start(12.0, 4.0, 3), start(40.0, 1.0, 3)]
-    assert host_bound(begin, end, starts, cores=2).tolist() == [False, True, False, True]
-    assert host_bound(begin, end, starts, cores=3).tolist() == [False, False, False, False]
-    assert host_bound(begin, end, [], cores=2).tolist() == [False] * 4
-    # Touching is not overlapping: an INIT that ended as the request arrived did not delay it.
-    assert host_bound(np.array([16.0]), np.array([20.0]), starts, cores=2).tolist() == [False]
+def test_a_request_is_host_bound_when_its_own_start_began_in_a_crowd() -> None:
+    """Requests 0 and 1 share execution a, one of whose functions started while 3 environments
+    were starting: on 2 cores both waited on the machine; on 3 cores, or when the crowd was no
+    larger than the cores (execution b), none did."""
+    execution_of = ["a", "a", "b"]
+    latency = np.array([5.0, 5.0, 6.0])
+    starts = [_start("a", 1, "head"), _start("a", 3), _start("b", 2)]
+    assert host_bound(execution_of, latency, starts, cores=2).tolist() == [True, True, False]
+    assert host_bound(execution_of, latency, starts, cores=3).tolist() == [False] * 3
+    assert host_bound(execution_of, latency, [], cores=2).tolist() == [False] * 3
+
+
+def test_overlapping_another_function_s_crowded_start_is_not_waiting_on_it() -> None:
+    """While request 0's execution ran warm, another request's tail and a warmer's ping started
+    in a crowd of 4 on 2 cores: request 0 shared the CPU with them but waited on neither."""
+    starts = [_start("b", 4, "tail"), _start(None, 4, "tail")]
+    assert host_bound(["a", "b"], np.array([5.0, 9.0]), starts, cores=2).tolist() == [
+        False,
+        True,
+    ]
+
+
+def test_a_failed_request_is_never_left_out() -> None:
+    """Request 0 failed (no latency) after its own start began in a crowd: it stays in the
+    comparison, where its failure shows; so does request 2, whose execution never started."""
+    starts = [_start("a", 3), _start("b", 3)]
+    latency = np.array([np.inf, 4.0, np.inf])
+    assert host_bound(["a", "b", None], latency, starts, cores=2).tolist() == [
+        False,
+        True,
+        False,
+    ]
+
+
+def test_with_more_than_a_quarter_left_out_p99_gets_no_verdict() -> None:
+    """One of four requests left out (a quarter) keeps the verdict; two (a half) withhold it,
+    though the ratio over the rest is still given beside the share left out, and the human
+    output says no verdict and why."""
+    from moelambda.cli._render_serve import agreement_line
+
+    simulated = np.array([1.0, 1.0, 1.0, 1.0])
+    latency = np.array([1.1, 1.1, 5.0, 5.0])
+    one = within_host(["a", "b", "c", "d"], latency, simulated, [_start("c", 3)], cores=2)
+    assert one["excluded_share"] == 0.25 and one["host_bound_requests"] == [2]
+    assert one["p99_within_30pct"] is False and one["no_verdict"] is None
+    both = [_start("c", 3), _start("d", 3)]
+    half = within_host(["a", "b", "c", "d"], latency, simulated, both, cores=2)
+    assert half["excluded_share"] == 0.5 and half["requests"] == 2
+    assert half["p99_measured_over_simulated"] == 1.1
+    assert half["p99_within_30pct"] is None
+    assert "50 % of the requests left out, more than 25 %" in half["no_verdict"]
+    agreement = {
+        "cold_starts_measured_over_simulated": 1.0,
+        "p99_measured_over_simulated": 5.0,
+        "within_host": half,
+    }
+    line = agreement_line(agreement)
+    assert "2 of 4 request(s) (50 %) waited on a cold start of their own" in line
+    assert "p99 without them 1.10 (no verdict: 50 % of the requests left out" in line
+    assert "(not within 30 %)" in agreement_line(agreement | {"within_host": one})
