@@ -9,11 +9,12 @@ frozen `Calibration` whose attribute names carry their units.
 from __future__ import annotations
 
 import json
+import re
 from datetime import date
 from importlib import resources
 from itertools import pairwise
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -33,6 +34,7 @@ from ground.kinds import refuse_other_kind
 
 __all__ = [
     "SCHEMA_VERSION",
+    "SOURCE_KINDS",
     "Calibration",
     "ColdStartReference",
     "Ec2InstancePrice",
@@ -44,15 +46,51 @@ __all__ = [
     "Parameter",
     "ProvisionedPrice",
     "SnapStartPrice",
+    "SourceKind",
     "default_calibration_path",
+    "is_aws_url",
     "load_calibration",
 ]
 
 SCHEMA_VERSION = 1  # the only version this module reads; bump it when a field changes meaning
 
 
+# Where a number comes from, strongest first: read on AWS's own page (aws.amazon.com, its docs
+# and its blogs); a paper's own setting or measurement; someone else's transcription of a page
+# ("secondary"); computed from other numbers ("derived"); measured by this project; assumed.
+SourceKind = Literal["aws", "paper", "secondary", "derived", "measured", "assumed"]
+SOURCE_KINDS: tuple[str, ...] = get_args(SourceKind)
+_PREFIXED = ("measured", "assumed", "derived", "secondary")  # kinds a source may start with
+_URL = re.compile(r"https?://([^/\s)'\";,]+)")
+
+
+def is_aws_url(url_or_host: str) -> bool:
+    """Whether a URL (or host) is one of AWS's own pages: aws.amazon.com or a subdomain."""
+    match = _URL.match(url_or_host)
+    host = (match.group(1) if match else url_or_host).lower()
+    return host == "aws.amazon.com" or host.endswith(".aws.amazon.com")
+
+
+def _leading_kind(source: str) -> str | None:
+    """The kind a source names by its first word ("measured: ...", "assumed: ...")."""
+    word = re.match(r"[a-z]+", source.strip().lower())
+    return word.group(0) if word and word.group(0) in _PREFIXED else None
+
+
 class Parameter(BaseModel):
-    """One entry of the file: a value with the provenance a reviewer needs to trust it."""
+    """One entry of the file: a value with the provenance a reviewer needs to trust it.
+
+    `source` is a URL, or starts with measured, assumed, derived or secondary (then ':' or
+    ' by ...'), so that every source is classifiable. `source_kind` says how far the value can
+    be trusted: one kind, or, for a value that is an object, a map from each of its keys to the
+    kind of the least-sourced number under that key (an instance type whose size AWS lists but
+    whose price was transcribed elsewhere is "secondary"). Without it the kind is read off the
+    source: its leading word, else "aws" for a URL on AWS's own pages and "secondary" for any
+    other URL. A declared kind must agree with the source: "aws" needs an AWS URL in it,
+    "paper" and "secondary" a URL elsewhere (or a leading "secondary"), and "measured",
+    "assumed" and "derived" that word in the source or the note; a source that leads with a
+    kind's word has that kind.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -61,6 +99,69 @@ class Parameter(BaseModel):
     source: str = Field(min_length=1)
     as_of: date
     note: str | None = None
+    source_kind: SourceKind | dict[str, SourceKind] | None = None
+
+    @model_validator(mode="after")
+    def _classifiable(self) -> Parameter:
+        inferred = self.inferred_kind()
+        if inferred is None:
+            raise ValueError(
+                f"source {self.source[:60]!r} is neither a URL nor starts with measured:, "
+                "assumed:, derived: or secondary:, so where the value comes from cannot be "
+                "told"
+            )
+        declared = self.source_kind
+        if declared is None:
+            return self
+        if isinstance(declared, dict):
+            if not isinstance(self.value, dict) or set(declared) != set(self.value):
+                keys = sorted(self.value) if isinstance(self.value, dict) else []
+                raise ValueError(
+                    f"source_kind maps {sorted(declared)} but the value's keys are {keys}: "
+                    "give one kind per key, or one kind for the whole value"
+                )
+            kinds = set(declared.values())
+        else:
+            leading = _leading_kind(self.source)
+            if leading is not None and leading != declared:
+                raise ValueError(f"source_kind {declared!r}, but the source says {leading!r}")
+            kinds = {declared}
+        for kind in sorted(kinds):
+            self._check_kind(kind)
+        return self
+
+    def _check_kind(self, kind: str) -> None:
+        urls = [m.group(0) for m in _URL.finditer(self.source)]
+        text = f"{self.source} {self.note or ''}".lower()
+        if kind == "aws" and not any(is_aws_url(u) for u in urls):
+            raise ValueError("source_kind 'aws' needs a URL on aws.amazon.com in the source")
+        if kind in ("paper", "secondary") and not (
+            any(not is_aws_url(u) for u in urls) or _leading_kind(self.source) == kind
+        ):
+            raise ValueError(f"source_kind {kind!r} needs the URL it was read at in the source")
+        if kind in ("measured", "assumed", "derived") and not re.search(rf"\b{kind}\b", text):
+            raise ValueError(f"source_kind {kind!r}, but neither the source nor the note says so")
+
+    def inferred_kind(self) -> SourceKind | None:
+        """The kind the source alone gives (None: unclassifiable)."""
+        leading = _leading_kind(self.source)
+        if leading is not None:
+            return leading  # type: ignore[return-value]
+        match = _URL.match(self.source.strip())
+        if match is None:
+            return None
+        return "aws" if is_aws_url(match.group(0)) else "secondary"
+
+    def kind(self, key: str | None = None) -> SourceKind:
+        """The kind of the value, or of its `key` where the kinds are given per key."""
+        declared = self.source_kind
+        if isinstance(declared, dict):
+            if key is None or key not in declared:  # the whole value: its weakest part
+                return max(declared.values(), key=SOURCE_KINDS.index)
+            return declared[key]
+        kind = declared or self.inferred_kind()
+        assert kind is not None  # validated
+        return kind
 
 
 class _File(BaseModel):
@@ -368,6 +469,12 @@ class Calibration(BaseModel):
         """
         return min(memory_mb / self.mb_per_vcpu, self.max_vcpus)
 
+    def source_kind(self, name: str, key: str | None = None) -> SourceKind | None:
+        """The kind of source of parameter `name` (of its `key`, for a value given per key);
+        None where this calibration carries no provenance for it (a plan's own calibration)."""
+        entry = self.provenance.get(name)
+        return None if entry is None else entry.kind(key)
+
     def describe(self) -> list[tuple[str, JsonValue, str, str]]:
         """Rows (name, value, unit, source) in file order, for a provenance table."""
         return [(name, p.value, p.unit, p.source) for name, p in self.provenance.items()]
@@ -401,6 +508,13 @@ def load_calibration(path: str | Path | None = None) -> Calibration:
         raise CalibrationError(
             f"Cannot read calibration file {file_path}: {exc.strerror}.",
             "pass an existing calibration JSON file, or none to use the packaged default.",
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise CalibrationError(
+            f"Calibration file {file_path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} "
+            f"at offset {exc.start}).",
+            "pass a calibration JSON file (`moelambda calibrate --out FILE` writes one), or "
+            "none to use the packaged default.",
         ) from None
     except json.JSONDecodeError as exc:
         raise CalibrationError(

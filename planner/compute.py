@@ -321,8 +321,9 @@ def calibrated_document(
 ) -> dict[str, Any]:
     """A copy of the calibration `document` with U_j and its reference expert filled in.
 
-    Only `value`, `source` and `as_of` of `expert_token_compute_s` and
-    `expert_compute_reference` change; units, notes and every other parameter stay as they are.
+    Only `value`, `source`, `source_kind` ("measured") and `as_of` of
+    `expert_token_compute_s` and `expert_compute_reference` change; units, notes and every
+    other parameter stay as they are.
     """
     updated = copy.deepcopy(document)
     source = (
@@ -337,6 +338,7 @@ def calibrated_document(
         updated["parameters"][name] |= {
             "value": _rounded(value),
             "source": source,
+            "source_kind": "measured",
             "as_of": today.isoformat(),
         }
     return updated

@@ -169,6 +169,7 @@ def plan_traffic(
         "latency_s": t.simulated["latency_s"],
         "slo_attainment": t.simulated["slo_attainment"],
         "bill_usd": t.simulated["bill_usd"],
+        "notes": t.simulated["notes"],
         "tokens_per_batch_planned": choice.plan.totals.tokens,
         "batch_latency_s": choice.plan.totals.latency_s,
         "candidates": len(choice.candidates),

@@ -80,8 +80,10 @@ def traffic_calibration(
         return own, "plan"
     other = calibration or load_calibration()
     update = {n: getattr(other, n) for n in fields if getattr(own, n) is None}
+    # The filled values keep their provenance (the kinds of source the bill's notes name).
+    provenance = own.provenance | {n: other.provenance[n] for n in update if n in other.provenance}
     where = str(other.source_path or "the calibration file")
-    return own.model_copy(update=update), where
+    return own.model_copy(update=update | {"provenance": provenance}), where
 
 
 def init_model(calibration: Calibration) -> InitModel:
@@ -197,7 +199,7 @@ def calibrated_cold_document(
     document: dict[str, Any], reference: ColdStartReference, today: date
 ) -> dict[str, Any]:
     """A copy of the calibration `document` with `cold_start_reference` measured; only its
-    value, source and date change."""
+    value, source (its kind: "measured") and date change."""
     updated = copy.deepcopy(document)
     entry = updated["parameters"].get("cold_start_reference")
     if entry is None:
@@ -209,6 +211,7 @@ def calibrated_cold_document(
         "value": _decimals(reference.model_dump()),
         "source": f"measured by `moelambda calibrate --cold` on {reference.cpu_model}, torch "
         f"{reference.torch_version}, {reference.repeats} fresh processes per role",
+        "source_kind": "measured",
         "as_of": today.isoformat(),
     }
     return updated

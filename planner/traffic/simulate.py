@@ -521,6 +521,11 @@ def simulate(
             f"the event source batches by whole seconds: a {policy.max_wait_s:g} s wait is "
             f"deployed, and simulated, as {door_summary['window_s']} s"
         )
+    if instances is not None:
+        assert platform.managed is not None
+        sources = platform.managed.sources_note(instances.instance_type)
+        if sources is not None:
+            notes.append(sources)
     return TrafficResult(
         latency_s=latency,
         batch_of=batch_of,

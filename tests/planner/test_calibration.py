@@ -197,3 +197,113 @@ def test_unknown_architecture_suggests_a_close_name(
         calibration.price(arch)
     assert f"Did you mean '{suggestion}'?" in caught.value.problem
     assert "To fix:" in str(caught.value)
+
+
+# Provenance: every entry has a source, a date and a kind of source that can be checked.
+
+
+def _drop_field(name: str, field: str) -> Callable[[Raw], None]:
+    def edit(raw: Raw) -> None:
+        del raw["parameters"][name][field]
+
+    return edit
+
+
+def _set_field(name: str, field: str, value: Any) -> Callable[[Raw], None]:
+    def edit(raw: Raw) -> None:
+        raw["parameters"][name][field] = value
+
+    return edit
+
+
+UNSOURCED_EDITS = {
+    "no source": (_drop_field("mb_per_vcpu", "source"), "parameters.mb_per_vcpu.source"),
+    "empty source": (_set_field("mb_per_vcpu", "source", ""), "parameters.mb_per_vcpu.source"),
+    "no as_of": (_drop_field("lambda_prices", "as_of"), "parameters.lambda_prices.as_of"),
+    "as_of not a date": (
+        _set_field("lambda_prices", "as_of", "recently"),
+        "parameters.lambda_prices.as_of",
+    ),
+    "unclassifiable source": (
+        _set_field("warm_start_s", "source", "a colleague said so"),
+        "neither a URL nor starts with measured:",
+    ),
+    "unknown kind": (
+        _set_field("warm_start_s", "source_kind", "hearsay"),
+        "parameters.warm_start_s.source_kind",
+    ),
+    "aws kind without an AWS URL": (
+        _set_field("memory_options_mb", "source_kind", "aws"),
+        "needs a URL on aws.amazon.com",
+    ),
+    "secondary kind without the URL read": (
+        _set_field("lambda_min_memory_mb", "source_kind", "secondary"),
+        "needs the URL it was read at",
+    ),
+    "derived kind the entry does not explain": (
+        _set_field("lambda_min_memory_mb", "source_kind", "derived"),
+        "neither the source nor the note says so",
+    ),
+    "kind against the source's own word": (
+        _set_field("warm_start_s", "source_kind", "measured"),
+        "but the source says 'assumed'",
+    ),
+    "kinds per key that miss a key": (
+        _set_field("ec2_instance_prices", "source_kind", {"m7g.xlarge": "secondary"}),
+        "give one kind per key",
+    ),
+    "kinds per key of a scalar": (
+        _set_field("mb_per_vcpu", "source_kind", {"value": "aws"}),
+        "give one kind per key",
+    ),
+}
+
+
+@pytest.mark.parametrize(("edit", "problem"), UNSOURCED_EDITS.values(), ids=UNSOURCED_EDITS.keys())
+def test_an_entry_without_a_checkable_source_or_date_is_refused(
+    tmp_path: Path, default_raw: Raw, edit: Callable[[Raw], None], problem: str
+) -> None:
+    raw = copy.deepcopy(default_raw)
+    edit(raw)
+    with pytest.raises(CalibrationError) as caught:
+        load_calibration(_write(tmp_path, raw))
+    assert problem in caught.value.problem
+
+
+def test_a_source_kind_is_read_off_the_source_when_not_given(
+    tmp_path: Path, default_raw: Raw
+) -> None:
+    raw = copy.deepcopy(default_raw)
+    for entry in raw["parameters"].values():
+        del entry["source_kind"]
+    raw["parameters"]["s3_get_request_usd"]["source"] = "https://example.org/s3-prices"
+    cal = load_calibration(_write(tmp_path, raw))
+    assert cal.source_kind("lambda_prices") == "aws"  # https://aws.amazon.com/lambda/pricing/
+    assert cal.source_kind("sqs_message_max_bytes") == "aws"  # docs.aws.amazon.com
+    assert cal.source_kind("warm_start_s") == "assumed"
+    assert cal.source_kind("expert_token_compute_s") == "measured"  # "measured by `calibrate`"
+    assert cal.source_kind("s3_get_request_usd") == "secondary"  # a URL not AWS's own
+
+
+def test_every_packaged_entry_declares_its_kind_of_source(calibration: Calibration) -> None:
+    for name, entry in calibration.provenance.items():
+        assert entry.source_kind is not None, name
+        assert entry.source and entry.as_of, name
+
+
+def test_managed_instances_prices_say_which_are_not_aws_own(calibration: Calibration) -> None:
+    # The Managed Instances fee and request charge were read in a transcription of AWS's page,
+    # the xlarge EC2 prices on a blog, and the 2xlarge ones are twice those: none is "aws".
+    kind = calibration.source_kind
+    assert kind("managed_instances_prices", "request_usd") == "secondary"
+    assert kind("managed_instances_prices", "management_fee_fraction") == "secondary"
+    assert kind("managed_instances_prices", "default_instances") == "aws"
+    assert kind("managed_instances_prices") == "secondary"  # the whole entry: its weakest part
+    assert kind("ec2_instance_prices", "m7g.xlarge") == "secondary"
+    assert kind("ec2_instance_prices", "m7i.2xlarge") == "derived"
+    for name in ("managed_instances_prices", "ec2_instance_prices"):
+        entry = calibration.provenance[name]
+        assert "https://aws.amazon.com/" in entry.source  # AWS's own page is cited
+        assert entry.note is not None and "Secondary source:" in entry.note
+    assert "Derived" in (calibration.provenance["ec2_instance_prices"].note or "")
+    assert calibration.source_kind("not_a_parameter") is None

@@ -140,3 +140,96 @@ def test_managed_capacity_without_prices_or_room_is_refused(model) -> None:  # t
         simulate(model, stream, BatchPolicy(300, 0.0), tiny, capacity)
     with pytest.raises(ValueError, match="at least one environment"):
         Capacity("managed")
+
+
+def test_a_managed_bill_names_the_prices_not_read_on_aws_own_pages(model) -> None:  # type: ignore[no-untyped-def]
+    # The packaged calibration: the fee and the request charge from a transcription of AWS's
+    # page, the xlarge prices from a blog, the 2xlarge ones derived (twice the xlarge).
+    cal = load_calibration()
+    arm = managed_prices(cal, "arm64")
+    assert arm is not None
+    kinds = dict(arm.source_kinds)
+    assert kinds["request_usd"] == kinds["management_fee_fraction"] == "secondary"
+    assert kinds["m7g.xlarge"] == "secondary" and kinds["m7g.2xlarge"] == "derived"
+    note = arm.sources_note("m7g.2xlarge")
+    assert note is not None and note.startswith("Lambda Managed Instances prices not read on")
+    assert "the request charge (0.20 USD per million)" in note
+    assert "the 15% management fee" in note and "secondary source" in note
+    assert "m7g.2xlarge's 0.3264 USD per hour (derived, not read)" in note
+    assert "https://aws.amazon.com/lambda/pricing/" in note
+    # The simulated bill carries it in its notes, which `traffic` and `plan --traffic` print.
+    fns = model.functions
+    stream = _stream(np.arange(5) * 100.0, 300, 600.0)
+    platform = _platform(fns.count, managed=managed_prices(cal, "x86_64"))
+    capacity = [Capacity("managed", environments=1)] * fns.count
+    result = simulate(model, stream, BatchPolicy(4096, 0.0), platform, capacity)
+    chosen = result.managed["instance_type"]
+    assert chosen.startswith("m7i.")
+    (managed_note,) = [n for n in result.notes if "Lambda Managed Instances" in n]
+    assert chosen in managed_note and "secondary source" in managed_note
+    assert result.summary(None)["notes"] == result.notes
+    # Without managed capacity, no such note.
+    plain = simulate(model, stream, BatchPolicy(4096, 0.0), platform)
+    assert not any("Lambda Managed Instances" in n for n in plain.notes)
+
+
+def test_the_note_follows_the_calibration_and_a_plans_calibration() -> None:
+    cal = load_calibration()
+    # Every price confirmed on AWS's pages: nothing to say.
+    confirmed = {
+        name: entry.model_copy(update={"source_kind": "aws"})
+        for name, entry in cal.provenance.items()
+    }
+    prices = managed_prices(cal.model_copy(update={"provenance": confirmed}), "arm64")
+    assert prices is not None and prices.sources_note("m7g.xlarge") is None
+    # A plan's calibration carries no provenance: the packaged file's kinds apply to the same
+    # prices, and a changed price is flagged as not recorded.
+    bare = cal.model_copy(update={"provenance": {}})
+    same = managed_prices(bare, "arm64")
+    assert same is not None and same.source_kinds == managed_prices(cal, "arm64").source_kinds  # type: ignore[union-attr]
+    lmi = cal.managed_instances_prices
+    assert lmi is not None
+    changed = bare.model_copy(
+        update={
+            "managed_instances_prices": lmi.model_copy(update={"management_fee_fraction": 0.2})
+        }
+    )
+    note = managed_prices(changed, "arm64").sources_note("m7g.xlarge")  # type: ignore[union-attr]
+    assert note is not None and "the 20% management fee" in note
+    assert "its source not recorded in this calibration" in note
+    # Prices built by hand carry no kinds: no note.
+    assert _prices(("m", 64, 128.0, 0.5)).sources_note("m") is None
+
+
+def test_filling_a_plans_calibration_keeps_the_filled_entries_provenance() -> None:
+    from planner.traffic.platform import MANAGED_FIELDS, traffic_calibration
+    from tests.traffic.plans import tiny_plan as plan_of
+
+    cal = load_calibration()
+    plan = plan_of(method="s3")
+    own = dict(plan.calibration)
+    for name in MANAGED_FIELDS:
+        own.pop(name, None)
+    filled, where = traffic_calibration(plan.model_copy(update={"calibration": own}), cal)
+    assert where != "plan"
+    for name in MANAGED_FIELDS:
+        assert filled.provenance[name] == cal.provenance[name]
+
+
+def test_plan_traffic_prints_the_bills_notes() -> None:
+    from rich.console import Console
+
+    from moelambda.cli import _render_traffic
+
+    summary = {
+        "traffic": {"requests": 10, "rate_per_s": 0.1}, "slo_p99_s": 10.0,
+        "max_batch_tokens": 4096, "max_wait_s": 0.0, "capacity": "managed",
+        "latency_s": {"p99": 1.0}, "bill_usd": {"total_usd": 1.0, "per_million_tokens_usd": 2.0},
+        "candidates": 3, "seconds": 1.0, "plan": "plan.json",
+        "notes": ["Lambda Managed Instances prices not read on AWS's own pages: x"],
+    }  # fmt: skip
+    console = Console(record=True, width=300)
+    _render_traffic.plan_traffic(console, summary)
+    assert "note: Lambda Managed Instances prices not read on AWS's own pages: x." in (
+        console.export_text()
+    )
