@@ -10,7 +10,16 @@ from __future__ import annotations
 
 from planner.bo._compare import check_bo, compare_strategies, plot_convergence
 from planner.bo._objective import Outcome, Planner, ServingObjective
-from planner.bo._run import BO_METHODS, BoSettings, Split, run_bo, split_for_bo, tune
+from planner.bo._run import (
+    BO_METHODS,
+    BoSettings,
+    Split,
+    mean_costs,
+    run_bo,
+    saving_vs,
+    split_for_bo,
+    tune,
+)
 from planner.bo._sampler import (
     Converged,
     EpsilonGreedy,
@@ -38,8 +47,10 @@ __all__ = [
     "compare_strategies",
     "converged",
     "epsilon",
+    "mean_costs",
     "plot_convergence",
     "run_bo",
+    "saving_vs",
     "search_space",
     "split_for_bo",
     "statistics",

@@ -197,6 +197,18 @@ def test_bo_command_end_to_end(minilm_trace: Path, tmp_path: Path) -> None:
     # Every search starts from the untuned predictor, so it ends no worse on what it learns on.
     assert multi["learn_improvement"] >= 0 and report["methods"]["tpe"]["learn_improvement"] >= 0
     assert report["lambdaml_cost_usd"] > report["oracle_cost_usd"]
+    # The saving on the full bill and on the expert functions alone (the paper's -43.41 %).
+    lambdaml_experts = report["lambdaml_experts_cost_usd"]
+    assert 0 < lambdaml_experts < report["lambdaml_cost_usd"]
+    for m in report["methods"].values():
+        saving = m["saving_vs_lambdaml"]
+        assert saving["full_bill"] == pytest.approx(
+            1 - m["final_cost_usd"] / report["lambdaml_cost_usd"], abs=1e-6
+        )
+        assert saving["experts"] == pytest.approx(
+            1 - m["experts_cost_usd"] / lambdaml_experts, abs=1e-6
+        )
+        assert 0 < m["experts_cost_usd"] < m["final_cost_usd"]
     assert set(report["throughput_tokens_per_s"]) >= {"oracle", "lambdaml", "none"}
     assert none["prediction_mad"] > 0
     assert plot.stat().st_size > 10_000
@@ -273,3 +285,64 @@ def test_claims_hold_fail_or_are_not_shown_by_the_paired_differences() -> None:
     stats = statistics(better)
     assert stats["multi-eps"]["slo_attainment"]["mean"] == 0.75
     assert "learn_improvement" not in stats["none"]  # no search, no learning cut
+
+
+def test_the_experts_only_saving_is_the_saving_on_expert_functions_alone() -> None:
+    # A small case: each batch's cheapest plan and LambdaML's, served on counts that differ
+    # from the plan's. The experts-only saving must be the one computed from the expert
+    # functions' cost alone (here from the bill by item, `price` of the usage, another route
+    # than the evaluation), and differ from the full bill's: reporting one bill twice fails.
+    from planner.baselines import lambdaml
+    from planner.bo import mean_costs, saving_vs
+    from planner.exact import solve_exact
+    from planner.serving import serve
+    from tests.planner.small import small_instance
+
+    plans, baseline = [], []
+    for seed in range(3):
+        inst = small_instance(seed)
+        real = inst.counts * np.random.default_rng(seed).uniform(0.8, 1.2, inst.counts.shape)
+        best, lm = solve_exact(inst, None), lambdaml(inst, None)
+        assert best is not None and lm is not None
+        plans.append(serve(inst, best.choice, real))
+        baseline.append(serve(inst, lm.choice, real))
+    saving = saving_vs(mean_costs(plans), mean_costs(baseline))
+
+    def total(runs, item: str) -> float:  # type: ignore[no-untyped-def]
+        return sum(r.bill_usd[item] for r in runs)
+
+    experts = 1 - total(plans, "experts_usd") / total(baseline, "experts_usd")
+    full = 1 - sum(r.cost for r in plans) / sum(r.cost for r in baseline)
+    assert saving["experts"] == pytest.approx(experts, abs=1e-6)
+    assert saving["full_bill"] == pytest.approx(full, abs=1e-6)
+    assert abs(saving["experts"] - saving["full_bill"]) > 1e-3
+    # The full bill holds more than the experts: the non-expert functions, requests, S3.
+    assert total(plans, "total_usd") > total(plans, "experts_usd")
+
+
+def test_bo_output_shows_both_savings_and_which_one_the_paper_reports(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from moelambda.cli.bo import _print
+
+    method = {
+        "final_cost_usd": 2e-4, "experts_cost_usd": 1e-4, "cost_vs_oracle": 1.01,
+        "saving_vs_lambdaml": {"full_bill": 0.1234, "experts": 0.4341},
+        "prediction_mad": 3.0, "iterations": 5, "seconds_per_iteration": 0.1,
+        "converged_at": None, "converged_s": None,
+    }  # fmt: skip
+    _print(
+        {
+            "setup": {"predictor": "bayes-pos-soft", "test_batches": 2, "tokens": 1280},
+            "slo_s": 1.0,
+            "methods": {"multi-eps": method},
+            "oracle_cost_usd": 1.9e-4,
+            "lambdaml_cost_usd": 2.3e-4,
+            "lambdaml_experts_cost_usd": 1.8e-4,
+            "throughput_tokens_per_s": {"multi-eps": 1000.0, "oracle": 1000.0, "lambdaml": 900.0},
+        }  # fmt: skip
+    )
+    out = " ".join(capsys.readouterr().out.split())
+    assert "12.3%" in out and "43.4%" in out
+    assert "full bill" in out and "experts only" in out
+    assert "the bill the paper's -43.41 % is measured on" in out
