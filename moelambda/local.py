@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from moe import MoEModel
     from pipeline.faults import Faults
 
-__all__ = ["run_plan_locally"]
+__all__ = ["metering", "run_plan_locally"]
 
 CHUNK_WINDOWS = 32  # windows per monolithic forward pass (bounds a large batch's memory)
 
@@ -43,6 +43,10 @@ def run_plan_locally(
     synth` would produce; the output is compared with the monolithic MoE forward of the same
     input. One execution without faults is metered (functions warm, as the plan prices them):
     its billed requests, transitions and GB-seconds are set against the plan's, and priced.
+    The requests must equal the plan's exactly; the GB-seconds are this machine's (every
+    handler in-process on moto, sharing its cores), not Lambda's, so the metered bill's
+    duration items are not a prediction of Lambda's: `metering` says so, with the measured
+    over predicted seconds of each function.
 
     Args:
         plan: The plan JSON (`moelambda plan`).
@@ -58,7 +62,7 @@ def run_plan_locally(
         The status, the largest difference from the monolithic output, per function the
         seconds (predicted against measured), the failed requests, the faults injected, what
         the functions' IAM policies refused, and for a metered run its usage and bill against
-        the plan's: what `moelambda run-local --json` prints.
+        the plan's with what they mean (`metering`): what `moelambda run-local --json` prints.
 
     Raises:
         UsageError: `requests` is below 1; see also `planner.instance_of` (a batch the plan
@@ -136,6 +140,7 @@ def run_plan_locally(
         "metered": None,
         "planned": None,
         "bill": None,
+        "metering": None,
         "deployment": document.deployment,
         # the shapes `plan` weighed beside this one, as it priced them for its batch
         "candidates": document.candidates,
@@ -149,7 +154,94 @@ def run_plan_locally(
             "planned": planned["bill"],
             "metered": price_usage(document, usage, run.get("seconds", 0.0)),
         }
+        summary["metering"] = metering(
+            usage, planned["usage"], summary["bill"], summary["predicted_vs_measured"]
+        )
     return summary
+
+
+def metering(
+    metered: dict[str, float],
+    planned: dict[str, float],
+    bill: dict[str, dict[str, float]],
+    compared: dict[str, Any],
+) -> dict[str, Any]:
+    """What a metered local run's usage and bill say, against the plan's.
+
+    The requests and transitions (`pipeline.meter.EXACT_KEYS`) must equal the plan's exactly.
+    The GB-seconds are this machine's: every handler ran in-process on moto, the functions
+    sharing this machine's cores, where the plan predicts each on Lambda at its own memory
+    size; so the metered bill's duration items price this machine's seconds, and the measured
+    over predicted seconds of each function (`compared`, `_predicted_vs_measured`) say where
+    they differ.
+
+    Returns:
+        "requests_equal_planned", the requests that differ ("requests_differing"), the
+        GB-seconds measured here and predicted for Lambda with their ratio, both bills' totals,
+        the functions' ratios, and "lines": the sentences `run-local` prints.
+    """
+    from pipeline.meter import EXACT_KEYS
+
+    differing = {
+        key: {"metered": metered[key], "planned": planned[key]}
+        for key in EXACT_KEYS
+        if metered[key] != planned[key]
+    }
+    measured_gb_s, predicted_gb_s = float(metered["gb_s"]), float(planned["gb_s"])
+    gb_ratio = measured_gb_s / predicted_gb_s if predicted_gb_s else None
+    ratios = {
+        name: entry["measured_over_predicted"]
+        for name, entry in compared["functions"].items()
+        if entry.get("measured_over_predicted") is not None
+    }
+    s3 = sum(int(metered[k]) for k in EXACT_KEYS if k.startswith("s3_"))
+    if differing:
+        requests = "requests metered != planned: " + ", ".join(
+            f"{key} {v['metered']:g} against {v['planned']:g} planned"
+            for key, v in differing.items()
+        )
+    else:
+        requests = (
+            f"requests metered = planned (exact): {int(metered['lambda_requests'])} Lambda "
+            f"requests, {s3} S3 requests, {int(metered['transitions'])} state transitions"
+        )
+    polls = (metered["s3_get_poll"], planned["s3_get_poll"])
+    if any(polls):
+        requests += f"; S3 polls, which depend on timing: {polls[0]:g}, planned {polls[1]:g}"
+    spread = (
+        f" (from {min(ratios.values()):.2g} x to {max(ratios.values()):.2g} x per function)"
+        if ratios
+        else ""
+    )
+    seconds = (
+        f"GB-seconds measured on this machine {measured_gb_s:.1f} against "
+        f"{predicted_gb_s:.1f} predicted for Lambda"
+        + ("" if gb_ratio is None else f" ({gb_ratio:.2f} x)")
+        + ": every handler ran in-process on moto, sharing this machine's cores, not on "
+        "Lambda at the plan's memory sizes, so these durations are this machine's, not "
+        f"Lambda's; measured over predicted seconds per function in the table{spread}"
+    )
+    total = (
+        f"bill at the plan's prices: ${bill['planned']['total_usd']:.6f} planned, "
+        f"${bill['metered']['total_usd']:.6f} metered with this machine's seconds: the "
+        "requests' share is exact, the duration's (GB-seconds, an Express workflow's "
+        "duration) is not Lambda's"
+    )
+    return {
+        "requests_equal_planned": not differing,
+        "requests_differing": differing,
+        "gb_s": {
+            "measured_here": round(measured_gb_s, 3),
+            "predicted_lambda": round(predicted_gb_s, 3),
+            "measured_over_predicted": None if gb_ratio is None else round(gb_ratio, 3),
+        },
+        "bill_total_usd": {
+            "planned": bill["planned"]["total_usd"],
+            "metered_with_this_machines_seconds": bill["metered"]["total_usd"],
+        },
+        "measured_over_predicted_s": ratios,
+        "lines": [requests, seconds, total],
+    }
 
 
 def _reference(model: Any, ids: np.ndarray, experts: int) -> tuple[np.ndarray, np.ndarray]:
@@ -180,21 +272,32 @@ def _predicted_vs_measured(
     """Per function the cost model's time of one call against the mean measured call.
 
     The prediction is for a warm Lambda function at the plan's memory size; the measurement is
-    this machine running every handler in-process on moto, concurrently.
+    this machine running every handler in-process on moto, concurrently. Their ratio
+    ("measured_over_predicted", None where either is missing) is how much slower this machine
+    ran each function than the plan expects Lambda to.
     """
     functions = {}
     for name in sorted(predicted.keys() | measured.keys()):
         calls = measured.get(name, [])
+        mean = sum(calls) / len(calls) if calls else None
+        expected = predicted.get(name)
         functions[name] = {
-            "predicted_s": round(predicted[name], 5) if name in predicted else None,
-            "measured_s": round(sum(calls) / len(calls), 5) if calls else None,
+            "predicted_s": round(expected, 5) if expected is not None else None,
+            "measured_s": round(mean, 5) if mean is not None else None,
+            "measured_over_predicted": (
+                round(mean / expected, 3) if mean is not None and expected else None
+            ),
             "calls": len(calls),
         }
     durations = [r["seconds"] for r in runs if "seconds" in r]
+    measured_s = max(durations) if durations else None
     return {
         "functions": functions,
         "request": {
             "predicted_s": round(latency_s, 4),
-            "measured_s": round(max(durations), 4) if durations else None,
+            "measured_s": round(measured_s, 4) if measured_s is not None else None,
+            "measured_over_predicted": (
+                round(measured_s / latency_s, 3) if measured_s is not None and latency_s else None
+            ),
         },
     }

@@ -26,13 +26,21 @@ import json
 import re
 import threading
 from collections.abc import Iterator
+from dataclasses import fields
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ground.layout import RESULTS_PREFIX
-from ground.semantics import S3_REQUEST_TYPES, USAGE_KEYS
+from ground.semantics import S3_REQUEST_TYPES, USAGE_KEYS, Requests
 
-__all__ = ["Meter", "entered_states", "identity_of", "object_key"]
+__all__ = ["EXACT_KEYS", "TIMED_KEYS", "Meter", "entered_states", "identity_of", "object_key"]
+
+# What a successful metered run must match the plan in exactly: its requests and transitions,
+# which the workflow's shape and the batch's routing fix. The rest depends on this machine's
+# timing (a pipelined replica's polls, the GB-seconds of handlers run in-process on moto) or is
+# a size, not a count.
+EXACT_KEYS = tuple(f.name for f in fields(Requests) if f.name != "s3_get_poll")
+TIMED_KEYS = ("s3_get_poll", "gb_s", "experts_gb_s")
 
 _DONE_MARKER = "/done.bin"
 _MB_PER_GB = 1024

@@ -109,22 +109,9 @@ def agreement_line(agreement: dict[str, Any]) -> str:
 
 def run_local(console: Console, summary: dict[str, Any]) -> None:
     """Per function predicted against measured seconds, metered against planned, the verdict."""
-    from rich.table import Table
+    from moelambda.cli import _render_local
 
-    compared = summary["predicted_vs_measured"]
-    table = Table(title="seconds per call: cost model (Lambda) vs measured (in-process, moto)")
-    for column in ("function", "predicted", "measured", "calls"):
-        table.add_column(column, justify="left" if column == "function" else "right")
-    rows = sorted(compared["functions"].items(), key=lambda kv: -(kv[1]["measured_s"] or 0.0))
-    for name, entry in rows:
-        predicted = entry["predicted_s"]
-        table.add_row(
-            name,
-            "-" if predicted is None else f"{predicted:.3f}",
-            "-" if entry["measured_s"] is None else f"{entry['measured_s']:.3f}",
-            str(entry["calls"]),
-        )
-    console.print(table)
+    console.print(_render_local.seconds_table(summary))
     if summary["metered"] is not None:
         # Polls and GB-seconds depend on timing (handlers here run slower than on Lambda); the
         # requests and transitions of a successful run do not.
@@ -139,13 +126,14 @@ def run_local(console: Console, summary: dict[str, Any]) -> None:
         bill = summary["bill"]
         console.print(
             _side_by_side(
-                "bill in USD, at the plan's prices",
+                "bill in USD, at the plan's prices (metered: this machine's seconds)",
                 ("planned", "metered"),
                 (bill["planned"], bill["metered"]),
                 lambda usd: f"{usd:.3g}",
             )
         )
-    request = compared["request"]
+        _render_local.metering(console, summary)
+    request = summary["predicted_vs_measured"]["request"]
     diff = summary["max_abs_diff_vs_monolithic"]
     console.print(
         f"{summary['status']}: {summary['succeeded']} of {summary['requests']} request(s) of "

@@ -187,6 +187,16 @@ def test_run_local_meters_and_prices_a_mixed_plan(
             sum(v for k, v in side.items() if k != "total_usd")
         )
         assert side["total_usd"] > 0
+    # What the numbers mean: requests exact, GB-seconds this machine's, a ratio per function.
+    block = summary["metering"]
+    assert block["requests_equal_planned"] and block["requests_differing"] == {}
+    assert block["gb_s"]["measured_here"] == pytest.approx(metered["gb_s"], abs=1e-3)
+    assert block["lines"][0].startswith("requests metered = planned (exact)")
+    assert "GB-seconds measured on this machine" in block["lines"][1]
+    functions = summary["predicted_vs_measured"]["functions"]
+    ratios = {n: e["measured_over_predicted"] for n, e in functions.items()}
+    assert ratios["head"] > 0 and all(r > 0 for r in block["measured_over_predicted_s"].values())
+    assert block["measured_over_predicted_s"] == {n: r for n, r in ratios.items() if r is not None}
 
 
 def test_an_expert_busier_than_its_replicas_take_gets_more_of_them(
