@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from ground.manifest import Manifest, StageEntry, expert_key, layer_key
 from moe._cache import default_cache_dir, load_exported, load_model
-from moe._corpus import Corpus, load_corpus, make_windows, training_windows
+from moe._corpus import (
+    TEST_TOKENS,
+    VALIDATION_TOKENS,
+    Corpus,
+    load_corpus,
+    make_windows,
+    partition,
+    training_windows,
+)
 from moe._experts import (
     ExpertBank,
     Router,
@@ -31,7 +39,6 @@ from moe._model import LayerRouting, MoEModel, build_model, moefy_options
 from moe._moefy import LayerFit
 from moe._options import EXPERT_CHOICES, MoefyOptions, TopK, parse_top_k
 from moe._quality import (
-    HELD_OUT_TOKENS,
     QUALITY_TOKENS,
     QUALITY_WINDOW,
     Quality,
@@ -60,7 +67,6 @@ __all__ = [
     "ExpertBank",
     "ExpertCall",
     "ExpertStage",
-    "HELD_OUT_TOKENS",
     "Generated",
     "GenerationConfig",
     "LayerFit",
@@ -72,6 +78,8 @@ __all__ = [
     "MoEModel",
     "MoefyOptions",
     "QUALITY_TOKENS",
+    "TEST_TOKENS",
+    "VALIDATION_TOKENS",
     "QUALITY_WINDOW",
     "Quality",
     "Router",
@@ -98,6 +106,7 @@ __all__ = [
     "load_model",
     "local_experts",
     "make_windows",
+    "partition",
     "measure_quality",
     "moefy_options",
     "parse_top_k",

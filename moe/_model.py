@@ -23,7 +23,7 @@ from moe._families import NATIVE_MOE_TYPES, Family, family_for
 from moe._generate import Generated, GenerationConfig, Step, eos_ids, generate_tokens
 from moe._moefy import LayerFit, MoefiedLayer, moefy_layer
 from moe._options import EXPERT_CHOICES, MAX_SHARED, MoefyOptions, TopK, parse_top_k
-from moe._quality import HELD_OUT_TOKENS, QUALITY_TOKENS, QUALITY_WINDOW
+from moe._quality import FIT_CORPUS, QUALITY_TOKENS, QUALITY_WINDOW
 from moe._registry import ModelSource, resolve_model
 from moe._stages import ExpertCall, HeadStage, LayerOutput, LayerStage, TailStage
 
@@ -238,34 +238,57 @@ def moefy_options(
     return MoefyOptions(experts=experts, top_k=rule, seed=seed, fit_tokens=fit_tokens, **recovery)
 
 
-def load_hf(source: ModelSource) -> tuple[nn.Module, Any]:
-    """Load a Hugging Face model (fp32, eager attention so weights are returned) and tokenizer."""
+def _hf_kwargs(source: ModelSource) -> dict[str, Any]:
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    kwargs: dict[str, Any] = {}
-    if source.gguf_file:
-        kwargs["gguf_file"] = source.gguf_file
+    return {"gguf_file": source.gguf_file} if source.gguf_file else {}
+
+
+def _loading(source: ModelSource) -> contextlib.AbstractContextManager[Any]:
+    """Turn a load failure into a `ModelError`; drop the GGUF reader's own tqdm bar, which
+    transformers' switch does not reach and which would garble our progress display."""
+
+    @contextlib.contextmanager
+    def guard() -> Any:
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                yield
+        except (OSError, ValueError, KeyError, ImportError) as err:
+            raise ModelError(
+                f"cannot load the model in {source.path}: {err}",
+                "check that the directory holds a complete Hugging Face model (config, weights, "
+                "tokenizer) and that its architecture is supported.",
+            ) from err
+
+    return guard()
+
+
+def load_tokenizer(source: ModelSource) -> Any:
+    """The model's tokenizer alone: enough to check the text before the weights are loaded."""
+    import transformers
+
+    with _loading(source):
+        return transformers.AutoTokenizer.from_pretrained(source.path, **_hf_kwargs(source))
+
+
+def load_hf(source: ModelSource, tokenizer: Any = None) -> tuple[nn.Module, Any]:
+    """Load a Hugging Face model (fp32, eager attention so weights are returned) and tokenizer
+    (unless given)."""
+    import transformers
+
+    kwargs = _hf_kwargs(source)
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(source)
     auto = (
         transformers.AutoModel
         if source.model_type == "bert"
         else transformers.AutoModelForCausalLM
     )
-    try:
-        # The GGUF reader draws its own tqdm bar, which transformers' switch does not reach;
-        # it would garble our progress display, so its stderr is dropped (errors still raise).
-        with contextlib.redirect_stderr(io.StringIO()):
-            tokenizer = transformers.AutoTokenizer.from_pretrained(source.path, **kwargs)
-            hf = auto.from_pretrained(
-                source.path, attn_implementation="eager", dtype=torch.float32, **kwargs
-            )
-    except (OSError, ValueError, KeyError, ImportError) as err:
-        raise ModelError(
-            f"cannot load the model in {source.path}: {err}",
-            "check that the directory holds a complete Hugging Face model (config, weights, "
-            "tokenizer) and that its architecture is supported.",
-        ) from err
+    with _loading(source):
+        hf = auto.from_pretrained(
+            source.path, attn_implementation="eager", dtype=torch.float32, **kwargs
+        )
     return hf.eval(), tokenizer
 
 
@@ -441,22 +464,21 @@ def build_model(
         options = moefy_options(experts, top_k, seed=seed, fit_tokens=fit_tokens)
     say = progress or (lambda _msg: None)
     say(f"loading {source.name}")
-    hf, tokenizer = load_hf(source)
-    family = family_for(hf)
-    parts = family.parts_from_hf(hf)
-
     if native:
+        hf, tokenizer = load_hf(source)
+        family = family_for(hf)
+        parts = family.parts_from_hf(hf)
         return _native_model(source, family, parts, hf, tokenizer, experts, top_k, seed)
     assert options is not None
-    _check_width(options, int(family.config.intermediate_size), source.name)
     from moe._corpus import load_corpus, make_windows
     from moe._quality import DenseRunner, check_held_out, measure_quality
 
     if quality_tokens:
-        check_held_out(options, "wiki", quality_tokens, QUALITY_WINDOW, options.seed)
-
-    say(f"fitting routers on {options.fit_tokens} tokens")
-    corpus = load_corpus("wiki")
+        check_held_out(FIT_CORPUS, quality_tokens, QUALITY_WINDOW)
+    # The text is cut before the weights load: a corpus too small for the options fails in a
+    # second, not after a conversion.
+    tokenizer = load_tokenizer(source)
+    corpus = load_corpus(FIT_CORPUS)
     windows = torch.from_numpy(
         make_windows(
             corpus,
@@ -465,8 +487,23 @@ def build_model(
             window=FIT_WINDOW,
             seed=options.seed,
             split="fit",
+            option="--fit-tokens",
         )
     )
+    if quality_tokens:  # the test part holds the quality windows (raises now if it cannot)
+        make_windows(
+            corpus,
+            tokenizer,
+            tokens=quality_tokens,
+            window=QUALITY_WINDOW,
+            seed=options.seed,
+            split="test",
+        )
+    hf, tokenizer = load_hf(source, tokenizer)
+    family = family_for(hf)
+    parts = family.parts_from_hf(hf)
+    _check_width(options, int(family.config.intermediate_size), source.name)
+    say(f"fitting routers on {options.fit_tokens} tokens")
     if options.is_original:
         inputs = _collect_ffn_inputs(parts, family, windows, batch=16)
         layers = []
@@ -492,21 +529,33 @@ def build_model(
     )
     if options.distil_steps:
         from moe._corpus import training_windows
-        from moe._distil import distil
+        from moe._distil import VALIDATION_WINDOWS, distil
 
         say("reading the text to distil on")
-        text = training_windows(
+        text = training_windows(corpus, tokenizer, window=FIT_WINDOW, seed=options.seed)
+        held = make_windows(
             corpus,
             tokenizer,
-            window=FIT_WINDOW,
+            tokens=VALIDATION_WINDOWS * QUALITY_WINDOW,
+            window=QUALITY_WINDOW,
             seed=options.seed,
-            held_out_tokens=HELD_OUT_TOKENS,
+            split="validation",
         )
-        distil(built, parts, torch.from_numpy(text), steps=options.distil_steps, progress=say)
+        run = distil(
+            built,
+            parts,
+            torch.from_numpy(text),
+            steps=options.distil_steps,
+            validation=torch.from_numpy(held),
+            progress=say,
+        )
     if quality_tokens:
         say("measuring quality against the dense model")
         dense = DenseRunner(family, parts)
-        built.quality = measure_quality(built, dense, corpus, tokens=quality_tokens).model_dump()
+        quality = measure_quality(built, dense, corpus, tokens=quality_tokens)
+        if options.distil_steps:
+            quality = quality.model_copy(update={"distil_kept_step": run.kept_step})
+        built.quality = quality.model_dump()
     return built
 
 

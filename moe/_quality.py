@@ -1,9 +1,10 @@
 """How far the served MoE model is from the dense model the user brought, on held-out text.
 
 Every bill and latency moelambda reports is of the MoE model; this module says what that model
-is worth against the user's own. Both models run the same windows of real text that no router
-was fitted on (the corpus's "profile" split; routers fit on the other end of the shuffle), and
-the task outputs are compared:
+is worth against the user's own. Both models run the same windows of real text that nothing was
+fitted or chosen on (the corpus's test part, `moe._corpus.partition`: the same documents for
+every seed, so no seed is judged on text another seed fitted on), and the task outputs are
+compared:
 
 * encoders (sentence embeddings): cosine of each window's embedding to the dense one (mean, 5th
   percentile, minimum) and ``neighbour_overlap_10``, the mean share of each window's 10 nearest
@@ -36,10 +37,8 @@ if TYPE_CHECKING:
     from moe._corpus import Corpus
     from moe._families import Family
     from moe._model import LayerRouting, MoEModel
-    from moe._options import MoefyOptions
 
 __all__ = [
-    "HELD_OUT_TOKENS",
     "QUALITY_TOKENS",
     "QUALITY_WINDOW",
     "check_held_out",
@@ -55,10 +54,9 @@ __all__ = [
 
 QUALITY_TOKENS = 16384
 QUALITY_WINDOW = 64
-# Distillation trains on the whole embedded corpus but the documents holding the first this many
-# tokens of its profile split, so held-out quality windows of the same seed stay unseen.
-HELD_OUT_TOKENS = 2 * QUALITY_TOKENS
 NEIGHBOURS = 10
+# The corpus every MoEfied model is fitted on; its validation and test parts are held out.
+FIT_CORPUS = "wiki"
 
 
 class Quality(BaseModel):
@@ -68,6 +66,9 @@ class Quality(BaseModel):
 
     kind: Literal["encoder", "decoder"]
     corpus: str
+    # Which text of `corpus` was compared: its test part, its validation part (where `choose`
+    # decides), or the whole corpus (blocks written before the corpus had parts).
+    split: Literal["test", "validation", "profile"] = "profile"
     tokens: int
     windows: int
     window: int
@@ -83,6 +84,8 @@ class Quality(BaseModel):
     ppl_ratio: float | None = None
     next_token_agreement: float | None = None
     kl_mean: float | None = None
+    # A distilled model's step kept on the validation part (`moe._distil`).
+    distil_kept_step: int | None = None
     wall_s: float = 0.0
 
     def headline(self) -> str:
@@ -175,24 +178,26 @@ def measure_quality(
     window: int = QUALITY_WINDOW,
     seed: int | None = None,
     batch: int = 32,
+    split: Literal["test", "validation"] = "test",
 ) -> Quality:
     """Compare `model` with `dense` on `tokens` held-out tokens of `corpus` in `window`s.
 
     Args:
         model: The MoE model (MoEfied from `dense`).
         dense: The dense model it was made from.
-        corpus: The text; windows come from its "profile" split, never the routers' "fit" split.
+        corpus: The text; windows come from its `split` part, never its fit part.
         tokens: Tokens to compare on. Defaults to 16,384.
         window: Tokens per window. Defaults to 64.
         seed: Seeds the windows' shuffle. Defaults to the MoEfication's seed.
         batch: Windows per forward pass.
+        split: "test" (what is reported) or "validation" (what choices are made on).
     """
     from moe._corpus import make_windows
 
     started = time.perf_counter()
     seed = model.seed if seed is None else seed
     windows = torch.from_numpy(
-        make_windows(corpus, model.tokenizer, tokens=tokens, window=window, seed=seed)
+        make_windows(corpus, model.tokenizer, tokens=tokens, window=window, seed=seed, split=split)
     )
     decoder = model.family.name != "bert"
     if decoder:
@@ -232,6 +237,7 @@ def measure_quality(
     common: dict[str, Any] = {
         "kind": "decoder" if decoder else "encoder",
         "corpus": corpus.name,
+        "split": split,
         "tokens": int(windows.numel()),
         "windows": int(windows.shape[0]),
         "window": window,
@@ -284,26 +290,22 @@ def check_quality_size(tokens: int, window: int) -> None:
         )
 
 
-def check_held_out(
-    options: MoefyOptions | None, corpus: str, tokens: int, window: int, seed: int
-) -> None:
-    """Refuse to judge a distilled model on embedded text it was trained on (before any load:
-    distillation takes minutes).
+def check_held_out(corpus: str, tokens: int, window: int, option: str = "--tokens") -> None:
+    """Refuse a comparison on the fit corpus larger than its test part, before any model is
+    loaded (a distilled model takes minutes to convert), whatever the model and its seed.
 
     Raises:
-        UsageError: The comparison would read beyond the held-out text of `options.seed`.
+        UsageError: `tokens` windows would not fit in the test part (`option` asked for them).
     """
     from ground.errors import UsageError
+    from moe._corpus import TEST_TOKENS
 
-    if corpus != "wiki" or options is None or not options.distil_steps:
-        return
-    if seed != options.seed or tokens + window > HELD_OUT_TOKENS:
+    if corpus == FIT_CORPUS and tokens + window > TEST_TOKENS:
         raise UsageError(
-            f"a distilled model's experts are trained on all the embedded text but the "
-            f"{HELD_OUT_TOKENS:,} held-out tokens of its seed ({options.seed}); {tokens:,} "
-            f"tokens with seed {seed} would read text it was trained on.",
-            f"pass --tokens {HELD_OUT_TOKENS - window:,} or fewer with the model's seed, or "
-            "--corpus with text of your own.",
+            f"every MoEfied model is fitted on the embedded text but its validation and test "
+            f"parts; {tokens:,} tokens are more than the test part's {TEST_TOKENS:,} (less one "
+            f"window), so the comparison would read text the model was fitted on.",
+            f"pass {option} {TEST_TOKENS - window:,} or fewer, or --corpus with text of your own.",
         )
 
 
@@ -314,11 +316,14 @@ def quality_of(
     tokens: int = QUALITY_TOKENS,
     window: int = QUALITY_WINDOW,
     seed: int | None = None,
+    split: Literal["test", "validation"] = "test",
 ) -> tuple[Quality, bool]:
-    """The quality of a MoEfied model on `corpus`, and whether it was measured just now.
+    """The quality of a MoEfied model on `corpus`'s `split` part, and whether it was measured
+    just now.
 
-    The block measured at conversion (held-out wiki windows) is reused when it answers the same
-    question; any other corpus, size or seed is measured now against the dense model.
+    The block measured at conversion (the embedded text's test part) is reused when it answers
+    the same question; any other corpus, part, size or seed is measured now against the dense
+    model.
 
     Raises:
         UsageError: The model is a native MoE model (it has no dense counterpart), or `tokens`
@@ -331,16 +336,18 @@ def quality_of(
         raise native_model_error(model.name)
     check_quality_size(tokens, window)
     seed = model.seed if seed is None else seed
-    check_held_out(model.options, corpus, tokens, window, seed)
+    check_held_out(corpus, tokens, window)
     stored = model.quality
     windows = -(-tokens // window)
     if (
         stored is not None
-        and corpus == stored["corpus"] == "wiki"
+        and corpus == stored["corpus"] == FIT_CORPUS
+        and stored.get("split") == split
         and (stored["windows"], stored["window"], stored["seed"]) == (windows, window, seed)
     ):
         return Quality(**stored), False
     text = load_corpus(corpus)
+    dense = dense_reference(model.name)
     return measure_quality(
-        model, dense_reference(model.name), text, tokens=tokens, window=window, seed=seed
+        model, dense, text, tokens=tokens, window=window, seed=seed, split=split
     ), True

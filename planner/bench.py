@@ -6,6 +6,7 @@ MoEfication option's quality against the dense model beside its bill."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -258,31 +259,36 @@ def bench_quality(
     models: str = "minilm,smollm2",
     tokens: int = 10240,
     *,
+    seeds: tuple[int, ...] = (0, 1),
     status: Status = quiet,
 ) -> dict[str, Any]:
     """Each MoEfication option of `BENCH_OPTIONS` against the dense model, with its bill.
 
-    Per model: quality on 16,384 held-out tokens, FFN FLOPs share and the bill of a batch of
-    `tokens` (the cheapest plan, exact solver) per option (`planner.choose.choose`); the best
-    quality at no more than `HALF_FLOPS` of the dense FFN's FLOPs against the target (MiniLM:
-    mean cosine >= 0.97 and 10-neighbour overlap >= 0.80; SmolLM2: perplexity ratio <= 1.05);
-    the cheapest option keeping `FLOORS`; and the seconds `quality` takes on MiniLM once cached.
+    Per model and seed (`quality_by_seed`): quality on 16,384 tokens of the corpus's test part,
+    FFN FLOPs share and the bill of a batch of `tokens` (the cheapest plan, exact solver) per
+    option (`planner.choose.choose`); the best option at no more than `HALF_FLOPS` of the dense
+    FFN's FLOPs, chosen on the validation part and reported on the test part, against the
+    target (MiniLM: mean cosine >= 0.97 and 10-neighbour overlap >= 0.80; SmolLM2: perplexity
+    ratio <= 1.05); the cheapest option keeping `FLOORS`; and the seconds `quality` takes on
+    MiniLM once cached.
 
     Example::
 
-        report = bench_quality("minilm", tokens=10240)
-        print(report["models"]["minilm"]["chosen_for_floor"])
+        report = bench_quality("minilm", tokens=10240, seeds=(0,))
+        print(report["models"]["minilm"]["seeds"][0]["chosen_for_floor"])
 
     Args:
         models: Comma-separated: minilm, smollm2.
         tokens: Tokens per planned batch.
+        seeds: MoEfication seeds (each also seeds its quality windows); the second shows how
+            much of a number is the seed's.
         status: Wraps each model's options (a spinner in the CLI); gets an `update`.
 
     Returns:
         The report `moelambda bench quality --json` prints.
     """
     from moe import dense_reference, load_corpus, load_model, measure_quality
-    from planner.choose import Floor, choose
+    from planner.choose import Floor
 
     names = [m.strip() for m in models.split(",") if m.strip()]
     unknown = [m for m in names if m not in BENCH_OPTIONS]
@@ -291,37 +297,20 @@ def bench_quality(
             f"--models {models!r}: {', '.join(unknown) or 'nothing'} is not benchmarked.",
             f"pass some of {', '.join(BENCH_OPTIONS)}.",
         )
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise UsageError(f"--seeds {seeds} is not a list of distinct seeds.", "pass e.g. 0,1.")
     report: dict[str, Any] = {"tokens": tokens, "models": {}}
     for name in names:
-        grid = quality_grid(name)
         metric, value = FLOORS[name]
-        with status(f"{name}: {len(grid)} options") as shown:
-            selection = choose(
-                name, grid, Floor(metric, value), tokens=tokens, progress=shown.update
-            )
-        rows = [r.describe() for r in selection.results]
-        half = [r for r in rows if r["expert_flops_share"] <= HALF_FLOPS + 1e-9]
-        if metric == "cosine_mean":
-            best = max(half, key=lambda r: r["quality"]["cosine_mean"])
-            meets = (
-                best["quality"]["cosine_mean"] >= 0.97
-                and best["quality"]["neighbour_overlap_10"] >= 0.80
-            )
-        else:
-            best = min(half, key=lambda r: r["quality"]["ppl_ratio"])
-            meets = best["quality"]["ppl_ratio"] <= 1.05
-        chosen = None if selection.chosen is None else rows[selection.chosen]
-        report["models"][name] = {
-            "floor": {"metric": metric, "value": value},
-            "options": rows,
-            "best_at_half_flops": best["label"],
-            "best_at_half_flops_quality": best["quality"],
-            "half_flops_target_met": meets,
-            "chosen_for_floor": None if chosen is None else chosen["label"],
-            "chosen_bill_usd": None if chosen is None else chosen["bill_usd"],
-        }
+        floor = Floor(metric, value)
+        runs = []
+        for seed in seeds:
+            grid = quality_grid(name, seed)
+            with status(f"{name}, seed {seed}: {len(grid)} options") as shown:
+                runs.append(quality_by_seed(name, grid, floor, tokens, seed, shown.update))
+        report["models"][name] = {"floor": {"metric": metric, "value": value}, "seeds": runs}
     if "minilm" in names:
-        model = load_model("minilm", options=quality_grid("minilm")[0])
+        model = load_model("minilm", options=quality_grid("minilm", seeds[0])[0])
         started = time.perf_counter()
         measure_quality(model, dense_reference("minilm"), load_corpus("wiki"), tokens=16384)
         seconds = time.perf_counter() - started
@@ -331,12 +320,53 @@ def bench_quality(
     return report
 
 
-def quality_grid(name: str) -> list[Any]:
-    """The `moe.MoefyOptions` of `BENCH_OPTIONS[name]`."""
+def quality_by_seed(
+    model: str,
+    grid: list[Any],
+    floor: Any,
+    tokens: int,
+    seed: int,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """One seed of `bench_quality`: every option's row, and the best at half the FLOPs chosen
+    on validation quality, its test quality reported (`planner.choose.Floor` `floor`)."""
+    from planner.choose import choose
+
+    selection = choose(model, grid, floor, tokens=tokens, seed=seed, progress=progress)
+    rows = [r.describe() for r in selection.results]
+    half = [r for r in rows if r["expert_flops_share"] <= HALF_FLOPS + 1e-9]
+    if not half:
+        raise UsageError(
+            f"no option of the {model} grid runs at most {HALF_FLOPS:.0%} of the FFN FLOPs.",
+            "add one to BENCH_OPTIONS.",
+        )
+    if floor.metric == "cosine_mean":
+        best = max(half, key=lambda r: r["validation_quality"]["cosine_mean"])
+        meets = (
+            best["quality"]["cosine_mean"] >= 0.97
+            and best["quality"]["neighbour_overlap_10"] >= 0.80
+        )
+    else:
+        best = min(half, key=lambda r: r["validation_quality"]["ppl_ratio"])
+        meets = best["quality"]["ppl_ratio"] <= 1.05
+    chosen = None if selection.chosen is None else rows[selection.chosen]
+    return {
+        "seed": seed,
+        "options": rows,
+        "best_at_half_flops": best["label"],
+        "best_at_half_flops_quality": best["quality"],
+        "half_flops_target_met": meets,
+        "chosen_for_floor": None if chosen is None else chosen["label"],
+        "chosen_bill_usd": None if chosen is None else chosen["bill_usd"],
+    }
+
+
+def quality_grid(name: str, seed: int = 0) -> list[Any]:
+    """The `moe.MoefyOptions` of `BENCH_OPTIONS[name]`, MoEfied with `seed`."""
     from moe import MoefyOptions
     from moe._options import parse_top_k
 
     return [
-        MoefyOptions(**{**o, "top_k": parse_top_k(o["top_k"], o["experts"])})
+        MoefyOptions(**{**o, "top_k": parse_top_k(o["top_k"], o["experts"]), "seed": seed})
         for o in BENCH_OPTIONS[name]
     ]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ground.errors import CorpusError
-from moe import Corpus, MoEModel, load_corpus, make_windows, training_windows
+from moe import Corpus, MoEModel, load_corpus, make_windows, partition, training_windows
 
 
 @pytest.fixture(scope="module")
@@ -93,19 +93,77 @@ class _DocTokenizer:
         return {"input_ids": [[int(doc[1:]) + 10] * 5 for doc in text]}
 
 
-def test_training_windows_leave_out_the_held_out_documents() -> None:
+@pytest.fixture
+def small_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Held-out parts of 300 tokens, so that 400 six-token documents have all three parts."""
+    from moe import _corpus
+
+    monkeypatch.setattr(_corpus, "VALIDATION_TOKENS", 300)
+    monkeypatch.setattr(_corpus, "TEST_TOKENS", 300)
+
+
+def _docs_of(windows: np.ndarray) -> set[int]:
+    """The documents (_DocTokenizer's token value less 10) a window array holds."""
+    return {t - 10 for t in windows[:, 1:-1].ravel().tolist() if t >= 10}
+
+
+def test_the_parts_are_documents_and_the_same_for_every_seed(small_parts: None) -> None:
     corpus = Corpus("docs", tuple(f"d{i}" for i in range(400)))
     tokenizer = _DocTokenizer()
-    train = training_windows(corpus, tokenizer, window=8, seed=2, held_out_tokens=300)
-    seen = set(train[:, 1:-1].ravel().tolist()) - {1}
-    for tokens in (100, 290):  # held-out windows up to held_out_tokens less one window
-        held = make_windows(corpus, tokenizer, tokens=tokens, window=8, seed=2)
-        assert not seen & (set(held[:, 1:-1].ravel().tolist()) - {1})
-    # Everything else is trained on: the held-out documents are the profile split's first
-    # batch of 64 (the reader's unit), and at most the last window's few documents are cut off.
-    assert len(seen) >= 400 - 64 - 2
-    assert (train[:, 0] == 0).all() and (train[:, -1] == 1).all()
-    again = training_windows(corpus, tokenizer, window=8, seed=2, held_out_tokens=300)
-    assert np.array_equal(train, again)
-    with pytest.raises(CorpusError, match="no text beside"):
-        training_windows(corpus, tokenizer, window=8, seed=2, held_out_tokens=10_000)
+    parts = partition(corpus, tokenizer)
+    validation, test, fit = (set(p.tolist()) for p in (parts.validation, parts.test, parts.fit))
+    assert len(validation) == 50 and len(test) == 50  # 6 tokens each (5 + the joiner)
+    assert validation | test | fit == set(range(400)) and not validation & test
+    assert not (validation | test) & fit
+    for seed in (0, 1, 2):
+        train = _docs_of(training_windows(corpus, tokenizer, window=8, seed=seed))
+        assert train <= fit and len(train) >= len(fit) - 2  # all but the last window's cut
+        judged = make_windows(corpus, tokenizer, tokens=240, window=8, seed=seed, split="test")
+        assert _docs_of(judged) <= test
+        chosen = make_windows(
+            corpus, tokenizer, tokens=240, window=8, seed=seed, split="validation"
+        )
+        assert _docs_of(chosen) <= validation
+    a = training_windows(corpus, tokenizer, window=8, seed=2)
+    assert np.array_equal(a, training_windows(corpus, tokenizer, window=8, seed=2))
+    assert (a[:, 0] == 0).all() and (a[:, -1] == 1).all()
+
+
+def test_a_small_corpus_is_halved_and_has_nothing_to_fit_on() -> None:
+    corpus = Corpus("docs", tuple(f"d{i}" for i in range(10)))
+    tokenizer = _DocTokenizer()
+    parts = partition(corpus, tokenizer)
+    assert (len(parts.validation), len(parts.test), len(parts.fit)) == (5, 5, 0)
+    with pytest.raises(CorpusError, match="no text beside its validation and test"):
+        training_windows(corpus, tokenizer, window=8, seed=0)
+    with pytest.raises(CorpusError, match="the fit part") as refused:
+        make_windows(
+            corpus, tokenizer, tokens=64, window=8, seed=0, split="fit", option="--fit-tokens"
+        )
+    assert refused.value.fix == "use more text: one window of 8 holds 6 tokens of text."
+    with pytest.raises(CorpusError, match="the test part") as refused:
+        make_windows(corpus, tokenizer, tokens=64, window=8, seed=0, split="test")
+    assert refused.value.fix == "pass --tokens 40 or fewer, or use more text."
+
+
+def test_no_seed_judges_on_text_any_seed_fitted_on(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """The audit's finding: seed-1 quality windows shared about 11 % of their 12-grams with the
+    seed-0 fit text. Now the test part is the same documents whatever the seed."""
+    corpus = load_corpus("wiki")
+
+    def grams(windows: np.ndarray) -> set[tuple[int, ...]]:
+        return {
+            tuple(row[i : i + 12]) for row in windows[:, 1:-1].tolist() for i in range(0, 50, 7)
+        }
+
+    judged = set().union(
+        *(
+            grams(make_windows(corpus, tokenizer, tokens=16384, window=64, seed=s, split="test"))
+            for s in (0, 1)
+        )
+    )
+    for seed in (0, 1):
+        fit = make_windows(corpus, tokenizer, tokens=32768, window=128, seed=seed, split="fit")
+        assert not judged & {
+            tuple(row[i : i + 12]) for row in fit[:, 1:-1].tolist() for i in range(len(row) - 11)
+        }

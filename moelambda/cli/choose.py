@@ -126,7 +126,11 @@ def choose(
         typer.Option(help="Tokens of fit text every option's routers and corrections see."),
     ] = 32768,
     quality_tokens: Annotated[
-        int, typer.Option(help="Held-out tokens each option's quality is measured on.")
+        int,
+        typer.Option(
+            help="Tokens of the test part (and of the validation part, where the floor is "
+            "checked) each option's quality is measured on."
+        ),
     ] = 16384,
     seed: SeedOpt = 0,
     out: Annotated[
@@ -185,9 +189,11 @@ def _print(summary: dict[str, Any]) -> None:
     table = Table(
         title=f"MoEfications of {summary['model']}: quality against the dense model and the "
         f"bill of a {summary['tokens']:,}-token batch (floor {metric} "
-        f"{'>=' if metric == 'cosine_mean' else '<='} {floor['value']:g})"
+        f"{'>=' if metric == 'cosine_mean' else '<='} {floor['value']:g}, checked on the "
+        "validation text; test: text no choice saw)"
     )
-    for column in ("option", metric, "FFN FLOPs", "bill per batch", "functions", ""):
+    columns = ("option", f"{metric} validation", "test", "FFN FLOPs", "bill per batch")
+    for column in (*columns, "functions", ""):
         table.add_column(column, justify="left" if column == "option" else "right")
     order = sorted(
         range(len(summary["options"])),
@@ -204,10 +210,11 @@ def _print(summary: dict[str, Any]) -> None:
             else ("frontier" if i in summary["frontier"] else "")
         )
         bill = "no plan" if row["bill_usd"] is None else f"${row['bill_usd']:.6f}"
-        quality = row["quality"][metric]
+        validation = row["validation_quality"][metric]
         table.add_row(
             row["label"],
-            f"{quality:.4f}" + ("" if row["meets_floor"] else " ✗"),
+            f"{validation:.4f}" + ("" if row["meets_floor"] else " ✗"),
+            f"{row['quality'][metric]:.4f}",
             f"{row['expert_flops_share']:.2f}",
             bill,
             "" if row["functions"] is None else str(row["functions"]),

@@ -229,8 +229,9 @@ def test_distillation_lowers_its_loss_and_keeps_the_stages_exact(
         make_windows(load_corpus("wiki"), tokenizer, tokens=2048, window=32, seed=0)
     )
     before = model.banks[0].w_in.clone()
-    losses = distil(model, family.parts_from_hf(hf), windows, steps=40)
-    assert np.mean(losses[-10:]) < np.mean(losses[:10])
+    run = distil(model, family.parts_from_hf(hf), windows, steps=40)
+    assert np.mean(run.losses[-10:]) < np.mean(run.losses[:10])
+    assert run.kept_step == 40 and not run.validation  # no validation text: the last step
     assert not torch.equal(before, model.banks[0].w_in)
     assert not model.banks[0].w_in.requires_grad  # frozen again for serving
     reference = model.forward(token_windows, reference=True)
@@ -238,18 +239,94 @@ def test_distillation_lowers_its_loss_and_keeps_the_stages_exact(
     assert (run_staged(tmp_path / "w", token_windows) - reference).abs().max() <= TOL
 
 
-def test_a_distilled_model_is_judged_only_on_text_it_never_saw(
+def test_distillation_keeps_the_experts_of_its_lowest_validation_loss(
     tiny_dirs: dict[str, Path],
 ) -> None:
-    from moe import HELD_OUT_TOKENS, QUALITY_WINDOW, quality_of
+    """A learning rate far too high makes training diverge: the kept experts are those of the
+    best validation check (here before training), not the last step's."""
+    from moe import _distil
+    from moe._families import family_for
+    from moe._model import load_hf
+    from moe._registry import resolve_model
 
-    options = moefy_options(4, 1, fit_tokens=512, correction=True, distil_steps=2)
-    model = load_model(str(tiny_dirs["llama"]), options=options, cache=False, quality_tokens=1024)
-    assert model.quality is not None and model.quality["tokens"] == 1024
-    with pytest.raises(UsageError, match="trained on all the embedded text"):
-        quality_of(model, tokens=HELD_OUT_TOKENS)
-    with pytest.raises(UsageError, match="--tokens"):
-        quality_of(model, tokens=1024, seed=model.seed + 1)
+    path = str(tiny_dirs["llama"])
+    model = load_model(path, experts=4, top_k=1, fit_tokens=512, cache=False, quality_tokens=0)
+    hf, tokenizer = load_hf(resolve_model(path))
+    parts = family_for(hf).parts_from_hf(hf)
+    corpus = load_corpus("wiki")
+    train = torch.from_numpy(make_windows(corpus, tokenizer, tokens=2048, window=32, seed=0))
+    held = torch.from_numpy(
+        make_windows(corpus, tokenizer, tokens=512, window=32, seed=0, split="validation")
+    )
+    before = [b.w_in.clone() for b in model.banks]
+    lr = _distil.LEARNING_RATE
+    _distil.LEARNING_RATE = 10.0
+    try:
+        run = _distil.distil(model, parts, train, steps=20, validation=held)
+    finally:
+        _distil.LEARNING_RATE = lr
+    losses = dict(run.validation)
+    assert len(losses) == _distil.VALIDATION_CHECKS + 1 and 0 in losses
+    assert losses[run.kept_step] == min(losses.values())
+    assert losses[20] > losses[run.kept_step]  # the last step was not the best
+    if run.kept_step == 0:
+        assert all(torch.equal(b, a.w_in) for b, a in zip(before, model.banks, strict=True))
+
+
+def test_every_model_is_judged_only_on_its_test_part(tiny_dirs: dict[str, Path]) -> None:
+    """Not only distilled models, and with any seed: the test part is the same documents for
+    every seed, so a model fitted with seed 0 and judged with seed 1 reads no fit text."""
+    from moe import QUALITY_WINDOW, TEST_TOKENS, quality_of
+
+    model = load_model(
+        str(tiny_dirs["llama"]),
+        experts=4,
+        top_k=1,
+        fit_tokens=512,
+        cache=False,
+        quality_tokens=1024,
+    )
+    assert model.quality is not None and model.quality["split"] == "test"
+    with pytest.raises(UsageError, match="fitted on the embedded text but its validation"):
+        quality_of(model, tokens=TEST_TOKENS)
     stored, measured_now = quality_of(model, tokens=1024)
     assert not measured_now and stored.tokens == 1024
-    assert HELD_OUT_TOKENS - QUALITY_WINDOW >= 16_384  # the default comparison stays allowed
+    other, measured_now = quality_of(model, tokens=1024, seed=model.seed + 1)
+    assert measured_now and other.split == "test" and other.seed == model.seed + 1
+    validation, _ = quality_of(model, tokens=1024, split="validation")
+    assert validation.split == "validation" and validation != stored
+    assert TEST_TOKENS - QUALITY_WINDOW >= 16_384  # the default comparison stays allowed
+
+
+def test_too_many_fit_tokens_are_refused_before_the_weights_load(
+    tiny_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ground.errors import CorpusError
+    from moe import _model
+
+    def no_weights(*_: object, **__: object) -> None:
+        raise AssertionError("the weights were loaded before the text was checked")
+
+    monkeypatch.setattr(_model, "load_hf", no_weights)
+    with pytest.raises(CorpusError, match="fit part") as refused:
+        load_model(str(tiny_dirs["llama"]), experts=4, top_k=1, fit_tokens=3_000_000, cache=False)
+    assert "--fit-tokens" in (refused.value.fix or "")
+
+
+def test_neighbour_overlap_of_a_hand_built_case() -> None:
+    """Five directions in the plane. Dense angles 0, 10, 25, 90, 100 degrees: nearest of each is
+    1, 0, 1, 4, 3. Moving the second to 20 degrees makes its nearest 2 (5 degrees away, not
+    0): one row of five loses its neighbour, so the overlap is 4/5. With k = 2 the rows keep
+    {1,2}->{1,2}, {0,2}->{0,2}, {1,0}->{1,0}, {4,2}->{4,2}, {3,2}->{3,2}: all of them."""
+    from moe._quality import _neighbour_overlap
+
+    def at(degrees: list[float]) -> torch.Tensor:
+        rad = torch.deg2rad(torch.tensor(degrees, dtype=torch.float64))
+        return torch.stack([rad.cos(), rad.sin()], dim=1)
+
+    dense, moe = at([0, 10, 25, 90, 100]), at([0, 20, 25, 90, 100])
+    assert _neighbour_overlap(dense, moe, 1) == pytest.approx(0.8)
+    assert _neighbour_overlap(dense, moe, 2) == pytest.approx(1.0)
+    # At 0, 50, 100, 10, 60 degrees the nearest are 3, 4, 4, 0, 1: none of the dense ones.
+    assert _neighbour_overlap(dense, at([0, 50, 100, 10, 60]), 1) == pytest.approx(0.0)
+    assert _neighbour_overlap(dense[:1], moe[:1], 10) == 1.0  # no other row to compare
