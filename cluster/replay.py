@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,7 +191,33 @@ class LyraOptions:
         gpu_plan: Path | None = None,
         peak_rps: float | None = None,
     ) -> LyraOptions:
-        """The options as given, defaults for those that were not (None)."""
+        """The options as given, defaults for those that were not (None).
+
+        Raises:
+            UsageError: --days not positive, --jobs below 1, --peak-rps not positive or
+                without --gpu-plan, named as the command line spells them.
+        """
+        if days is not None and not (math.isfinite(days) and days > 0):
+            raise UsageError(
+                f"--days {days:g} is not positive.",
+                f"pass --days D with D > 0, or leave it out for the default {cls.days:g}.",
+            )
+        if jobs is not None and jobs < 1:
+            raise UsageError(
+                f"--jobs {jobs} is below 1.",
+                f"pass --jobs N with N >= 1, or leave it out for the default {cls.jobs:,}.",
+            )
+        if peak_rps is not None and not (math.isfinite(peak_rps) and peak_rps > 0):
+            raise UsageError(
+                f"--peak-rps {peak_rps:g} is not positive.", "pass e.g. --peak-rps 20."
+            )
+        if peak_rps is not None and gpu_plan is None:
+            raise UsageError(
+                "--peak-rps is the request rate of --gpu-plan's inference demand; no "
+                "--gpu-plan was given.",
+                "add --gpu-plan FILE (a plan written by `moelambda gpu-plan`), or drop "
+                "--peak-rps.",
+            )
         return cls(
             cls.days if days is None else days,
             cls.jobs if jobs is None else jobs,
@@ -216,7 +243,8 @@ class LyraOptions:
         hourly = daily.reshape(24, -1).mean(axis=1)  # 5-minute samples to hours
         days = int(-(-self.days // 1))
         rates = self.peak_rps * np.tile(hourly / hourly.max(), days)
-        return inference_demand_from_gpu_plan(GpuPlan.load(self.gpu_plan), rates)
+        plan = GpuPlan.load(self.gpu_plan, option="--gpu-plan")
+        return inference_demand_from_gpu_plan(plan, rates)
 
 
 def replay(

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ground.errors import UsageError
-from ground.kinds import refuse_other_kind
+from ground.kinds import KINDS, detect_kind, refuse_other_kind
 
 __all__ = [
     "DATA",
@@ -159,8 +159,21 @@ def check_fits(jobs: list[Job], cluster: Cluster) -> None:
 
 def _cluster_file(path: Path) -> Cluster:
     columns = ("num_switch", "num_node_p_switch", "num_gpu_p_node")
-    with path.open() as f:
-        row = next(csv.DictReader(f), None)
+    kind = detect_kind(path)
+    if kind is not None:  # another of our files (a plan, a trace, ...): say which
+        raise UsageError(
+            f"'{path}' is {KINDS[kind].what}, but --cluster takes a shape like n16g4 or a "
+            "cluster-spec CSV.",
+            f"{KINDS[kind].use}; for --cluster, pass e.g. --cluster n16g4.",
+        )
+    try:
+        with path.open(encoding="utf-8") as f:
+            row = next(csv.DictReader(f), None)
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        raise UsageError(
+            f"cannot read the cluster spec '{path}' as CSV ({err}).",
+            "pass --cluster n16g4 (nodes x GPUs per node) or an artifact cluster-spec CSV.",
+        ) from err
     try:
         switches, per_switch, per_node = (int(row[c]) for c in columns)  # type: ignore[index]
     except (TypeError, KeyError, ValueError) as err:

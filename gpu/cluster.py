@@ -11,13 +11,13 @@ first N GPUs of a cluster file, which may also define its own types:
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ground.errors import MoelambdaError, UsageError, did_you_mean
+from ground.kinds import KINDS, detect_kind
 
 __all__ = ["Catalogue", "ClusterError", "GpuType", "load_catalogue", "load_cluster"]
 
@@ -109,6 +109,10 @@ def load_catalogue() -> Catalogue:
     )
 
 
+_EXAMPLE = '{"gpus": [{"type": "t4", "count": 4}]}'
+_WRITE = f"write {_EXAMPLE} (see `moelambda gpu-plan --help`)."
+
+
 class _Group(_Strict):
     type: str
     count: int = Field(ge=1)
@@ -128,15 +132,25 @@ def load_cluster(
     if path is None:
         return catalogue, [catalogue.default_type] * gpus
     try:
-        doc = _ClusterFile.model_validate_json(Path(path).read_bytes())
+        data = Path(path).read_bytes()
     except OSError as err:
         raise ClusterError(
             f"cannot read the cluster file '{path}': {err.strerror}.", "check the --cluster path."
         ) from err
-    except (ValidationError, json.JSONDecodeError) as err:
+    try:
+        doc = _ClusterFile.model_validate_json(data)
+    except ValidationError as err:
+        kind = detect_kind(path)
+        if kind is not None:  # another of our files: say which, not its schema errors
+            raise ClusterError(
+                f"'{path}' is {KINDS[kind].what}, not a cluster file: --cluster takes a JSON "
+                f"file of GPU groups, e.g. {_EXAMPLE}.",
+                f"{KINDS[kind].use}; for --cluster, {_WRITE}",
+            ) from err
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the document"
         raise ClusterError(
-            f"'{path}' is not a valid cluster file: {err}",
-            'write {"gpus": [{"type": "t4", "count": 4}]} (see `moelambda gpu-plan --help`).',
+            f"'{path}' is not a valid cluster file ({where}: {first['msg']}).", _WRITE
         ) from err
     merged = catalogue.model_copy(update={"types": {**catalogue.types, **doc.types}})
     ranks = [group.type for group in doc.gpus for _ in range(group.count)]

@@ -120,8 +120,10 @@ class GpuPlan(_Strict):
         write_file_atomically(Path(path), lambda tmp: tmp.write_text(text), force=force)
 
     @classmethod
-    def load(cls, path: str | Path) -> GpuPlan:
-        refuse_other_kind(path, "gpu-plan", "--plan")
+    def load(cls, path: str | Path, *, option: str = "--plan") -> GpuPlan:
+        """Read a GPU plan; `option` is the command-line option it was given as, which an
+        error about a file of another kind names."""
+        refuse_other_kind(path, "gpu-plan", option)
         return read_document(
             cls, path, GpuPlanError, "GPU plan", "write one with `moelambda gpu-plan --out FILE`."
         )

@@ -35,8 +35,9 @@ def read_metrics(path: Path, layers: int, experts: int) -> tuple[np.ndarray, np.
     Lines that are not EMF routing records (other log lines) are skipped.
 
     Raises:
-        UsageError: An unreadable file, no routing record, or a record naming a layer or
-            expert the plan does not have.
+        UsageError: An unreadable or non-UTF-8 file, no routing record, a record naming a
+            layer or expert the plan does not have, one that does not parse, or a token count
+            below 0.
     """
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -45,27 +46,50 @@ def read_metrics(path: Path, layers: int, experts: int) -> tuple[np.ndarray, np.
             f"cannot read the metrics file {path}: {exc.strerror}.",
             "pass the file `run-local --metrics-out` wrote, or the gates' log lines.",
         ) from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(
+            f"the metrics file {path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at "
+            f"offset {exc.start}): it must be JSON lines, CloudWatch EMF records.",
+            "pass the file `run-local --metrics-out` wrote, or the gates' log lines as text.",
+        ) from None
     counts = np.zeros((layers, experts))
     records = np.zeros(layers, dtype=np.int64)
-    for line in lines:
+    for number, line in enumerate(lines, start=1):
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
         if not isinstance(record, dict) or "_aws" not in record or "Layer" not in record:
             continue
-        spaces = {m.get("Namespace") for m in record["_aws"].get("CloudWatchMetrics", [])}
-        if NAMESPACE not in spaces:
-            continue
-        layer = int(record["Layer"])
-        names = [k for k in record if k.startswith("Expert") and k.endswith("Tokens")]
-        if not 0 <= layer < layers or len(names) != experts:
+        try:
+            spaces = {m.get("Namespace") for m in record["_aws"].get("CloudWatchMetrics", [])}
+            if NAMESPACE not in spaces:
+                continue
+            layer = int(record["Layer"])
+            names = [k for k in record if k.startswith("Expert") and k.endswith("Tokens")]
+            if not 0 <= layer < layers or len(names) != experts:
+                raise UsageError(
+                    f"{path} has a record of layer {layer} with {len(names)} experts; the plan "
+                    f"has {layers} layers of {experts}.",
+                    "pass the metrics of the deployment this plan describes.",
+                )
+            tokens = np.array([metric_value(record, metric_name(e)) for e in range(experts)])
+        except (AttributeError, KeyError, TypeError, ValueError):
             raise UsageError(
-                f"{path} has a record of layer {layer} with {len(names)} experts; the plan has "
-                f"{layers} layers of {experts}.",
-                "pass the metrics of the deployment this plan describes.",
+                f"{path} line {number} is a routing record that does not parse: a Layer number "
+                f"and {', '.join(metric_name(e) for e in range(min(experts, 2)))}... token "
+                "counts are expected.",
+                "pass the lines the gates wrote, unchanged.",
+            ) from None
+        bad = np.flatnonzero(~(np.isfinite(tokens) & (tokens >= 0)))
+        if bad.size:
+            e = int(bad[0])
+            raise UsageError(
+                f"{path} line {number}: {metric_name(e)} of layer {layer} is {tokens[e]:g}; a "
+                "token count is 0 or more.",
+                "pass the lines the gates wrote, unchanged.",
             )
-        counts[layer] += [metric_value(record, metric_name(e)) for e in range(experts)]
+        counts[layer] += tokens
         records[layer] += 1
     if not records.any():
         raise UsageError(

@@ -218,14 +218,53 @@ def load_with_status(
         )
 
 
-def check_out(out: Path, force: bool) -> None:
-    """Fail before any slow work when the output would overwrite data."""
+def check_writable(path: Path, flag: str) -> None:
+    """Fail before any slow work when `path` could not be written (its parent a file, or a
+    directory this process cannot write to); the writers in `ground.files` make the rest of
+    its parents."""
+    from ground.files import why_unwritable
+
+    why = why_unwritable(path)
+    if why is not None:
+        raise UsageError(
+            f"{flag} '{path}' cannot be written: {why}.",
+            f"pass a {flag} under a directory you can write to, e.g. {flag} out/{path.name}.",
+        )
+
+
+def check_out(out: Path, force: bool, flag: str = "--out") -> None:
+    """Fail before any slow work when the output directory would overwrite data or could not
+    be written."""
     from ground.errors import OutputExistsError
 
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise OutputExistsError(
-            f"'{out}' already exists and is not empty.", "pick a new --out or pass --force."
+            f"'{out}' already exists and is not empty.", f"pick a new {flag} or pass --force."
         )
+    check_writable(out, flag)
+
+
+def check_file_out(path: Path | None, force: bool, flag: str) -> None:
+    """Fail before any slow work when the output file `path` (None: not asked for) exists
+    without --force, is a directory, or could not be written."""
+    from ground.errors import OutputExistsError
+
+    if path is None:
+        return
+    if path.is_dir():
+        raise UsageError(f"{flag} '{path}' is a directory.", f"pass a file name as {flag}.")
+    if path.exists() and not force:
+        raise OutputExistsError(
+            f"'{path}' already exists.", f"pick another {flag} or pass --force."
+        )
+    check_writable(path, flag)
+
+
+def check_positive(*given: tuple[str, float | None]) -> None:
+    """Refuse each (flag, value) whose value is given but not a positive number."""
+    for flag, value in given:
+        if value is not None and not value > 0:
+            raise UsageError(f"{flag} {value:g} is not positive.", f"pass a positive {flag}.")
 
 
 def manifest_of_trace(trace: Any) -> Any:

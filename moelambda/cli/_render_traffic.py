@@ -13,16 +13,18 @@ def traffic(out: Console, summary: dict[str, Any]) -> None:
     """`moelambda traffic`: the latency quantiles, cold starts, the SLO, the period's bill."""
     lat, bill = summary["latency_s"], summary["bill_usd"]
 
-    def fmt(value: float | None) -> str:
-        return "refused" if value is None else f"{value:.3f}"
+    def fmt(value: float | None) -> str:  # None: refused or failed requests reach it
+        return "unbounded" if value is None else f"{value:.3f} s"
 
     out.print(
         f"{summary['requests']:,} requests in {summary['batches']:,} batches over "
         f"{summary['period_s'] / 3600:.2f} h ({summary['traffic']['rate_per_s']:.4g} req/s): "
-        f"latency p50 {fmt(lat['p50'])} s, p95 {fmt(lat['p95'])} s, p99 {fmt(lat['p99'])} s, "
-        f"max {fmt(lat['max'])} s; {summary['cold_starts']['count']:,} cold starts.",
+        f"latency p50 {fmt(lat['p50'])}, p95 {fmt(lat['p95'])}, p99 {fmt(lat['p99'])}, "
+        f"max {fmt(lat['max'])}; {summary['cold_starts']['count']:,} cold starts.",
         highlight=False,
     )
+    for line in _unserved(summary):
+        out.print(line, highlight=False)
     if summary["slo_s"] is not None:
         out.print(
             f"SLO {summary['slo_s']:.3f} s met by {summary['slo_attainment']:.2%} of requests.",
@@ -36,6 +38,42 @@ def traffic(out: Console, summary: dict[str, Any]) -> None:
     for name, value in bill.items():
         table.add_row(name, f"{value:.6f}")
     out.print(table)
+
+
+def _unserved(summary: dict[str, Any]) -> list[str]:
+    """Why batches were refused or failed, in words (their requests' latency is unbounded)."""
+    lines = []
+    batches, refused = summary["batches"], summary.get("refused_batches", 0)
+    if refused:
+        largest = summary.get("largest_batch_served")
+        most = f"the {largest:,} tokens" if largest is not None else "the tokens"
+        lines.append(
+            f"Refused: {refused:,} of {batches:,} batches held more than {most} the plan "
+            "serves in one execution (an expert would need more replicas than its cap, "
+            "max_replicas): their requests are not served and miss every SLO. Plan for larger "
+            "batches (`moelambda plan --tokens`) or for this stream (`moelambda plan "
+            "--traffic`), or send smaller requests."
+        )
+    failed = summary.get("failed_batches", 0)
+    if failed:
+        reached = summary.get("reserved_concurrency_reached") or {}
+        at = ", ".join(
+            f"{name} {row['peak']} of {row['reserved']}" for name, row in list(reached.items())[:3]
+        )
+        more = f" and {len(reached) - 3} more" if len(reached) > 3 else ""
+        why = (
+            f" (reserved concurrency reached: {at}{more})"
+            if at
+            else " (no environment was free within the reserved concurrency)"
+        )
+        lines.append(
+            f"Failed: {failed:,} of {batches:,} batches were still throttled after the state "
+            f"machine's last retry{why}: their requests are not served and miss every SLO. "
+            "Lower the rate "
+            "(--scale), simulate without the reservations (--no-reserve-concurrency), or plan "
+            "for this stream (`moelambda plan --traffic`)."
+        )
+    return lines
 
 
 def generation_traffic(out: Console, summary: dict[str, Any]) -> None:
@@ -100,6 +138,8 @@ def plan_traffic(out: Console, summary: dict[str, Any]) -> None:
         f"Wrote {summary['plan']}.",
         highlight=False,
     )
+    for note in summary.get("notes", []):
+        out.print(f"note: {note}.", highlight=False)
 
 
 def bench_traffic(out: Console, report: dict[str, Any]) -> None:

@@ -10,12 +10,12 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 from rich.table import Table
 
-from ground.errors import UsageError
 from moelambda.cli._app import (
     ForceOpt,
     JsonOpt,
     TracesOpt,
     app,
+    check_file_out,
     manifest_of_trace,
     progress,
     stdout,
@@ -65,8 +65,7 @@ def backtest(
     from predictor import RoutingTrace
 
     method = check_backtest(batches=batches, confidence=confidence, slo_s=slo, method=predictor)
-    if plot is not None and plot.exists() and not force:
-        raise UsageError(f"'{plot}' already exists.", "pick another name or pass --force.")
+    check_file_out(plot, force, "--plot")
     trace = RoutingTrace.load(traces)
     cal = load_calibration(calibration)
     manifest = manifest_of_trace(trace)

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from moelambda.cli._app import JsonOpt, app, err, stdout, user_errors
+from moelambda.cli._app import JsonOpt, app, check_file_out, err, stdout, user_errors
 
 
 def _print_table(summary: dict[str, Any]) -> None:
@@ -77,6 +77,7 @@ def calibrate(
 
     source = calibration or default_calibration_path()
     target = out or source
+    check_file_out(target, True, "--out" if out is not None else "--calibration")
     if cold:
         from moelambda.cli.traffic import calibrate_cold
 

@@ -14,13 +14,13 @@ import typer
 
 from cluster.bench import BENCH_TRACES
 from cluster.replay import DEADLINE, LYRA, SCHEDULERS, TABLES
-from ground.errors import UsageError
 from moelambda.cli import _render_cluster as render
 from moelambda.cli._app import (
     ForceOpt,
     JsonOpt,
     app,
     bench_app,
+    check_file_out,
     err,
     progress,
     stdout,
@@ -153,8 +153,7 @@ def compare(
     """Several schedulers on one trace: a table (and a plot) of their metrics."""
     from cluster.replay import compare_schedulers, plot_comparison
 
-    if plot is not None and plot.exists() and not force:
-        raise UsageError(f"'{plot}' already exists.", "pick another --plot or pass --force.")
+    check_file_out(plot, force, "--plot")
     names = _names(schedulers)
     with _bars() as bars:
         summary = compare_schedulers(

@@ -16,6 +16,7 @@ from moelambda.cli._app import (
     TracesOpt,
     app,
     bench_app,
+    check_file_out,
     err,
     manifest_of_counts,
     manifest_of_trace,
@@ -69,8 +70,7 @@ def gpu_plan(
     from gpu.api import check_gpu_plan, plan_deployment
     from predictor import RoutingTrace
 
-    if out.exists() and not force:
-        raise UsageError(f"'{out}' already exists.", "pick another --out or pass --force.")
+    check_file_out(out, force, "--out")
     trace = RoutingTrace.load(traces)
     check_gpu_plan(trace, gpus=gpus, scheduler=scheduler, cluster=cluster)
     second = None if colocate is None else RoutingTrace.load(colocate)
@@ -208,8 +208,7 @@ def compare(
         raise UsageError("--rps and --slo must be positive.", "pass e.g. --rps 1 --slo 30.")
     if confidence is not None and not 0 <= confidence < 1:
         raise UsageError(f"--confidence {confidence} is not in [0, 1).", "pass e.g. 0.99 or 0.")
-    if plot is not None and plot.exists() and not force:
-        raise UsageError(f"'{plot}' already exists.", "pick another --plot or pass --force.")
+    check_file_out(plot, force, "--plot")
     doc = PredictedCounts.load(counts)
     predicted = doc.array()
     with err.status("the cheapest Lambda plan"):

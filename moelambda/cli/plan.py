@@ -15,6 +15,8 @@ from moelambda.cli._app import (
     JsonOpt,
     app,
     bench_app,
+    check_file_out,
+    check_positive,
     err,
     manifest_of_counts,
     stdout,
@@ -231,9 +233,22 @@ def plan(
                     f"{flag} needs --traffic.", f"pass --traffic SPEC, or drop {flag}."
                 )
     slo_s = slo_of(slo, throughput, tokens)
-    for path in (out, pareto):
-        if path is not None and path.exists() and not force:
-            raise UsageError(f"'{path}' already exists.", "pick another name or pass --force.")
+    check_positive(
+        ("--slo-p99", slo_p99),
+        ("--slo-ttft", slo_ttft),
+        ("--slo-tpot", slo_tpot),
+        ("--batch-sequences", batch_sequences),
+        ("--prompt-tokens", prompt_tokens),
+        ("--new-tokens", new_tokens),
+    )
+    check_file_out(out, force, "--out")
+    check_file_out(pareto, force, "--pareto")
+    if pareto is not None:
+        check_file_out(pareto.with_suffix(".png"), force, "--pareto")
+    if traffic is not None:  # the stream, read and bounded before the model loads
+        from planner.traffic import load_arrivals, period_hours
+
+        load_arrivals(traffic, scale=scale, hours=period_hours(hours, minutes), seed=seed)
     cal = load_calibration(calibration)
     if shape is not None:
         planning = shape_counts_for_plan(
@@ -355,8 +370,7 @@ def bench_shapes(
     from planner.shape_bench import plot_shapes
 
     names = [m.strip() for m in models.split(",") if m.strip()]
-    if plot is not None and plot.exists() and not force:
-        raise UsageError(f"'{plot}' already exists.", "pick another --plot or pass --force.")
+    check_file_out(plot, force, "--plot")
     with err.status("bench shapes") as status:
         report = run_bench(names, progress=status.update)
     if plot is not None:

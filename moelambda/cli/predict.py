@@ -19,6 +19,8 @@ from moelambda.cli._app import (
     TracesOpt,
     app,
     bench_app,
+    check_file_out,
+    check_out,
     err,
     renamed,
     stdout,
@@ -122,11 +124,10 @@ def predict(
     names = _method_list(predictors, tables is not None)
     if counts_out is not None and chosen not in names:
         names.append(chosen)
-    for path in (plot, counts_out):  # fail before the work, not after it
-        if path is not None and path.exists() and not force:
-            raise UsageError(f"'{path}' already exists.", "pick another name or pass --force.")
-    if tables_out is not None and tables_out.exists() and any(tables_out.iterdir()) and not force:
-        raise UsageError(f"'{tables_out}' is not empty.", "pick another --tables-out or --force.")
+    check_file_out(plot, force, "--plot")  # fail before the work, not after it
+    check_file_out(counts_out, force, "--counts-out")
+    if tables_out is not None:
+        check_out(tables_out, force, "--tables-out")
 
     trace = RoutingTrace.load(traces)
     saved = None

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from ground.errors import UsageError
-from moelambda.cli._app import JsonOpt, app, user_errors
+from moelambda.cli._app import JsonOpt, app, check_file_out, user_errors
 
 
 @app.command()
@@ -42,8 +42,7 @@ def replan(
         raise UsageError(
             "--metrics is required.", "pass the file `run-local --metrics-out` wrote."
         )
-    if out is not None and out.exists() and not force:
-        raise UsageError(f"'{out}' already exists.", "pick another --out or pass --force.")
+    check_file_out(out, force, "--out")
     document = Plan.load(plan)
     observed, records = read_metrics(metrics, document.model.num_layers, document.model.experts)
     report, new_plan = compare(document, observed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -13,6 +14,7 @@ from moelambda.cli import _render_serve
 from moelambda.cli._app import (
     JsonOpt,
     app,
+    check_file_out,
     err,
     load_with_status,
     stdout,
@@ -162,6 +164,14 @@ def run_local(
     from ground.plan import Plan
     from pipeline.faults import Faults
 
+    if traffic is not None and front_door is not None:
+        raise UsageError(
+            "--front-door sends one batch as requests through the plan's queue; --traffic "
+            "replays a whole request stream (through the same front door, for a plan made with "
+            "--traffic): they are two different runs.",
+            "pass --front-door N (with --tokens, --corpus or --text), or --traffic SPEC (with "
+            "--scale, --minutes or --hours, --compress), not both.",
+        )
     if traffic is not None:
         _replay(
             plan,
@@ -186,6 +196,9 @@ def run_local(
             },
         )
         return
+    for flag, value in (("--hours", hours), ("--minutes", minutes), ("--idle-s", idle_s)):
+        if value is not None:
+            raise UsageError(f"{flag} needs --traffic.", f"pass --traffic SPEC, or drop {flag}.")
     if front_door is not None:
         _front_door(
             plan,
@@ -203,9 +216,6 @@ def run_local(
             },
         )
         return
-    for flag, value in (("--hours", hours), ("--minutes", minutes), ("--idle-s", idle_s)):
-        if value is not None:
-            raise UsageError(f"{flag} needs --traffic.", f"pass --traffic SPEC, or drop {flag}.")
     for flag, value, least in (
         ("--requests", requests, 1),
         ("--max-tokens", max_tokens, 2),
@@ -221,8 +231,14 @@ def run_local(
     if text is not None and not text.strip():
         raise UsageError("--text is empty.", "pass some text, or leave --text out.")
     injected = Faults.parse(faults, seed=seed)
-    if metrics_out is not None and metrics_out.is_dir():
-        raise UsageError(f"--metrics-out '{metrics_out}' is a directory.", "pass a file name.")
+    _check_corpus(corpus)
+    if metrics_out is not None:  # appended to: an existing file is kept
+        check_file_out(metrics_out, True, "--metrics-out")
+        if metrics_out.exists() and not os.access(metrics_out, os.W_OK):
+            raise UsageError(
+                f"--metrics-out '{metrics_out}' cannot be appended to: it is not writable.",
+                "pass a --metrics-out you can write to.",
+            )
     document = Plan.load(plan)
     ref = document.model
     if ref.model_type.startswith("shape:"):
@@ -255,6 +271,14 @@ def run_local(
         raise typer.Exit(1)
 
 
+def _check_corpus(corpus: str | None) -> None:
+    """Read --corpus once before the model loads, so a missing or unreadable file fails fast."""
+    if corpus is not None:
+        from moe import load_corpus
+
+        load_corpus(corpus)
+
+
 def _refuse_clash(given: dict[str, bool], mode: str, problem: str) -> None:
     """Refuse the options `given` that `mode` does not use (`problem` names them as {flags})."""
     clash = ", ".join(flag for flag, used in given.items() if used)
@@ -284,8 +308,21 @@ def _front_door(
         "--front-door sends one batch as requests through the queue; {flags} apply to direct "
         "executions.",
     )
-    if count < 1:
-        raise UsageError(f"--front-door {count} is below 1.", "pass --front-door 1 or more.")
+    for flag, value, least in (
+        ("--front-door", count, 1),
+        ("--tokens", 1 if tokens is None else tokens, 1),
+        ("--max-tokens", max_tokens, 2),
+    ):
+        if value < least:
+            raise UsageError(f"{flag} {value} is below {least}.", f"pass {flag} {least} or more.")
+    if text is not None and (tokens is not None or corpus is not None):
+        raise UsageError(
+            "--text runs one window of your text; --tokens and --corpus make a corpus batch.",
+            "pass either --text or --tokens/--corpus.",
+        )
+    if text is not None and not text.strip():
+        raise UsageError("--text is empty.", "pass some text, or leave --text out.")
+    _check_corpus(corpus)
     document = front_door_plan(plan)
     ref = document.model
     model = load_with_status(ref.model, ref.experts, ref.top_k, ref.seed, True, ref.moefy)

@@ -17,12 +17,13 @@ from typing import Annotated, Any
 
 import typer
 
-from ground.errors import UsageError
 from moelambda.cli import _render_traffic as render
 from moelambda.cli._app import (
     JsonOpt,
     app,
     bench_app,
+    check_file_out,
+    check_positive,
     err,
     manifest_of_counts,
     stdout,
@@ -121,6 +122,7 @@ def traffic(
     from ground.plan import Plan
     from planner.traffic import load_arrivals, period_hours, simulate_plan
 
+    check_positive(("--slo", slo))
     document = Plan.load(plan)
     arrivals = load_arrivals(traffic, scale=scale, hours=period_hours(hours, minutes), seed=seed)
     cal = None
@@ -215,8 +217,10 @@ def bench_traffic(
     from planner.traffic.api import bench_traffic as run_bench
     from planner.traffic.bench import plot_comparison
 
-    if plot.exists() and not force:
-        raise UsageError(f"'{plot}' already exists.", "pick another --plot or pass --force.")
+    check_file_out(plot, force, "--plot")
+    check_positive(
+        *(("--slo-p99", s) for s in slo_p99 or []), *(("--rates", r) for r in rates or [])
+    )
     cal = load_calibration()
     planning = counts_for_plan(counts=counts, tokens=BENCH_TOKENS)
     report = run_bench(

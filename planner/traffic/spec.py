@@ -33,6 +33,8 @@ from ground.errors import UsageError
 
 __all__ = [
     "BUNDLED",
+    "MAX_HOURS",
+    "MAX_REQUESTS",
     "Arrivals",
     "load_arrivals",
     "period_hours",
@@ -41,6 +43,13 @@ __all__ = [
 ]
 
 BUNDLED = {"azure-conv": "AzureLLMInferenceTrace_conv.csv"}
+# The most a stream may ask of the simulator (`moelambda traffic`, `plan --traffic`,
+# `run-local --traffic`): a period of 31 days (744 h, the longest month), and 20 million requests,
+# about 2-3 minutes and, extrapolated, 4 GB on 2 cores (measured with the demo's plan: a day of
+# the Azure trace, 478,716 requests, 280 MB and 2 s; a week, 3.3 million, 820 MB and 12 s; an
+# hour at --scale 1000, 19.9 million, 160 s). Both are checked before a request is drawn.
+MAX_HOURS = 744.0
+MAX_REQUESTS = 20_000_000
 TIME_COLUMNS = ("TIMESTAMP", "timestamp", "time_s")
 TOKEN_COLUMNS = ("ContextTokens", "tokens")
 GENERATED_COLUMNS = ("GeneratedTokens", "generated")
@@ -121,6 +130,13 @@ def _read_csv(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         raise UsageError(
             f"cannot read the traffic file {path}: {exc.strerror}.",
             "pass an existing CSV, 'azure-conv', 'poisson:RATE' or 'diurnal:PEAK,TROUGH'.",
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(
+            f"the traffic file {path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at "
+            f"offset {exc.start}): it must be a CSV of timestamps and token counts.",
+            "pass a UTF-8 CSV with a header such as TIMESTAMP,ContextTokens,GeneratedTokens "
+            "(the Azure trace's), or 'azure-conv', 'poisson:RATE' or 'diurnal:PEAK,TROUGH'.",
         ) from None
     if len(rows) < 2:
         raise UsageError(f"the traffic file {path} holds no requests.", "pass a non-empty CSV.")
@@ -208,7 +224,8 @@ def period_hours(hours: float | None, minutes: float | None) -> float | None:
     for the others (`run-local --traffic` replays minutes, `traffic` simulates days).
 
     Raises:
-        UsageError: Both given, or `minutes` not positive (`load_arrivals` checks hours).
+        UsageError: Both given, or `minutes` not positive or over `MAX_HOURS` (`load_arrivals`
+            checks hours).
     """
     if hours is not None and minutes is not None:
         raise UsageError("--hours and --minutes both give the period.", "pass one of them.")
@@ -216,7 +233,24 @@ def period_hours(hours: float | None, minutes: float | None) -> float | None:
         return hours
     if not minutes > 0 or not math.isfinite(minutes):
         raise UsageError(f"--minutes {minutes} is not positive.", "pass e.g. --minutes 10.")
+    if minutes > MAX_HOURS * 60:
+        raise UsageError(
+            f"--minutes {minutes:g} is longer than the {MAX_HOURS * 60:,.0f} minutes "
+            f"({MAX_HOURS / 24:g} days) a stream is simulated over.",
+            f"pass --minutes {MAX_HOURS * 60:.0f} or less (or --hours {MAX_HOURS:g} or less).",
+        )
     return minutes / 60.0
+
+
+def _check_requests(expected: float, spec: str, scale: float, period_s: float) -> None:
+    """Refuse a stream of more than `MAX_REQUESTS` (`expected`: before drawing them)."""
+    if expected > MAX_REQUESTS:
+        raise UsageError(
+            f"--traffic {spec} at --scale {scale:g} over {period_s / 3600:g} h is about "
+            f"{expected:,.0f} requests; the simulator takes at most {MAX_REQUESTS:,} (about 4 GB "
+            "of memory and minutes of work).",
+            "pass a smaller --scale or fewer --hours (or --minutes).",
+        )
 
 
 def load_arrivals(
@@ -232,19 +266,28 @@ def load_arrivals(
         seed: Seeds synthetic arrivals and their token draws. Defaults to 0.
 
     Raises:
-        UsageError: A malformed spec, an unreadable or malformed file, or a non-positive scale
-            or period; the message says which and how to write it.
+        UsageError: A malformed spec, an unreadable, non-UTF-8 or malformed file, a
+            non-positive scale or period, `hours` over `MAX_HOURS`, or a stream of more than
+            `MAX_REQUESTS` (estimated before any is drawn); the message says which and how to
+            write it.
     """
     if not scale > 0 or not math.isfinite(scale):
         raise UsageError(f"--scale {scale} is not positive.", "pass e.g. --scale 0.01 or 2.")
     if hours is not None and (not hours > 0 or not math.isfinite(hours)):
         raise UsageError(f"--hours {hours} is not positive.", "pass e.g. --hours 24.")
+    if hours is not None and hours > MAX_HOURS:
+        raise UsageError(
+            f"--hours {hours:g} is longer than the {MAX_HOURS:g} hours ({MAX_HOURS / 24:g} "
+            "days) a stream is simulated over.",
+            f"pass --hours {MAX_HOURS:g} or less (a trace repeats to fill them).",
+        )
     rng = np.random.default_rng(seed)
     kind, _, args = spec.partition(":")
     source: dict[str, Any] = {"spec": spec, "scale": scale, "hours": hours}
     if kind == "poisson" and args:
         rate = _number(args, spec) * scale
         period = 3600.0 if hours is None else hours * 3600.0
+        _check_requests(rate * period, spec, scale, period)
         times = _poisson(rate, period, rng)
         source["seed"] = seed
     elif kind == "diurnal" and args:
@@ -259,6 +302,7 @@ def load_arrivals(
                 f"--traffic {spec!r}: the trough exceeds the peak.", "write diurnal:PEAK,TROUGH."
             )
         period = DAY_S if hours is None else hours * 3600.0
+        _check_requests(peak * period, spec, scale, period)
         candidates = _poisson(peak, period, rng)
         rate = trough + (peak - trough) * 0.5 * (1.0 - np.cos(2.0 * np.pi * candidates / DAY_S))
         times = candidates[rng.uniform(size=candidates.size) * peak < rate]
@@ -278,6 +322,16 @@ def load_arrivals(
             )
             return Arrivals(trace_s, trace_n, period, source, trace_g)
         period = hours * 3600.0
+        span = float(trace_s[-1])
+        cycle = span + (span / (trace_s.size - 1) if trace_s.size > 1 else max(span, 1.0))
+        if not cycle > 0:
+            raise UsageError(
+                f"every request of the traffic file {path} arrives at the same instant: it has "
+                "no rate to repeat over --hours.",
+                "leave --hours out (the file's own requests), or give the requests their "
+                "arrival times.",
+            )
+        _check_requests(trace_s.size * period / cycle, spec, scale, period)
         times, tokens, generated = _repeat(trace_s, trace_n, trace_g, period)
         return Arrivals(times, tokens, period, source, generated)
     # One draw per request of the trace's rows (the same draws `rng.choice` of the context

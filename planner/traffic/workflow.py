@@ -71,9 +71,11 @@ class WorkflowModel:
     """The plan evaluated on a grid of batch sizes (arrays over the grid, S points).
 
     `offset_s` and `duration_s` (S, F) are each function's warm start after the dispatch and its
-    billed seconds for one invocation; `replicas` (max_tokens + 1, F) the invocations of each
-    function for every whole batch size; `feasible_tokens` the largest batch the plan serves
-    (a larger one needs more replicas than an expert's cap, and its gate refuses it).
+    billed seconds for one invocation; `replicas` (feasible_tokens + 1, F) the invocations of
+    each function for every whole batch size it serves; `feasible_tokens` the largest batch the
+    plan serves (a larger one needs more replicas than an expert's cap, and its gate refuses
+    it; a table up to a refused request's size would only cost memory, 8 bytes per function
+    per token).
     """
 
     functions: Functions
@@ -82,7 +84,7 @@ class WorkflowModel:
     bill_usd: dict[str, np.ndarray]  # BILL_ITEMS -> (S,)
     offset_s: np.ndarray  # (S, F)
     duration_s: np.ndarray  # (S, F)
-    replicas: np.ndarray  # (max_tokens + 1, F) int
+    replicas: np.ndarray  # (feasible_tokens + 1, F) int
     feasible_tokens: int
     workflow: str  # express or standard
     express_usd_per_s: float  # what an Express execution costs per second it lasts (0: standard)
@@ -411,7 +413,7 @@ def workflow_model(plan: Plan, max_tokens: int) -> WorkflowModel:
         bill_usd=items,
         offset_s=offset,
         duration_s=duration,
-        replicas=_replica_table(plan, counts, max_tokens, functions.count),
+        replicas=_replica_table(plan, counts, feasible, functions.count),
         feasible_tokens=int(feasible),
         workflow=plan.workflow,
         express_usd_per_s=express,

@@ -83,3 +83,63 @@ def test_compare_accepts_an_option_one_of_its_schedulers_uses() -> None:
     assert runner.invoke(app, args).exit_code == 0
     refused = runner.invoke(app, [*args[:3], "tiresias,gandiva", *args[4:]])
     assert refused.exit_code == 2 and "--gpu-type is not used" in refused.output
+
+
+def _refused_by(command: list[str]) -> str:
+    result = CliRunner().invoke(app, command)
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2, output
+    assert "Traceback" not in output and "error:" in output and "To fix:" in output
+    return output
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["cluster", "simulate", "--scheduler", "lyra", "--jobs", "0"],
+        ["cluster", "compare", "--schedulers", "lyra,lyra-gandiva", "--jobs", "0"],
+        ["bench", "lyra", "--jobs", "0"],
+    ],
+)
+def test_jobs_below_one_is_refused_as_the_option_is_spelled(command: list[str]) -> None:
+    """Issue 37: `--jobs 0` said "pass e.g. jobs=50000", the Python keyword, not the option;
+    and it was refused only after the replay's progress had started."""
+    output = _refused_by(command)
+    assert "--jobs 0 is below 1" in output and "pass --jobs N with N >= 1" in output
+    assert "jobs=" not in output and "0/" not in output  # no keyword, no progress line
+
+
+def test_days_that_are_not_positive_are_refused_as_the_option_is_spelled() -> None:
+    output = _refused_by(["cluster", "simulate", "--scheduler", "lyra", "--days", "0"])
+    assert "--days 0 is not positive" in output and "pass --days D with D > 0" in output
+    assert "days=" not in output
+
+
+def test_a_serverless_plan_given_as_gpu_plan_names_gpu_plan(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 37: a serverless plan given to `cluster simulate --gpu-plan` was refused as
+    "--plan takes a GPU plan"; the hint names --gpu-plan and the file it takes."""
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"solver": "milp", "layers": [], "totals": {}}')  # `moelambda plan`'s keys
+    output = _refused_by(
+        ["cluster", "simulate", "--scheduler", "lyra", "--gpu-plan", str(plan), "--peak-rps", "20"]
+    )
+    assert "is a serverless plan" in output
+    assert "but --gpu-plan takes a GPU plan (from `moelambda gpu-plan`)" in output
+    assert "for --gpu-plan, give a GPU plan" in output and "--plan takes" not in output
+
+
+def test_peak_rps_without_a_gpu_plan_is_refused() -> None:
+    output = _refused_by(["cluster", "simulate", "--scheduler", "lyra", "--peak-rps", "20"])
+    assert "no --gpu-plan was given" in output and "add --gpu-plan FILE" in output
+
+
+def test_a_file_of_another_kind_given_as_cluster_is_named(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A serverless plan or a binary file given as `cluster simulate --cluster` was parsed as a
+    cluster-spec CSV: a misleading message, or a UnicodeDecodeError traceback."""
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"solver": "milp", "layers": [], "totals": {}}')
+    output = _refused(["--cluster", str(plan)])
+    assert "is a serverless plan" in output and "--cluster takes a shape like n16g4" in output
+    binary = tmp_path / "spec.csv"
+    binary.write_bytes(b"num_switch\xff\xfe\x00\x82\n")
+    assert "cannot read the cluster spec" in _refused(["--cluster", str(binary)])

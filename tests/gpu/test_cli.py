@@ -117,6 +117,22 @@ def test_gpu_plan_errors(traces: dict[str, Path], tmp_path: Path) -> None:
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
+def test_gpu_plan_refuses_a_serverless_plan_as_cluster(
+    traces: dict[str, Path], tmp_path: Path
+) -> None:
+    """Issue 37: `gpu-plan --cluster out/plan.json` dumped 17 pydantic errors."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"solver": "milp", "layers": [], "totals": {}}))
+    out = tmp_path / "g.json"
+    args = ["gpu-plan", "--traces", str(traces["a"]), "--gpus", "4", "--cluster", str(plan)]
+    output = _run(*args, "--out", str(out), code=2)["output"]
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert lines[0].startswith(f"error: '{plan}' is a serverless plan") and len(lines) == 2
+    assert "--cluster takes a JSON file of GPU groups" in lines[0]
+    assert lines[1].startswith("To fix: pass it as --plan to `moelambda synth`")
+    assert "Traceback" not in output and not out.exists()
+
+
 def test_compare(traces: dict[str, Path], tmp_path: Path) -> None:
     counts = tmp_path / "counts.json"
     _run(

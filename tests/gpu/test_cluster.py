@@ -64,3 +64,30 @@ def test_zero_gpus_and_a_missing_file() -> None:
         load_cluster(None, 0, load_catalogue())
     with pytest.raises(ClusterError, match="cannot read"):
         load_cluster(Path("/nonexistent/cluster.json"), 1, load_catalogue())
+
+
+def test_a_serverless_plan_as_cluster_file_is_named_in_two_lines(tmp_path: Path) -> None:
+    """Issue 37: `gpu-plan --cluster out/plan.json` printed pydantic's 17 validation errors;
+    it says what the file is and what --cluster takes instead."""
+    path = tmp_path / "plan.json"
+    path.write_text(
+        json.dumps({"format_version": 2, "solver": "milp", "layers": [], "totals": {}})
+    )
+    with pytest.raises(ClusterError) as raised:
+        load_cluster(path, 4, load_catalogue())
+    problem, fix = raised.value.problem, raised.value.fix or ""
+    assert "is a serverless plan (from `moelambda plan`), not a cluster file" in problem
+    assert '--cluster takes a JSON file of GPU groups, e.g. {"gpus": [' in problem
+    assert fix.startswith("pass it as --plan to `moelambda synth`") and "for --cluster" in fix
+    assert "\n" not in problem + fix and "validation error" not in problem
+
+
+def test_a_bad_cluster_file_names_its_first_error_only(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"gpu": [], "extra": 1, "more": 2}))
+    with pytest.raises(ClusterError) as raised:
+        load_cluster(path, 1, load_catalogue())
+    assert raised.value.problem == f"'{path}' is not a valid cluster file (gpus: Field required)."
+    path.write_text('{"gpus": [')
+    with pytest.raises(ClusterError, match="not a valid cluster file \\(the document: Invalid"):
+        load_cluster(path, 1, load_catalogue())
