@@ -285,3 +285,35 @@ def test_the_bench_picks_its_best_option_on_validation_and_reports_test(
     assert run["best_at_half_flops_quality"]["cosine_mean"] == 0.96
     assert run["half_flops_target_met"] is False
     assert run["chosen_for_floor"] == "E4 k2"
+
+
+def test_the_bench_can_leave_out_options_not_converted_yet(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`bench quality --cached-only` names what it left out instead of converting it (a
+    distilled MiniLM option takes about 48 minutes)."""
+    import moe
+    import moe._cache
+    import planner.bench
+    from planner.bench import bench_quality, quality_grid
+
+    asked: list[list[str]] = []
+
+    def by_seed(model, grid, floor, tokens, seed, progress=None):  # type: ignore[no-untyped-def]
+        asked.append([o.label() for o in grid])
+        return {"seed": seed, "options": []}
+
+    def cached(model, *, experts, top_k, options):  # type: ignore[no-untyped-def]
+        return None if options.distil_steps else Path("cached")
+
+    monkeypatch.setattr(planner.bench, "quality_by_seed", by_seed)
+    monkeypatch.setattr(moe._cache, "cached_export_dir", cached)
+    for name in ("load_model", "dense_reference", "load_corpus", "measure_quality"):
+        monkeypatch.setattr(moe, name, lambda *a, **k: None)
+    report = bench_quality("minilm", seeds=(0, 1), cached_only=True)
+    distilled = [o.label() for o in quality_grid("minilm") if o.distil_steps]
+    assert distilled and all(set(distilled).isdisjoint(labels) for labels in asked)
+    assert [run["not_converted"] for run in report["models"]["minilm"]["seeds"]] == [distilled] * 2
+    assert len(asked) == 2 and len(asked[0]) == len(quality_grid("minilm")) - len(distilled)
+    bench_quality("minilm", seeds=(0,))
+    assert set(distilled) <= set(asked[-1])  # without the flag, everything is converted
