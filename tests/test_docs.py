@@ -44,6 +44,45 @@ def test_every_page_is_in_the_site_navigation(page: str) -> None:
     assert page in (ROOT / "mkdocs.yml").read_text()
 
 
+def _docs_numbers():  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_numbers", ROOT / "scripts/docs_numbers.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_measured_block_is_its_benchmark_s_json() -> None:
+    """Tables and sentences between `<!-- numbers: NAME -->` markers are rendered from the
+    JSON a benchmark wrote (scripts/docs_numbers.py): none may differ, every renderer is used,
+    and every JSON kept names the command that wrote it."""
+    numbers = _docs_numbers()
+    assert numbers.stale() == []
+    used = {
+        m.group(2) for page in numbers.pages() for m in numbers.BLOCK.finditer(page.read_text())
+    }
+    assert used == set(numbers.RENDERERS)
+    kept = {p.name for p in numbers.RESULTS.glob("*.json")}
+    assert kept == set(numbers.SOURCES)
+
+
+def test_a_number_edited_by_hand_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    numbers = _docs_numbers()
+    page = tmp_path / "README.md"
+    block = numbers.RENDERERS["quality-minilm"]()
+    edited = block.replace("0.", "0.9", 1)
+    assert edited != block
+    page.write_text(f"intro\n<!-- numbers: quality-minilm -->\n{edited}<!-- /numbers -->\nend\n")
+    monkeypatch.setattr(numbers, "ROOT", tmp_path)
+    assert numbers.stale() == ["README.md: quality-minilm"]
+    assert numbers.stale(write=True) and numbers.stale() == []
+    assert block in page.read_text() and page.read_text().startswith("intro\n")
+
+
 NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 
 

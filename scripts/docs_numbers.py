@@ -1,0 +1,174 @@
+"""The numbers in README.md and docs/ that a benchmark measures, rendered from its JSON output.
+
+A block a `moelambda bench ... --json` run measures sits between two markers,
+
+    <!-- numbers: quality-minilm -->
+    | ... |
+    <!-- /numbers -->
+
+and is rendered by `RENDERERS[name]` from the JSON kept in docs/measured/ (`SOURCES` names the
+command that wrote each file). `tests/test_docs.py` fails when a block differs from its rendering
+or names no renderer, so a table cannot drift from the run it cites, and two pages citing the
+same run cannot disagree. After re-running a benchmark:
+
+    moelambda bench quality --models minilm --seeds 0,1 --json > docs/measured/bench-quality.json
+    python scripts/docs_numbers.py --write     # rewrite every block (README.md, docs/*.md)
+    python scripts/docs_numbers.py             # exit 1 and name the stale blocks
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "measured"
+PAGES = ("README.md", "docs/*.md")
+BLOCK = re.compile(r"(<!-- numbers: ([a-z0-9-]+) -->\n)(.*?)(<!-- /numbers -->)", re.S)
+SOURCES = {
+    "bench-quality.json": (
+        "moelambda bench quality --models minilm --seeds 1,0 --cached-only --json "
+        "(2026-11-28; the options it names as not converted were not in the model cache)"
+    ),
+}
+
+
+def _load(name: str) -> dict[str, Any]:
+    return json.loads((RESULTS / name).read_text())
+
+
+def _option_name(moefy: dict[str, Any]) -> str:
+    """'E8 k4 + correction + 3,000 distillation steps (131,072 fit tokens)'."""
+    parts = [f"E{moefy['experts']} k{moefy['top_k']}"]
+    if moefy.get("router") == "output":
+        parts.append("output router")
+    if moefy.get("shared"):
+        parts.append(f"shared {moefy['shared']:.0%}".replace("%", " %"))
+    name = " ".join(parts)
+    if moefy.get("correction"):
+        name += " + correction"
+    if moefy.get("distil_steps"):
+        name += f" + {moefy['distil_steps']:,} distillation steps"
+    if moefy.get("fit_tokens", 8192) != 8192:
+        name += f" ({moefy['fit_tokens']:,} fit tokens)"
+    return name
+
+
+def _encoder_cells(quality: dict[str, Any]) -> list[str]:
+    return [
+        f"{quality['cosine_mean']:.3f}",
+        f"{quality['cosine_p05']:.3f}",
+        f"{quality['neighbour_overlap_10']:.0%}".replace("%", " %"),
+    ]
+
+
+def quality_minilm() -> str:
+    """MiniLM's options on the test part, per seed, with the seed-0 bill; the option the
+    benchmark picks for the floor (on validation text) in bold."""
+    report = _load("bench-quality.json")
+    result = report["models"]["minilm"]
+    runs = sorted(result["seeds"], key=lambda run: run["seed"])
+    seeds = [run["seed"] for run in runs]
+    head = ["MiniLM option", "FFN FLOPs"]
+    for seed in seeds:
+        head += [f"mean cosine (seed {seed})", "p5 cosine", "10-NN kept"]
+    head.append(f"bill per {report['tokens']:,} tokens (seed {seeds[0]})")
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    dense = ["dense (every expert selected)", "100 %"] + ["1", "1", "100 %"] * len(runs) + ["-"]
+    lines.append("| " + " | ".join(dense) + " |")
+    chosen = runs[0]["chosen_for_floor"]
+    by_label = [{row["label"]: row for row in run["options"]} for run in runs]
+    for row in runs[0]["options"]:
+        name = _option_name(row["moefy"])
+        if row["label"] == chosen:
+            name = f"**{name}**"
+        cells = [name, f"{row['expert_flops_share']:.0%}".replace("%", " %")]
+        for rows in by_label:
+            same = rows.get(row["label"])
+            cells += ["not run"] * 3 if same is None else _encoder_cells(same["quality"])
+        cells.append("no plan" if row["bill_usd"] is None else f"${row['bill_usd']:.6f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def quality_minilm_summary() -> str:
+    """One sentence per seed: the best option at half the FLOPs, chosen on validation text,
+    and its test numbers against the target."""
+    report = _load("bench-quality.json")
+    result = report["models"]["minilm"]
+    sentences = []
+    for run in sorted(result["seeds"], key=lambda run: run["seed"]):
+        q = run["best_at_half_flops_quality"]
+        verdict = "meets" if run["half_flops_target_met"] else "misses"
+        sentences.append(
+            f"Seed {run['seed']}: at half the FFN FLOPs the best option on validation text is "
+            f"{run['best_at_half_flops']}; on test text it keeps a mean cosine of "
+            f"{q['cosine_mean']:.3f} (p5 {q['cosine_p05']:.3f}) and "
+            f"{q['neighbour_overlap_10']:.0%}".replace("%", " %")
+            + f" of the 10 nearest neighbours, and {verdict} the "
+            f"target (0.97 and 80 %). The cheapest option keeping a mean cosine of "
+            f"{result['floor']['value']} on validation text is "
+            f"{run['chosen_for_floor'] or 'none of those run'}."
+            + (
+                f" Not run with this seed (not converted yet: `--cached-only`): "
+                f"{', '.join(run['not_converted'])}."
+                if run.get("not_converted")
+                else ""
+            )
+        )
+    if "quality_16384_tokens_s" in report:
+        sentences.append(
+            f"`quality` takes {report['quality_16384_tokens_s']:.1f} s on 16,384 tokens once "
+            f"the model is cached (target {report['quality_target_s']} s)."
+        )
+    return "\n".join(sentences) + "\n"
+
+
+RENDERERS: dict[str, Callable[[], str]] = {
+    "quality-minilm": quality_minilm,
+    "quality-minilm-summary": quality_minilm_summary,
+}
+
+
+def pages() -> list[Path]:
+    return sorted({p for pattern in PAGES for p in ROOT.glob(pattern)})
+
+
+def stale(write: bool = False) -> list[str]:
+    """'page: block' of every block that differs from its rendering (rewritten if `write`),
+    or that names no renderer."""
+    found = []
+    for page in pages():
+        text = page.read_text()
+
+        def render(match: re.Match[str], page: Path = page) -> str:
+            name = match.group(2)
+            renderer = RENDERERS.get(name)
+            if renderer is None:
+                found.append(f"{page.relative_to(ROOT)}: {name} (no renderer)")
+                return match.group(0)
+            fresh = renderer()
+            if fresh != match.group(3):
+                found.append(f"{page.relative_to(ROOT)}: {name}")
+            return match.group(1) + fresh + match.group(4)
+
+        new = BLOCK.sub(render, text)
+        if write and new != text:
+            page.write_text(new)
+    return found
+
+
+def main(argv: list[str]) -> int:
+    write = "--write" in argv
+    blocks = stale(write=write)
+    for block in blocks:
+        print(("rewrote " if write else "stale: ") + block)
+    return 0 if write or not blocks else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
