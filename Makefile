@@ -35,8 +35,13 @@ demo: setup
 
 # Two workers on two cores: one thread each, or torch's intra-op threads oversubscribe them
 # (a fresh clone's suite took 860 s that way, 521 s with one thread each: `.ci/run`).
+# Whole files per worker (--dist loadfile), so a module-scoped fixture (a synthesised stack, a
+# moto deployment, the README's demo) is built once, not once on each worker its tests land on;
+# in collection order (--no-loadscope-reorder), which tests/conftest.py starts with the slowest
+# files (SLOWEST_FIRST). --durations=20: every log shows the slowest tests and fixtures.
 test: setup
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder \
+		--durations=20
 
 bench: setup
 	$(BIN)/moelambda bench profiler

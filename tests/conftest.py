@@ -7,6 +7,7 @@ tokenizer beside them, so they load through exactly the path a user's local dire
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -69,6 +70,64 @@ def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture()
 def token_windows() -> torch.Tensor:
     return torch.randint(1000, 30000, (3, 16), generator=torch.Generator().manual_seed(1))
+
+
+# The slowest test files, slowest first: on one core of a loaded 2-core machine (`pytest
+# --durations` per directory), each took from about 5 minutes (test_replay.py: real processes)
+# down to about 1 minute (test_bad_inputs.py); a MiniLM conversion (about 1 minute there) is
+# paid by the first file on each worker that loads the model. `make test` runs whole files on its
+# two workers (--dist loadfile) in collection order (--no-loadscope-reorder): these go first, so
+# the workers share the long files from the start and finish together on the short ones, instead
+# of one worker running a long file alone at the end. Only the schedule changes.
+SLOWEST_FIRST = (
+    "tests/traffic/test_replay.py",
+    "tests/serving/test_metered.py",
+    "tests/test_bench.py",
+    "tests/test_readme_examples.py",
+    "tests/planner/test_api.py",
+    "tests/serving/test_run_local.py",
+    "tests/test_cli.py",
+    "tests/gpu/test_cli.py",
+    "tests/serving/test_driver.py",
+    "tests/moe/test_quality.py",
+    "tests/moe/test_generate.py",
+    "tests/serving/test_generate.py",
+    "tests/serving/test_packed.py",
+    "tests/serving/test_front_door.py",
+    "tests/moe/test_stages.py",
+    "tests/serving/test_faults.py",
+    "tests/planner/test_backtest.py",
+    "tests/test_output.py",
+    "tests/cluster/test_reproduction.py",
+    "tests/serving/test_workflow.py",
+    "tests/planner/test_bo.py",
+    "tests/planner/test_choose.py",
+    "tests/cdk/test_stack.py",
+    "tests/planner/test_plan_cli.py",
+    "tests/serving/test_recovered.py",
+    "tests/test_bad_inputs.py",
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist's controller tells each worker whether it schedules whole files in the
+    workers' collection order (`--dist loadfile` or `loadscope` with `--no-loadscope-reorder`):
+    only then does putting the slowest files first balance the workers. Under the default
+    `--dist load` it would not: the first worker would get them all in its first batch."""
+    option = node.config.option
+    node.workerinput["slowest_first"] = option.dist in ("loadfile", "loadscope") and not getattr(
+        option, "loadscopereorder", True
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker scheduling whole files in order: `SLOWEST_FIRST` first, in its order;
+    the other files, and the tests within every file, keep their order (a stable sort)."""
+    if not getattr(config, "workerinput", {}).get("slowest_first"):
+        return
+    rank = {path: i for i, path in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -13,6 +13,10 @@ from moe._model import load_hf
 from moe._registry import resolve_model
 
 TOL = 1e-5
+# The conversions below are compared with the dense model and the stages directly: their
+# quality block (measured on 16,384 held-out tokens, most of a conversion's time) is not read,
+# and is tested in test_quality.py.
+NO_QUALITY = 0
 
 
 def _hf_logits(path: Path, ids: torch.Tensor) -> torch.Tensor:
@@ -37,7 +41,9 @@ def test_minilm_with_every_expert_is_the_dense_model(wiki_windows: np.ndarray) -
     """E=2, k=2 runs all experts with unit weights: the partition must sum to the dense FFN."""
     from sentence_transformers import SentenceTransformer
 
-    model = load_model("minilm", experts=2, top_k=2, fit_tokens=512)
+    model = load_model(
+        "minilm", experts=2, top_k=2, fit_tokens=512, cache=False, quality_tokens=NO_QUALITY
+    )
     ids = torch.from_numpy(wiki_windows[:2])
     dense = SentenceTransformer(str(resolve_model("minilm").path), device="cpu")
     with torch.inference_mode():
@@ -70,7 +76,14 @@ def test_native_moe_matches_hugging_face(
 def test_moefied_llama_with_every_expert_is_dense(
     tiny_dirs: dict[str, Path], token_windows: torch.Tensor, tmp_path: Path
 ) -> None:
-    model = load_model(str(tiny_dirs["llama"]), experts=2, top_k=2, fit_tokens=256)
+    model = load_model(
+        str(tiny_dirs["llama"]),
+        experts=2,
+        top_k=2,
+        fit_tokens=256,
+        cache=False,
+        quality_tokens=NO_QUALITY,
+    )
     expected = _hf_logits(tiny_dirs["llama"], token_windows)
     assert (model.forward(token_windows) - expected).abs().max() <= TOL
 
@@ -78,7 +91,14 @@ def test_moefied_llama_with_every_expert_is_dense(
 def test_moefied_llama_stages_equal_monolithic(
     tiny_dirs: dict[str, Path], token_windows: torch.Tensor, tmp_path: Path
 ) -> None:
-    model = load_model(str(tiny_dirs["llama"]), experts=4, top_k=1, fit_tokens=256)
+    model = load_model(
+        str(tiny_dirs["llama"]),
+        experts=4,
+        top_k=1,
+        fit_tokens=256,
+        cache=False,
+        quality_tokens=NO_QUALITY,
+    )
     reference = model.forward(token_windows, reference=True)
     export_model(model, tmp_path / "w")
     assert (run_staged(tmp_path / "w", token_windows) - reference).abs().max() <= TOL
