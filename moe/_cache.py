@@ -3,8 +3,10 @@
 MoEfying MiniLM takes about 8 s and SmolLM2 over a minute (GGUF de-quantisation, 30 router fits).
 The converted model is stored as a weight export (the same layout the functions read) under a key
 that covers everything the conversion depends on: the source weights (path, size and modification
-time of every file), every MoEfication option (`moe.MoefyOptions`: E, k, the seed, the fit size
-and the quality-recovery options), the code that shapes a model (a hash of `CONVERSION_MODULES`),
+time of every file), every MoEfication option (`moe.MoefyOptions`: E, k, the seed, the fit size,
+the quality-recovery options and the fit corpus), the SHA-256 of the fit corpus's documents (so a
+model fitted on one text is never served for another, nor for the same file once it changed), the
+code that shapes a model (a hash of `CONVERSION_MODULES`),
 the constants that cut its text (`_text_constants`), the embedded corpus package's version, the
 distillation recipe, and the versions of moelambda and the export format. A changed fitting
 algorithm or held-out size is a new key, never a stale model judged on text it trained on. The
@@ -32,7 +34,7 @@ from ground.manifest import MANIFEST_VERSION
 from moe._experts import ExpertBank
 from moe._export import export_model
 from moe._families import NATIVE_MOE_TYPES
-from moe._model import MoEModel, build_model, moefy_options
+from moe._model import MoEModel, build_model, fit_text, moefy_options
 from moe._moefy import LayerFit
 from moe._options import MoefyOptions
 from moe._quality import QUALITY_TOKENS
@@ -79,7 +81,6 @@ def _text_constants() -> dict[str, Any]:
 
     return {
         "fit_window": _model.FIT_WINDOW,
-        "fit_corpus": _quality.FIT_CORPUS,
         "quality_tokens": _quality.QUALITY_TOKENS,
         "quality_window": _quality.QUALITY_WINDOW,
         "split_seed": _corpus.SPLIT_SEED,
@@ -96,12 +97,15 @@ def _corpus_version() -> str | None:
 
 
 def _key(source: ModelSource, options: MoefyOptions) -> str:
+    """The cache key of `options` (`moe._model.fit_text` raises when they pin another text than
+    the fit corpus holds now)."""
     files = sorted(p for p in source.path.rglob("*") if p.is_file())
     stamp = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
     parts: list[object] = [
         source.name,
         stamp,
-        options.describe(),
+        options.unpinned().describe(),
+        fit_text(options).sha256,
         __version__,
         MANIFEST_VERSION,
         _conversion_digest(),

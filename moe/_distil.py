@@ -39,7 +39,7 @@ from moe._quality import DenseRunner
 if TYPE_CHECKING:
     from moe._model import MoEModel
 
-__all__ = ["RECIPE", "VALIDATION_WINDOWS", "Distillation", "distil"]
+__all__ = ["RECIPE", "VALIDATION_WINDOWS", "Distillation", "distil", "distil_exposure"]
 
 LEARNING_RATE = 2e-4
 BATCH_WINDOWS = 16
@@ -63,6 +63,16 @@ class Distillation:
     losses: list[float] = field(default_factory=list)
     validation: list[tuple[int, float]] = field(default_factory=list)
     kept_step: int = 0
+
+
+def distil_exposure(steps: int, windows: int) -> dict[str, int | float]:
+    """How much text `steps` steps see in a fit part of `windows` windows: the distinct windows
+    and the passes over them (a small corpus is seen many times, and may be overfitted: its
+    validation loss then chooses an early step)."""
+    return {
+        "windows": windows,
+        "epochs": round(steps * min(BATCH_WINDOWS, windows) / max(windows, 1), 2),
+    }
 
 
 def _student(model: MoEModel, ids: torch.Tensor) -> torch.Tensor:

@@ -12,20 +12,23 @@ import contextlib
 import io
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from ground.errors import ModelError, UsageError
+from ground.errors import CorpusError, ModelError, UsageError
 from moe._experts import ExpertBank, Router, SharedExpert, expert_ffn
 from moe._families import NATIVE_MOE_TYPES, Family, family_for
 from moe._generate import Generated, GenerationConfig, Step, eos_ids, generate_tokens
 from moe._moefy import LayerFit, MoefiedLayer, moefy_layer
 from moe._options import EXPERT_CHOICES, MAX_SHARED, MoefyOptions, TopK, parse_top_k
-from moe._quality import FIT_CORPUS, QUALITY_TOKENS, QUALITY_WINDOW
+from moe._quality import QUALITY_TOKENS, QUALITY_WINDOW
 from moe._registry import ModelSource, resolve_model
 from moe._stages import ExpertCall, HeadStage, LayerOutput, LayerStage, TailStage
+
+if TYPE_CHECKING:
+    from moe._corpus import Corpus
 
 __all__ = [
     "EXPERT_CHOICES",
@@ -436,9 +439,10 @@ def build_model(
     """Build `model` as an MoE model from its Hugging Face weights (no cache; see `load_model`).
 
     A dense model (BERT, Llama, Mistral, Qwen2) is MoEfied into `experts` experts with top-`top_k`
-    routing, fitting the routers on `fit_tokens` tokens of the embedded Wikipedia corpus (its "fit"
-    split), and its quality against the dense model is measured on held-out text
-    (`MoEModel.quality`). A native MoE model (Mixtral, OLMoE) keeps its own experts and router;
+    routing, fitting the routers on `fit_tokens` tokens of the fit part of `options.fit_corpus`
+    (the embedded Wikipedia corpus unless the options name another), and its quality against the
+    dense model is measured on that corpus's test part (`MoEModel.quality`). A native MoE model
+    (Mixtral, OLMoE) keeps its own experts and router;
     `experts` and `top_k` must then be None or equal to the model's.
 
     Args:
@@ -470,15 +474,18 @@ def build_model(
         parts = family.parts_from_hf(hf)
         return _native_model(source, family, parts, hf, tokenizer, experts, top_k, seed)
     assert options is not None
-    from moe._corpus import load_corpus, make_windows
+    from moe._corpus import check_fit_text, make_windows
     from moe._quality import DenseRunner, check_held_out, measure_quality
 
     if quality_tokens:
-        check_held_out(FIT_CORPUS, quality_tokens, QUALITY_WINDOW)
+        check_held_out(options.fit_corpus, quality_tokens, QUALITY_WINDOW)
     # The text is cut before the weights load: a corpus too small for the options fails in a
     # second, not after a conversion.
     tokenizer = load_tokenizer(source)
-    corpus = load_corpus(FIT_CORPUS)
+    corpus = fit_text(options)
+    options = options.model_copy(update={"fit_corpus_sha256": corpus.sha256})
+    say(f"splitting '{corpus.name}' into fit, validation and test documents")
+    sizes = check_fit_text(corpus, tokenizer, fit_tokens=options.fit_tokens, window=FIT_WINDOW)
     windows = torch.from_numpy(
         make_windows(
             corpus,
@@ -529,10 +536,15 @@ def build_model(
     )
     if options.distil_steps:
         from moe._corpus import training_windows
-        from moe._distil import VALIDATION_WINDOWS, distil
+        from moe._distil import VALIDATION_WINDOWS, distil, distil_exposure
 
         say("reading the text to distil on")
         text = training_windows(corpus, tokenizer, window=FIT_WINDOW, seed=options.seed)
+        seen = distil_exposure(options.distil_steps, text.shape[0])
+        say(
+            f"distilling on {seen['windows']:,} distinct windows of {FIT_WINDOW} tokens: "
+            f"{seen['epochs']:g} epochs in {options.distil_steps:,} steps"
+        )
         held = make_windows(
             corpus,
             tokenizer,
@@ -553,10 +565,33 @@ def build_model(
         say("measuring quality against the dense model")
         dense = DenseRunner(family, parts)
         quality = measure_quality(built, dense, corpus, tokens=quality_tokens)
+        update: dict[str, Any] = {"fit_parts": sizes}
         if options.distil_steps:
-            quality = quality.model_copy(update={"distil_kept_step": run.kept_step})
-        built.quality = quality.model_dump()
+            update |= {"distil_kept_step": run.kept_step, "distil_text": seen}
+        built.quality = quality.model_copy(update=update).model_dump()
     return built
+
+
+def fit_text(options: MoefyOptions) -> Corpus:
+    """The corpus `options` fit on, checked against the hash they pin (if any).
+
+    Raises:
+        CorpusError: The file is missing or unreadable, or it changed since the model was
+            fitted on it.
+    """
+    from moe._corpus import load_corpus
+
+    corpus = load_corpus(options.fit_corpus, "--fit-corpus")
+    pinned = options.fit_corpus_sha256
+    if pinned is not None and pinned != corpus.sha256:
+        raise CorpusError(
+            f"the model was fitted on '{options.fit_corpus}' when its documents had SHA-256 "
+            f"{pinned[:12]}…; they now have {corpus.sha256[:12]}…, so this is not the text "
+            "the model was fitted on.",
+            "restore the file the model was fitted on, or fit a model on the text as it is now "
+            "(run `moelambda profile` / `choose` / `plan` again with --fit-corpus).",
+        )
+    return corpus
 
 
 def _native_model(

@@ -21,6 +21,7 @@ Quality recovery (each measured with `moelambda quality`):
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -118,6 +119,11 @@ class MoefyOptions(BaseModel):
         distil_steps: Steps of end-to-end distillation of the experts (0 = none).
         fit_tokens: Tokens of the fit split the clustering, routers and corrections see.
         seed: Seeds the clustering, the router fits and the distillation.
+        fit_corpus: The text everything above learns from: "wiki" (embedded) or a file
+            (`moe.load_corpus`); its fit part only (`moe._corpus.partition`).
+        fit_corpus_sha256: The SHA-256 of that text's documents (`Corpus.sha256`) once the model
+            was fitted on it; None before. A model whose options pin it is loaded only while
+            the text is the same (`moe.load_model` checks it).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -130,6 +136,8 @@ class MoefyOptions(BaseModel):
     distil_steps: int = Field(default=0, ge=0)
     fit_tokens: int = Field(default=8192, ge=128)
     seed: int = 0
+    fit_corpus: str = Field(default="wiki", min_length=1)
+    fit_corpus_sha256: str | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> MoefyOptions:
@@ -168,11 +176,14 @@ class MoefyOptions(BaseModel):
             "distil_steps": self.distil_steps,
             "fit_tokens": self.fit_tokens,
             "seed": self.seed,
+            "fit_corpus": self.fit_corpus,
+            "fit_corpus_sha256": self.fit_corpus_sha256,
         }
 
     @classmethod
     def from_description(cls, data: dict[str, Any]) -> MoefyOptions:
-        """Inverse of `describe`."""
+        """Inverse of `describe` (a description written before the fit corpus was an option
+        is of a model fitted on the embedded text)."""
         return cls(
             **{k: v for k, v in data.items() if k != "top_k"},
             top_k=parse_top_k(data["top_k"], data["experts"]),
@@ -189,4 +200,10 @@ class MoefyOptions(BaseModel):
             parts.append("corr")
         if self.distil_steps:
             parts.append(f"distil {self.distil_steps}")
+        if self.fit_corpus != "wiki":
+            parts.append(f"fit {Path(self.fit_corpus).name}")
         return " ".join(parts)
+
+    def unpinned(self) -> MoefyOptions:
+        """The options without the fit text's hash: what a user asks for."""
+        return self.model_copy(update={"fit_corpus_sha256": None})

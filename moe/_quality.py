@@ -55,8 +55,6 @@ __all__ = [
 QUALITY_TOKENS = 16384
 QUALITY_WINDOW = 64
 NEIGHBOURS = 10
-# The corpus every MoEfied model is fitted on; its validation and test parts are held out.
-FIT_CORPUS = "wiki"
 
 
 class Quality(BaseModel):
@@ -66,6 +64,14 @@ class Quality(BaseModel):
 
     kind: Literal["encoder", "decoder"]
     corpus: str
+    # The judged text's documents (`Corpus.sha256`); None in blocks written before.
+    corpus_sha256: str | None = None
+    # The text the model was fitted on (`MoefyOptions.fit_corpus`) and its hash: the same as
+    # the judged text when the user's own corpus was fitted and judged on its held-out part.
+    fit_corpus: str | None = None
+    fit_corpus_sha256: str | None = None
+    # Documents and tokens of the fit text's parts (`moe._corpus.part_sizes`), at conversion.
+    fit_parts: dict[str, dict[str, int]] | None = None
     # Which text of `corpus` was compared: its test part, its validation part (where `choose`
     # decides), or the whole corpus (blocks written before the corpus had parts).
     split: Literal["test", "validation", "profile"] = "profile"
@@ -84,9 +90,32 @@ class Quality(BaseModel):
     ppl_ratio: float | None = None
     next_token_agreement: float | None = None
     kl_mean: float | None = None
-    # A distilled model's step kept on the validation part (`moe._distil`).
+    # A distilled model's step kept on the validation part (`moe._distil`), and the text it
+    # saw: distinct windows of the fit part and epochs over them (`distil_exposure`).
     distil_kept_step: int | None = None
+    distil_text: dict[str, int | float] | None = None
     wall_s: float = 0.0
+
+    @property
+    def judged_on_fit_text(self) -> bool:
+        """True when the model is judged on the held-out part of the text it was fitted on
+        (False also when the block does not say where it was fitted)."""
+        return self.fit_corpus_sha256 is not None and self.fit_corpus_sha256 == self.corpus_sha256
+
+    def where(self) -> str:
+        """Where the model was fitted and judged: a sentence for reports."""
+        judged = f"the {self.split} part of '{self.corpus}'"
+        if self.fit_corpus is None:
+            return f"Judged on {judged}."
+        if self.judged_on_fit_text:
+            return (
+                f"Fitted on the fit part of '{self.fit_corpus}', judged on its {self.split} "
+                "part (documents no fit or choice read)."
+            )
+        return (
+            f"Fitted on '{self.fit_corpus}', judged on {judged}: not the text the model was "
+            "fitted on (--fit-corpus fits it on the text you judge it on)."
+        )
 
     def headline(self) -> str:
         """One line for reports."""
@@ -234,9 +263,13 @@ def measure_quality(
         agree += (logp_d.argmax(-1) == logp_m.argmax(-1)).sum().item()
         positions += target.numel()
     per_layer = np.average(np.array(layer_shares), axis=0, weights=weights)
+    options = model.options
     common: dict[str, Any] = {
         "kind": "decoder" if decoder else "encoder",
         "corpus": corpus.name,
+        "corpus_sha256": corpus.sha256,
+        "fit_corpus": None if options is None else options.fit_corpus,
+        "fit_corpus_sha256": None if options is None else options.fit_corpus_sha256,
         "split": split,
         "tokens": int(windows.numel()),
         "windows": int(windows.shape[0]),
@@ -291,8 +324,9 @@ def check_quality_size(tokens: int, window: int) -> None:
 
 
 def check_held_out(corpus: str, tokens: int, window: int, option: str = "--tokens") -> None:
-    """Refuse a comparison on the fit corpus larger than its test part, before any model is
-    loaded (a distilled model takes minutes to convert), whatever the model and its seed.
+    """Refuse a comparison larger than a corpus's test part, before any model is loaded (a
+    distilled model takes minutes to convert), whatever the model and its seed: quality is
+    always measured on the test part (`moe._corpus.partition`), which no fit or choice reads.
 
     Raises:
         UsageError: `tokens` windows would not fit in the test part (`option` asked for them).
@@ -300,12 +334,13 @@ def check_held_out(corpus: str, tokens: int, window: int, option: str = "--token
     from ground.errors import UsageError
     from moe._corpus import TEST_TOKENS
 
-    if corpus == FIT_CORPUS and tokens + window > TEST_TOKENS:
+    if tokens + window > TEST_TOKENS:
+        where = "the embedded text" if corpus == "wiki" else f"'{corpus}'"
         raise UsageError(
-            f"every MoEfied model is fitted on the embedded text but its validation and test "
-            f"parts; {tokens:,} tokens are more than the test part's {TEST_TOKENS:,} (less one "
-            f"window), so the comparison would read text the model was fitted on.",
-            f"pass {option} {TEST_TOKENS - window:,} or fewer, or --corpus with text of your own.",
+            f"quality is measured on the test part of {where}, which holds {TEST_TOKENS:,} "
+            f"tokens of whole documents that no fit or choice reads; {tokens:,} tokens (and one "
+            "window) are more than that.",
+            f"pass {option} {TEST_TOKENS - window:,} or fewer.",
         )
 
 
@@ -321,9 +356,9 @@ def quality_of(
     """The quality of a MoEfied model on `corpus`'s `split` part, and whether it was measured
     just now.
 
-    The block measured at conversion (the embedded text's test part) is reused when it answers
-    the same question; any other corpus, part, size or seed is measured now against the dense
-    model.
+    The block measured at conversion (the fit text's test part) is reused when it answers the
+    same question (the same documents, part, size and seed); any other is measured now against
+    the dense model.
 
     Raises:
         UsageError: The model is a native MoE model (it has no dense counterpart), or `tokens`
@@ -339,14 +374,14 @@ def quality_of(
     check_held_out(corpus, tokens, window)
     stored = model.quality
     windows = -(-tokens // window)
+    text = load_corpus(corpus)
     if (
         stored is not None
-        and corpus == stored["corpus"] == FIT_CORPUS
+        and stored.get("corpus_sha256") == text.sha256
         and stored.get("split") == split
         and (stored["windows"], stored["window"], stored["seed"]) == (windows, window, seed)
     ):
         return Quality(**stored), False
-    text = load_corpus(corpus)
     dense = dense_reference(model.name)
     return measure_quality(
         model, dense, text, tokens=tokens, window=window, seed=seed, split=split

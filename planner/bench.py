@@ -5,6 +5,7 @@ MoEfication option's quality against the dense model beside its bill."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -67,6 +68,22 @@ BENCH_OPTIONS: dict[str, list[dict[str, Any]]] = {
         {"experts": 8, "top_k": "4", "correction": True},
         {"experts": 8, "top_k": "6", "correction": True},
     ],
+}
+# `bench quality --corpus FILE`: the options at half the FFN FLOPs, without and with
+# distillation, each fitted on the embedded text and on the user's (`fit_comparison`).
+USER_TEXT_OPTIONS: dict[str, list[dict[str, Any]]] = {
+    "minilm": [
+        {"experts": 8, "top_k": "4", "correction": True, "fit_tokens": 131072},
+        # 1,000 steps, not BENCH_OPTIONS' 3,000: about 2 s a step on this 2-core machine.
+        {
+            "experts": 8,
+            "top_k": "4",
+            "correction": True,
+            "fit_tokens": 131072,
+            "distil_steps": 1000,
+        },
+    ],
+    "smollm2": [{"experts": 8, "top_k": "4", "correction": True}],
 }
 FLOORS = {"minilm": ("cosine_mean", 0.97), "smollm2": ("ppl_ratio", 1.05)}
 HALF_FLOPS = 0.5
@@ -261,9 +278,14 @@ def bench_quality(
     *,
     seeds: tuple[int, ...] = (0, 1),
     cached_only: bool = False,
+    corpus: str = "wiki",
     status: Status = quiet,
 ) -> dict[str, Any]:
     """Each MoEfication option of `BENCH_OPTIONS` against the dense model, with its bill.
+
+    With a `corpus` of the user's (a file), the options are `USER_TEXT_OPTIONS`, each fitted on
+    the embedded text and on the corpus's fit part, all judged on the corpus's test part (and
+    chosen on its validation part); `fit_comparison` sets each pair side by side.
 
     Per model and seed (`quality_by_seed`): quality on 16,384 tokens of the corpus's test part,
     FFN FLOPs share and the bill of a batch of `tokens` (the cheapest plan, exact solver) per
@@ -286,6 +308,7 @@ def bench_quality(
         cached_only: Leave out each option not in the model cache yet (a distilled MiniLM
             option converts in about 48 minutes on 2 cores, one with the correction on 131,072
             fit tokens in several), naming it under `not_converted`.
+        corpus: "wiki", or a text/JSONL file of the user's (see above).
         status: Wraps each model's options (a spinner in the CLI); gets an `update`.
 
     Returns:
@@ -304,13 +327,15 @@ def bench_quality(
         )
     if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
         raise UsageError(f"--seeds {seeds} is not a list of distinct seeds.", "pass e.g. 0,1.")
-    report: dict[str, Any] = {"tokens": tokens, "models": {}}
+    report: dict[str, Any] = {"tokens": tokens, "corpus": corpus, "models": {}}
+    if corpus != "wiki":  # a missing or unreadable file is said before any conversion
+        report["corpus_sha256"] = load_corpus(corpus).sha256
     for name in names:
         metric, value = FLOORS[name]
         floor = Floor(metric, value)
         runs = []
         for seed in seeds:
-            grid = quality_grid(name, seed)
+            grid = quality_grid(name, seed, corpus)
             left_out = [
                 o
                 for o in grid
@@ -319,10 +344,13 @@ def bench_quality(
             ]
             grid = [o for o in grid if o not in left_out]
             with status(f"{name}, seed {seed}: {len(grid)} options") as shown:
-                run = quality_by_seed(name, grid, floor, tokens, seed, shown.update)
-            runs.append(run | {"not_converted": [o.label() for o in left_out]})
+                run = quality_by_seed(name, grid, floor, tokens, seed, shown.update, corpus)
+            run |= {"not_converted": [o.label() for o in left_out]}
+            if corpus != "wiki":
+                run["fit_comparison"] = fit_comparison(run["options"])
+            runs.append(run)
         report["models"][name] = {"floor": {"metric": metric, "value": value}, "seeds": runs}
-    if "minilm" in names:
+    if "minilm" in names and corpus == "wiki":
         model = load_model("minilm", options=quality_grid("minilm", seeds[0])[0])
         started = time.perf_counter()
         measure_quality(model, dense_reference("minilm"), load_corpus("wiki"), tokens=16384)
@@ -340,12 +368,15 @@ def quality_by_seed(
     tokens: int,
     seed: int,
     progress: Callable[[str], None] | None = None,
+    corpus: str = "wiki",
 ) -> dict[str, Any]:
     """One seed of `bench_quality`: every option's row, and the best at half the FLOPs chosen
     on validation quality, its test quality reported (`planner.choose.Floor` `floor`)."""
     from planner.choose import choose
 
-    selection = choose(model, grid, floor, tokens=tokens, seed=seed, progress=progress)
+    selection = choose(
+        model, grid, floor, corpus=corpus, tokens=tokens, seed=seed, progress=progress
+    )
     rows = [r.describe() for r in selection.results]
     half = [r for r in rows if r["expert_flops_share"] <= HALF_FLOPS + 1e-9]
     if not half:
@@ -374,12 +405,46 @@ def quality_by_seed(
     }
 
 
-def quality_grid(name: str, seed: int = 0) -> list[Any]:
-    """The `moe.MoefyOptions` of `BENCH_OPTIONS[name]`, MoEfied with `seed`."""
+def quality_grid(name: str, seed: int = 0, corpus: str = "wiki") -> list[Any]:
+    """The `moe.MoefyOptions` of `BENCH_OPTIONS[name]`, MoEfied with `seed`; for a `corpus` of
+    the user's, those of `USER_TEXT_OPTIONS[name]`, each fitted on the embedded text and on
+    `corpus`."""
     from moe import MoefyOptions
     from moe._options import parse_top_k
 
+    if corpus == "wiki":
+        return [
+            MoefyOptions(**{**o, "top_k": parse_top_k(o["top_k"], o["experts"]), "seed": seed})
+            for o in BENCH_OPTIONS[name]
+        ]
     return [
-        MoefyOptions(**{**o, "top_k": parse_top_k(o["top_k"], o["experts"]), "seed": seed})
-        for o in BENCH_OPTIONS[name]
+        MoefyOptions(
+            **{**o, "top_k": parse_top_k(o["top_k"], o["experts"]), "seed": seed},
+            fit_corpus=fit,
+        )
+        for o in USER_TEXT_OPTIONS[name]
+        for fit in ("wiki", corpus)
     ]
+
+
+def fit_comparison(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each option fitted on the embedded text beside the same option fitted on the judged
+    text, both on the judged text's test part: what fitting on the user's text gains."""
+    pairs: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        same = {k: v for k, v in row["moefy"].items() if not k.startswith("fit_corpus")}
+        entry = pairs.setdefault(json.dumps(same, sort_keys=True), {"moefy": same})
+        side = "user" if row["fitted_on_judged_text"] else "wiki"
+        entry[side] = {
+            key: row["quality"].get(key)
+            for key in (
+                "cosine_mean",
+                "cosine_p05",
+                "neighbour_overlap_10",
+                "ppl_ratio",
+                "next_token_agreement",
+                "expert_flops_share",
+            )
+            if row["quality"].get(key) is not None
+        }
+    return list(pairs.values())

@@ -6,7 +6,10 @@ option of a grid, this module measures the served model's quality against the de
 held-out text (`moe.quality_of`), profiles its routing on the user's corpus, predicts a batch's
 expert popularity with the default predictor, and plans that batch with the exact solver (the
 plan `moelambda plan --traces` makes). The answer is the cheapest option whose quality meets the
-floor; the quality-vs-bill frontier shows what a stricter or looser floor would cost.
+floor; the quality-vs-bill frontier shows what a stricter or looser floor would cost. A grid may
+fit the same option on several texts (`MoefyOptions.fit_corpus`): an option fitted on the corpus
+it is judged on (the user's requests) is preferred, whenever one keeps the floor, to a cheaper one
+fitted elsewhere, since its quality was measured on documents of the text it serves.
 
 The choice is a tuning decision, so it is made on the corpus's validation part; the quality
 reported for each option (`quality`) is measured again on its test part, which no choice saw
@@ -92,10 +95,17 @@ class OptionResult:
     def feasible(self) -> bool:
         return self.bill_usd is not None
 
+    @property
+    def fitted_on_judged_text(self) -> bool:
+        """Fitted on the corpus it is judged and profiled on (the user's requests)."""
+        sha = self.quality.get("fit_corpus_sha256")
+        return sha is not None and sha == self.quality.get("corpus_sha256")
+
     def describe(self) -> dict[str, Any]:
         return {
             "label": self.options.label(),
             "moefy": self.options.describe(),
+            "fitted_on_judged_text": self.fitted_on_judged_text,
             "quality": self.quality,
             "validation_quality": self.validation,
             "expert_flops_share": self.quality["expert_flops_share"],
@@ -117,6 +127,21 @@ class Selection:
     floor: Floor
     frontier: list[int] = field(default_factory=list)
     chosen: int | None = None
+
+    @classmethod
+    def of(cls, results: list[OptionResult], floor: Floor) -> Selection:
+        """The frontier of `results` (bill against validation quality) and the chosen one: the
+        cheapest keeping `floor` among those fitted on the judged text if any keeps it, else
+        among all (ties to the better quality)."""
+        sign = 1.0 if floor.higher_is_better else -1.0
+        bills = np.array([r.bill_usd if r.feasible else np.nan for r in results], dtype=float)
+        scores = np.array([sign * float(r.validation[floor.metric]) for r in results])
+        selection = cls(results, floor, frontier=pareto_front(bills, scores))
+        eligible = [i for i, r in enumerate(results) if r.feasible and r.meets_floor]
+        own = [i for i in eligible if results[i].fitted_on_judged_text]
+        if eligible:
+            selection.chosen = min(own or eligible, key=lambda i: (bills[i], -scores[i]))
+        return selection
 
     def best_quality(self) -> OptionResult:
         """The option of best quality on the validation part, whatever its bill."""
@@ -300,7 +325,9 @@ def choose(
         trace = profile_windows(
             moe_model, windows, tokens=profile_tokens, meta={"window": 128}
         ).trace
-        result = OptionResult(options, quality.model_dump(), validation.model_dump())
+        # The model's options pin the hash of the text it was fitted on.
+        fitted = moe_model.options or options
+        result = OptionResult(fitted, quality.model_dump(), validation.model_dump())
         result.meets_floor = floor.met(result.validation)
         say(f"{label}: planning")
         try:
@@ -314,14 +341,7 @@ def choose(
             result.functions = sum(len(layer.experts) for layer in plan.layers)
             result.deployment = plan.deployment
         results.append(result)
-    sign = 1.0 if floor.higher_is_better else -1.0
-    bills = np.array([r.bill_usd if r.feasible else np.nan for r in results], dtype=float)
-    scores = np.array([sign * float(r.validation[floor.metric]) for r in results])
-    selection = Selection(results, floor, frontier=pareto_front(bills, scores))
-    eligible = [i for i, r in enumerate(results) if r.feasible and r.meets_floor]
-    if eligible:
-        selection.chosen = min(eligible, key=lambda i: (bills[i], -scores[i]))
-    return selection
+    return Selection.of(results, floor)
 
 
 def write_selection(

@@ -8,6 +8,11 @@ the real counts, `planner.replay.planned_usage`; a batch its caps cannot take is
 the plan of the same deployment shape the
 planner would make for the observed routing at the same batch, SLO, arch, workflow and objective,
 and says whether, and by how much, the new plan saves money or restores the SLO.
+
+A plan does not move experts' weights, and the routers were fitted on a text (`moefy.fit_corpus`
+of the plan's model). Routing far from the plan's (`REFIT_DRIFT`) says the requests are not the
+text they were fitted on: the report's `refit` then suggests fitting the model on recent
+requests (`--fit-corpus`), which a new plan alone does not do.
 """
 
 from __future__ import annotations
@@ -24,9 +29,16 @@ from ground.routing_metrics import NAMESPACE, metric_name, metric_value
 from planner.replay import calibration_of, planned_usage
 from planner.traffic.workflow import _per_expert_counts, manifest_of_plan
 
-__all__ = ["SAVING_THRESHOLD", "read_metrics", "replan"]
+__all__ = ["REFIT_DRIFT", "REFIT_MIN_ROUTED", "SAVING_THRESHOLD", "read_metrics", "replan"]
 
 SAVING_THRESHOLD = 0.01  # a new plan is advised when it saves at least 1 % per batch
+# A layer whose expert shares moved this far (total variation: the share of tokens that would
+# have to change expert) over at least REFIT_MIN_ROUTED expert assignments suggests refitting
+# the model on the observed text. The floor on assignments keeps sampling noise out: one batch
+# of 256 tokens drifted 25.8 % from its plan's predicted shares (docs/traffic.md); over 10,000
+# assignments of E = 8 experts the noise is about 1 %.
+REFIT_DRIFT = 0.2
+REFIT_MIN_ROUTED = 10_000
 
 
 def read_metrics(path: Path, layers: int, experts: int) -> tuple[np.ndarray, np.ndarray]:
@@ -120,6 +132,26 @@ def _priced(plan: Plan, manifest: Any, counts: np.ndarray) -> dict[str, Any]:
     }
 
 
+def _refit(plan: Plan, drift: np.ndarray, routed: np.ndarray) -> dict[str, Any] | None:
+    """The suggestion to refit a MoEfied model whose routing drifted past `REFIT_DRIFT` in a
+    layer of at least `REFIT_MIN_ROUTED` observed assignments (None: no such layer)."""
+    moefy = plan.model.moefy
+    layers = np.flatnonzero((drift >= REFIT_DRIFT) & (routed >= REFIT_MIN_ROUTED))
+    if moefy is None or not layers.size:
+        return None
+    fitted_on = moefy.get("fit_corpus", "wiki")
+    return {
+        "fit_corpus": fitted_on,
+        "layers": [int(i) for i in layers],
+        "advice": (
+            f"the routing drift (up to {float(drift.max()):.0%} of a layer's tokens on other "
+            f"experts) suggests the requests are not the text the model was fitted on "
+            f"('{fitted_on}'): refit it on recent requests (--fit-corpus FILE with `moelambda "
+            "choose` or `profile`) and plan again"
+        ),
+    }
+
+
 def replan(
     plan: Plan, observed: np.ndarray, *, solver: str = "exact", pack: str | None = None
 ) -> tuple[dict[str, Any], Plan | None]:
@@ -168,6 +200,7 @@ def replan(
         "drift_per_layer": [round(float(d), 6) for d in drift],
         "max_drift": float(drift.max()),
         "current": current,
+        "refit": _refit(plan, drift, observed.sum(axis=1)),
     }
     if new_plan is None:
         report["new"] = {"feasible": False, "reason": reason}

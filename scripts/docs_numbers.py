@@ -34,6 +34,11 @@ SOURCES = {
         "moelambda bench quality --models minilm --seeds 1,0 --cached-only --json "
         "(2026-11-28; the options it names as not converted were not in the model cache)"
     ),
+    "bench-quality-jargon.json": (
+        "sh scripts/jargon_text.sh && moelambda bench quality --models minilm --seeds 0 "
+        "--corpus out/texts/jargon.txt --cached-only --json (2026-11-28; its four options "
+        "converted just before, by `load_model` on the same code, two at a time)"
+    ),
 }
 
 
@@ -128,9 +133,43 @@ def quality_minilm_summary() -> str:
     return "\n".join(sentences) + "\n"
 
 
+def quality_user_text() -> str:
+    """Each option of `bench quality --corpus`, fitted on the embedded text and on the user's,
+    both judged on the user's test part, per seed."""
+    report = _load("bench-quality-jargon.json")
+    lines = [
+        "| MiniLM option, seed | FFN FLOPs | fitted on wiki: mean cosine | p5 | 10-NN kept "
+        "| fitted on this text: mean cosine | p5 | 10-NN kept | bill per "
+        f"{report['tokens']:,} tokens |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run in sorted(report["models"]["minilm"]["seeds"], key=lambda run: run["seed"]):
+        own = {r["label"]: r for r in run["options"] if r["fitted_on_judged_text"]}
+        for pair in run["fit_comparison"]:
+            cells = [f"{_option_name(pair['moefy'])}, {run['seed']}"]
+            flops = (pair.get("user") or pair.get("wiki") or {}).get("expert_flops_share")
+            cells.append("-" if flops is None else f"{flops:.0%}".replace("%", " %"))
+            for side in ("wiki", "user"):
+                q = pair.get(side)
+                cells += ["not run"] * 3 if q is None else _encoder_cells(q)
+            bill = next(
+                (
+                    r["bill_usd"]
+                    for r in own.values()
+                    if {k: v for k, v in r["moefy"].items() if not k.startswith("fit_corpus")}
+                    == pair["moefy"]
+                ),
+                None,
+            )
+            cells.append("-" if bill is None else f"${bill:.6f}")
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     "quality-minilm": quality_minilm,
     "quality-minilm-summary": quality_minilm_summary,
+    "quality-user-text": quality_user_text,
 }
 
 

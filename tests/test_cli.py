@@ -103,7 +103,13 @@ def _bad_inputs(tmp_path: Path, narrow: Path) -> list[tuple[list[str], str]]:
         (["--experts", "1", "--top-k", "2"], "larger than --experts 1"),
         (["--tokens", "0"], "--tokens 0 is not a positive number"),
         (["--model", str(narrow), "--experts", "8", "--top-k", "2"], "does not divide the FFN"),
-        (["--corpus", str(tmp_path / "short.txt"), "--tokens", "5000"], "fewer than"),
+        (
+            ["--corpus", str(tmp_path / "short.txt"), "--fit-corpus", "wiki", "--tokens", "5000"],
+            "fewer than",
+        ),
+        # Fitted on the user's text by default: too little of it is said before conversion.
+        (["--corpus", str(tmp_path / "short.txt")], "a model fitted on it needs 32,768"),
+        (["--fit-corpus", str(tmp_path / "missing.txt")], "pass --fit-corpus wiki"),
     ]
 
 

@@ -167,3 +167,44 @@ def test_no_seed_judges_on_text_any_seed_fitted_on(tokenizer) -> None:  # type: 
         assert not judged & {
             tuple(row[i : i + 12]) for row in fit[:, 1:-1].tolist() for i in range(len(row) - 11)
         }
+
+
+def test_three_readings_and_a_hash_of_the_documents(tmp_path: Path) -> None:
+    """Blank lines separate documents; a file without one has a document per line; JSONL has one
+    per line. The hash is of the documents: the same text in another file or format is the same
+    corpus, one changed word is another."""
+    paragraphs = tmp_path / "a.txt"
+    paragraphs.write_text("First document,\nstill the first.\n \nThe second.\n")
+    lines = tmp_path / "b.txt"
+    lines.write_text("First document,\nstill the first.\nThe second.\n")
+    jsonl = tmp_path / "c.jsonl"
+    jsonl.write_text(json.dumps("First document,\nstill the first.") + "\n" + '"The second."\n')
+    a, b, c = (load_corpus(str(p)) for p in (paragraphs, lines, jsonl))
+    assert (a.reading, b.reading, c.reading) == ("paragraphs", "lines", "jsonl")
+    assert a.documents == c.documents == ("First document,\nstill the first.", "The second.")
+    assert len(b.documents) == 3
+    assert a.sha256 == c.sha256 != b.sha256
+    assert load_corpus("wiki").reading == "embedded"
+    paragraphs.write_text("First document,\nstill the first.\n\nThe second!\n")
+    assert load_corpus(str(paragraphs)).sha256 != a.sha256  # a changed file is read again
+
+
+def test_too_little_text_to_fit_on_names_what_a_model_needs(small_parts: None) -> None:
+    from moe._corpus import check_fit_text, part_sizes
+
+    corpus = Corpus("docs", tuple(f"d{i}" for i in range(150)))
+    tokenizer = _DocTokenizer()
+    sizes = part_sizes(corpus, tokenizer)
+    assert sizes == {
+        "fit": {"documents": 50, "tokens": 300},
+        "validation": {"documents": 50, "tokens": 300},
+        "test": {"documents": 50, "tokens": 300},
+    }
+    assert check_fit_text(corpus, tokenizer, fit_tokens=128, window=8)["fit"]["tokens"] == 300
+    with pytest.raises(CorpusError) as refused:
+        check_fit_text(corpus, tokenizer, fit_tokens=1024, window=8)
+    problem, fix = refused.value.problem, refused.value.fix
+    assert "holds 900 tokens in 150 documents" in problem
+    assert "300 of validation text, 300 of test text" in problem and "768 to fit on" in problem
+    assert fix.startswith("pass --fit-tokens 400 or fewer, bring about 1,368 tokens")
+    assert "--fit-corpus wiki" in fix

@@ -84,12 +84,20 @@ CorrectionOpt = Annotated[
 DistilOpt = Annotated[
     int,
     typer.Option(
-        help="Steps of end-to-end distillation of the experts on all the embedded text but the "
-        "held-out quality windows (0 = none)."
+        help="Steps of end-to-end distillation of the experts on every window of the fit "
+        "text's fit part (0 = none)."
     ),
 ]
 FitTokensOpt = Annotated[
     int, typer.Option(help="Tokens of the fit text the routers and corrections are fitted on.")
+]
+FitCorpusOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="The text the MoEfied model is fitted on: 'wiki' (embedded) or a text/JSONL file, "
+        "split by document into fit, validation and test parts (routers, corrections and "
+        "distillation learn from the fit part). Defaults to --corpus, else wiki."
+    ),
 ]
 SeedOpt = Annotated[int, typer.Option(help="Seeds the corpus shuffle and the MoEfication.")]
 TracesOpt = Annotated[
@@ -159,27 +167,35 @@ def moefy_flags(
     correction: bool = False,
     distil_steps: int = 0,
     fit_tokens: int = 8192,
+    fit_corpus: str | None = None,
+    corpus: str = "wiki",
 ) -> Any:
     """The `moe.MoefyOptions` of a command's flags, or None for a native MoE model.
 
-    Checks every value before any model is loaded.
+    The model is fitted on `fit_corpus` (--fit-corpus) when given, else on `corpus` (the
+    command's --corpus: the user's text). Checks every value before any model is loaded, the
+    fit corpus's file included.
     """
     from moe import moefy_options, resolve_model
     from moe._families import NATIVE_MOE_TYPES
 
     if resolve_model(model).model_type in NATIVE_MOE_TYPES:
         recovery = shared or router != "mass" or correction or distil_steps
-        if recovery:
+        if recovery or fit_corpus is not None:
             raise UsageError(
                 f"{model} is a native MoE model: it is served as it is, and the MoEfication "
-                "options (--shared, --router, --correction, --distil-steps) do not apply.",
+                "options (--shared, --router, --correction, --distil-steps, --fit-corpus) do "
+                "not apply.",
                 "leave them out for this model.",
             )
         return None
     if router not in ("mass", "output"):
         raise UsageError(f"--router '{router}' is not known.", "use mass or output.")
     experts, top_k = _defaults(model, experts, top_k)
-    return moefy_options(
+    fit = fit_corpus or corpus
+    if fit != "wiki":  # where the file is, so a plan names it from any working directory
+        fit = str(Path(fit).expanduser().resolve())
+    options = moefy_options(
         experts,
         top_k,
         seed=seed,
@@ -188,7 +204,13 @@ def moefy_flags(
         router=router,
         correction=correction,
         distil_steps=distil_steps,
+        fit_corpus=fit,
     )
+    from moe import load_corpus
+
+    # A missing or unreadable file is said now.
+    load_corpus(options.fit_corpus, "--fit-corpus" if fit_corpus else "--corpus")
+    return options
 
 
 def load_with_status(

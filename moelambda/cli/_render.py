@@ -88,8 +88,8 @@ def popularity(out: Console, summary: dict[str, Any]) -> None:
     if summary["quality"]:
         from moe import Quality
 
-        headline = Quality(**summary["quality"]).headline()
-        out.print(f"Served model against the dense one: {headline}")
+        quality = Quality(**summary["quality"])
+        out.print(f"Served model against the dense one: {quality.headline()}. {quality.where()}")
 
 
 # Planning
@@ -141,8 +141,11 @@ def plan(out: Console, summary: dict[str, Any]) -> None:
     if summary["quality"]:
         from moe import Quality
 
-        headline = Quality(**summary["quality"]).headline()
-        out.print(f"The served model against the dense one (held-out text): {headline}")
+        quality = Quality(**summary["quality"])
+        out.print(
+            f"The served model against the dense one (held-out text): {quality.headline()}. "
+            f"{quality.where()}"
+        )
 
 
 def candidates(summary: dict[str, Any], *, title: str) -> Table:

@@ -51,21 +51,26 @@ def grid_of(
     seed: int,
     fit_tokens: int = 8192,
     distil_steps: str = "0",
+    fit_corpus: str = "wiki",
+    corpus: str = "wiki",
 ) -> list[Any]:
-    """Every combination of the grid flags as `moe.MoefyOptions` (each one checked)."""
+    """Every combination of the grid flags as `moe.MoefyOptions` (each one checked);
+    `fit_corpus` lists the texts to fit on, where "user" is `corpus`."""
     from moelambda.cli._app import moefy_flags
 
     if correction not in ("on", "off", "both"):
         raise UsageError(f"--correction '{correction}' is not on, off or both.", "pass one.")
     corrections = {"on": [True], "off": [False], "both": [False, True]}[correction]
+    texts = [corpus if f == "user" else f for f in _split("--fit-corpus", fit_corpus)]
     grid = []
-    for e, k, s, r, c, d in itertools.product(
+    for e, k, s, r, c, d, f in itertools.product(
         _numbers("--experts", experts, int),
         _split("--top-k", top_k),
         _numbers("--shared", shared, float),
         _split("--router", router),
         corrections,
         _numbers("--distil-steps", distil_steps, int),
+        dict.fromkeys(texts),
     ):
         options = moefy_flags(
             model,
@@ -77,6 +82,7 @@ def grid_of(
             correction=c,
             distil_steps=d,
             fit_tokens=fit_tokens,
+            fit_corpus=f,
         )
         if options is None:
             raise UsageError(
@@ -121,6 +127,14 @@ def choose(
         str,
         typer.Option(help="Grid: steps of end-to-end distillation of the experts, e.g. 0,1500."),
     ] = "0",
+    fit_corpus: Annotated[
+        str,
+        typer.Option(
+            help="Grid: the texts to fit on, 'user' (--corpus), 'wiki' or a file, e.g. "
+            "wiki,user. The chosen option is fitted on --corpus when one fitted on it keeps "
+            "the floor."
+        ),
+    ] = "user",
     fit_tokens: Annotated[
         int,
         typer.Option(help="Tokens of fit text every option's routers and corrections see."),
@@ -154,7 +168,17 @@ def choose(
     )
     check_out(out, force)
     grid = grid_of(
-        model, experts, top_k, shared, router, correction, seed, fit_tokens, distil_steps
+        model,
+        experts,
+        top_k,
+        shared,
+        router,
+        correction,
+        seed,
+        fit_tokens,
+        distil_steps,
+        fit_corpus,
+        corpus,
     )
     with err.status(f"evaluating {len(grid)} MoEfications") as status:
         selection = run_choose(

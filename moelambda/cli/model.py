@@ -17,6 +17,7 @@ from moelambda.cli._app import (
     CorrectionOpt,
     DistilOpt,
     ExpertsOpt,
+    FitCorpusOpt,
     FitTokensOpt,
     ForceOpt,
     JsonOpt,
@@ -107,13 +108,20 @@ def profile(
     correction: CorrectionOpt = False,
     distil_steps: DistilOpt = 0,
     fit_tokens: FitTokensOpt = 8192,
+    fit_corpus: FitCorpusOpt = None,
     batch_size: Annotated[int, typer.Option(help="Windows per forward pass.")] = DEFAULT_BATCH,
     force: ForceOpt = False,
     cache: CacheOpt = True,
     as_json: JsonOpt = False,
 ) -> None:
-    """Record which experts every token picks (routing trace) on real text."""
+    """Record which experts every token picks (routing trace) on real text.
+
+    A MoEfied model is fitted on --fit-corpus, by default the --corpus profiled (its fit part).
+    """
+    from moe import load_corpus
+
     check_out(out, force)
+    load_corpus(corpus)  # a missing or unreadable --corpus is said as such, first
     options = moefy_flags(
         model,
         experts,
@@ -124,6 +132,8 @@ def profile(
         correction=correction,
         distil_steps=distil_steps,
         fit_tokens=fit_tokens,
+        fit_corpus=fit_corpus,
+        corpus=corpus,
     )
     moe_model, result, load_s = run_profile(
         model=model,
@@ -185,6 +195,13 @@ def export(
     correction: CorrectionOpt = False,
     distil_steps: DistilOpt = 0,
     fit_tokens: FitTokensOpt = 8192,
+    fit_corpus: Annotated[
+        str | None,
+        typer.Option(
+            help="The text the MoEfied model is fitted on: 'wiki' (embedded) or a text/JSONL "
+            "file, split by document into fit, validation and test parts. Defaults to wiki."
+        ),
+    ] = None,
     force: ForceOpt = False,
     cache: CacheOpt = True,
     as_json: JsonOpt = False,
@@ -203,6 +220,7 @@ def export(
         correction=correction,
         distil_steps=distil_steps,
         fit_tokens=fit_tokens,
+        fit_corpus=fit_corpus,
     )
     loaded = load_with_status(model, experts, top_k, seed, cache, options)
     manifest = export_model(loaded, out, force=force)

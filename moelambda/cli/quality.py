@@ -14,6 +14,7 @@ from moelambda.cli._app import (
     CorrectionOpt,
     DistilOpt,
     ExpertsOpt,
+    FitCorpusOpt,
     FitTokensOpt,
     JsonOpt,
     ModelOpt,
@@ -57,17 +58,24 @@ def quality(
     distil_steps: DistilOpt = 0,
     fit_tokens: FitTokensOpt = 8192,
     corpus: Annotated[
-        str, typer.Option(help="'wiki' (embedded, held-out split) or a text/JSONL file.")
+        str,
+        typer.Option(
+            help="The text to judge on, its test part: 'wiki' (embedded) or a text/JSONL file."
+        ),
     ] = "wiki",
+    fit_corpus: FitCorpusOpt = None,
     tokens: Annotated[int, typer.Option(help="Tokens to compare on.")] = 16384,
     window: Annotated[int, typer.Option(help="Tokens per window (one embedding each).")] = 64,
     seed: SeedOpt = 0,
     cache: CacheOpt = True,
     as_json: JsonOpt = False,
 ) -> None:
-    """Compare the MoE model with the dense model on text no router was fitted on."""
-    from moe import quality_of
+    """Compare the MoE model with the dense model on held-out text: the test part of --corpus,
+    which no fit or choice read. The model is fitted on --fit-corpus (by default --corpus
+    itself, so a model fitted on your text is judged on documents of it that it never saw)."""
+    from moe import load_corpus, quality_of
 
+    load_corpus(corpus)  # a missing or unreadable --corpus is said as such, first
     options = moefy_flags(
         model,
         experts,
@@ -78,15 +86,15 @@ def quality(
         correction=correction,
         distil_steps=distil_steps,
         fit_tokens=fit_tokens,
+        fit_corpus=fit_corpus,
+        corpus=corpus,
     )
-    from moe import load_corpus
     from moe._quality import check_held_out, check_quality_size, native_model_error
 
     check_quality_size(tokens, window)
     if options is None:
         raise native_model_error(model)
     check_held_out(corpus, tokens, window)
-    load_corpus(corpus)  # a missing or unreadable file is said before the model converts
     loaded = load_with_status(model, experts, top_k, seed, cache, options)
     with err.status("comparing with the dense model"):
         measured, fresh = quality_of(
@@ -94,7 +102,7 @@ def quality(
         )
     summary: dict[str, Any] = {
         "model": loaded.name,
-        "moefy": options.describe() if options else None,
+        "moefy": loaded.options.describe() if loaded.options else None,
         "quality": measured.model_dump(),
         "measured_now": fresh,
     }
@@ -119,6 +127,19 @@ def _print(summary: dict[str, Any], label: str) -> None:
     table.add_row("  per layer", " ".join(f"{s:.2f}" for s in q["flops_share_per_layer"]))
     out = stdout()
     out.print(table)
+    from moe import Quality
+
+    where = Quality(**q)
+    if where.fit_corpus is not None:
+        style = "" if where.judged_on_fit_text else "[yellow]"
+        out.print(f"{style}{where.where()}", highlight=False)
+    if where.distil_text is not None:
+        out.print(
+            f"Distilled on {where.distil_text['windows']:,} distinct windows of the fit part, "
+            f"{where.distil_text['epochs']:g} epochs; the step kept on validation text: "
+            f"{where.distil_kept_step}.",
+            highlight=False,
+        )
     when = "measured now" if summary["measured_now"] else "measured when the model was MoEfied"
     out.print(f"({when}; {q['wall_s']:.1f} s)")
 
@@ -141,6 +162,14 @@ def bench_quality(
             "converting it (a distilled MiniLM option takes about 48 minutes on 2 cores)."
         ),
     ] = False,
+    corpus: Annotated[
+        str,
+        typer.Option(
+            help="'wiki', or a text/JSONL file of your own: then MiniLM's E8 k4 options with "
+            "the correction, without and with distillation, each fitted on the embedded text "
+            "and on the file's fit part, judged on its test part."
+        ),
+    ] = "wiki",
     as_json: JsonOpt = False,
 ) -> None:
     """The served model against the dense one for each MoEfication option, with its bill.
@@ -167,6 +196,7 @@ def bench_quality(
         tokens,
         seeds=seed_list,
         cached_only=cached_only,
+        corpus=corpus,
         status=err.status,
     )
     if as_json:
@@ -201,7 +231,7 @@ def _print_bench(report: dict[str, Any]) -> None:
             )
             table = Table(
                 title=f"{name}, seed {run['seed']}, against the dense model ({dense}) on "
-                f"{first['tokens']:,} tokens of the test part; bill per "
+                f"{first['tokens']:,} tokens of the test part of '{first['corpus']}'; bill per "
                 f"{report['tokens']:,}-token batch"
             )
             table.add_column("option")
@@ -219,6 +249,16 @@ def _print_bench(report: dict[str, Any]) -> None:
                     bill,
                 )
             out.print(table)
+            for pair in run.get("fit_comparison", []):
+                wiki, user, option = pair.get("wiki"), pair.get("user"), pair["moefy"]
+                if wiki and user and metric == "cosine_mean":
+                    distil = f" distil {option['distil_steps']}" if option["distil_steps"] else ""
+                    out.print(
+                        f"E{option['experts']} k{option['top_k']}{distil}, fitted on wiki vs "
+                        f"on this text: cosine {wiki['cosine_mean']:.4f} vs "
+                        f"{user['cosine_mean']:.4f}, 10-NN {wiki['neighbour_overlap_10']:.1%} "
+                        f"vs {user['neighbour_overlap_10']:.1%}"
+                    )
             if run.get("not_converted"):
                 out.print(
                     f"not converted (not in the model cache): {', '.join(run['not_converted'])}"

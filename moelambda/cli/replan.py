@@ -74,3 +74,5 @@ def replan(
             highlight=False,
         )
     console.print(f"Advice: {report['advice']}.", highlight=False)
+    if report["refit"] is not None:
+        console.print(f"[yellow]Also: {report['refit']['advice']}.", highlight=False)

@@ -1,5 +1,6 @@
-"""The model cache's key changes whenever the model it names would: options, conversion code,
-the constants that cut its text, the corpus package and the distillation recipe."""
+"""The model cache's key changes whenever the model it names would: options, the text it is
+fitted on, conversion code, the constants that cut its text, the corpus package and the
+distillation recipe."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ground.errors import CorpusError
 from moe import _cache, _corpus, _distil, _model, _quality, moefy_options, resolve_model
 
 
@@ -39,7 +41,6 @@ def test_options_and_the_recipe_are_in_the_key(key) -> None:  # type: ignore[no-
         (_model, "FIT_WINDOW"),
         (_quality, "QUALITY_TOKENS"),
         (_quality, "QUALITY_WINDOW"),
-        (_quality, "FIT_CORPUS"),
         (_corpus, "SPLIT_SEED"),
         (_corpus, "VALIDATION_TOKENS"),
         (_corpus, "TEST_TOKENS"),
@@ -79,3 +80,21 @@ def test_the_corpus_package_version_is_in_the_key(  # type: ignore[no-untyped-de
     before = key()
     monkeypatch.setattr(_cache, "_corpus_version", lambda: "0.0.8")
     assert key() != before
+
+
+def test_the_fit_text_is_in_the_key(key, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A model fitted on one text is never the cached model of another: not the embedded text,
+    not another file, not the same file once it changed."""
+    text = tmp_path / "mine.txt"
+    text.write_text("A request of mine.\n\nAnother request.\n")
+    mine = moefy_options(4, 1, fit_corpus=str(text))
+    before = key(mine)
+    assert before != key()
+    text.write_text("A request of mine.\n\nAnother request, edited.\n")
+    assert key(mine) != before
+    edited = key(mine)
+    pinned = mine.model_copy(update={"fit_corpus_sha256": _corpus.load_corpus(str(text)).sha256})
+    assert key(pinned) == edited  # pinning the hash names the same model
+    text.write_text("Yet another text.\n")
+    with pytest.raises(CorpusError, match="not the text the model was fitted on"):
+        key(pinned)

@@ -184,6 +184,8 @@ def test_quality_command(minilm_e2: None) -> None:
     out = json.loads(result.stdout)
     q = out["quality"]
     assert q["kind"] == "encoder" and q["windows"] == 16 and out["measured_now"]
+    assert q["fit_corpus"] == q["corpus"] == "wiki" and q["split"] == "test"
+    assert q["fit_corpus_sha256"] == q["corpus_sha256"] == out["moefy"]["fit_corpus_sha256"]
     assert q["expert_flops_share"] == pytest.approx(0.5)
     assert 0 < q["cosine_min"] <= q["cosine_p05"] <= q["cosine_mean"] < 1
     assert 0 <= q["neighbour_overlap_10"] <= 1
@@ -287,7 +289,7 @@ def test_every_model_is_judged_only_on_its_test_part(tiny_dirs: dict[str, Path])
         quality_tokens=1024,
     )
     assert model.quality is not None and model.quality["split"] == "test"
-    with pytest.raises(UsageError, match="fitted on the embedded text but its validation"):
+    with pytest.raises(UsageError, match="no fit or choice reads"):
         quality_of(model, tokens=TEST_TOKENS)
     stored, measured_now = quality_of(model, tokens=1024)
     assert not measured_now and stored.tokens == 1024

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from ground.errors import CorpusError
 from ground.plan import Plan
 from moe import load_model, moefy_options
 from moelambda.cli import app
@@ -249,12 +250,59 @@ def test_choose_and_quality_refuse_more_text_than_the_test_part(
     result = runner.invoke(
         app, ["choose", "--min-cosine", "0.9", "--quality-tokens", "40000", "--seed", "1"]
     )
-    assert result.exit_code == 2 and "read text the model was fitted on" in result.output
+    assert result.exit_code == 2 and "no fit or choice reads" in result.output
     assert "pass --quality-tokens 32,704 or fewer" in result.output
     result = runner.invoke(
         app, ["quality", "--experts", "8", "--top-k", "4", "--seed", "3", "--tokens", "40000"]
     )
-    assert result.exit_code == 2 and "--corpus with text of your own" in result.output
+    assert result.exit_code == 2 and "test part of the embedded text" in result.output
+    assert "pass --tokens 32,704 or fewer" in result.output
+
+
+def test_the_grid_crosses_fit_texts(tmp_path: Path) -> None:
+    from moelambda.cli.choose import grid_of
+
+    mine = tmp_path / "mine.txt"
+    mine.write_text("my requests\n")
+    grid = grid_of(
+        "minilm", "8", "4", "0", "mass", "on", 0, 131072, "0", "wiki,user,user", str(mine)
+    )
+    assert [o.fit_corpus for o in grid] == ["wiki", str(mine)]
+    assert grid[1].label() == "E8 k4 corr fit mine.txt"
+    with pytest.raises(CorpusError, match="does not exist"):
+        grid_of("minilm", "8", "4", "0", "mass", "on", 0, 131072, "0", "nope.txt", "wiki")
+
+
+def test_an_option_fitted_on_the_judged_text_is_preferred_when_it_keeps_the_floor() -> None:
+    """Fitted on the user's text it bills a little more here (another routing), yet it is the
+    one chosen; when it misses the floor, the cheapest of the others is."""
+    from planner.choose import Floor, OptionResult, Selection
+
+    def quality(cosine: float, fit: str) -> dict[str, object]:
+        return {"cosine_mean": cosine, "expert_flops_share": 0.5, "corpus_sha256": "user",
+                "fit_corpus_sha256": fit}  # fmt: skip
+
+    floor = Floor("cosine_mean", 0.95)
+
+    def select(own_cosine: float) -> Selection:
+        results = [
+            OptionResult(moefy_options(8, 4), quality(0.96, "wiki"), quality(0.96, "wiki"), 1.0),
+            OptionResult(
+                moefy_options(8, 4, fit_corpus="u.txt"),
+                quality(own_cosine, "user"),
+                quality(own_cosine, "user"),
+                1.1,
+            ),
+            OptionResult(moefy_options(8, 6), quality(0.99, "wiki"), quality(0.99, "wiki"), 2.0),
+        ]
+        for r in results:
+            r.meets_floor = floor.met(r.validation)
+        return Selection.of(results, floor)
+
+    chosen = select(0.97)
+    assert chosen.chosen == 1 and chosen.results[1].describe()["fitted_on_judged_text"]
+    assert chosen.frontier == [0, 1, 2]
+    assert select(0.90).chosen == 0
 
 
 def test_the_bench_picks_its_best_option_on_validation_and_reports_test(
@@ -299,7 +347,7 @@ def test_the_bench_can_leave_out_options_not_converted_yet(
 
     asked: list[list[str]] = []
 
-    def by_seed(model, grid, floor, tokens, seed, progress=None):  # type: ignore[no-untyped-def]
+    def by_seed(model, grid, floor, tokens, seed, progress=None, corpus="wiki"):  # type: ignore[no-untyped-def]
         asked.append([o.label() for o in grid])
         return {"seed": seed, "options": []}
 
@@ -317,3 +365,27 @@ def test_the_bench_can_leave_out_options_not_converted_yet(
     assert len(asked) == 2 and len(asked[0]) == len(quality_grid("minilm")) - len(distilled)
     bench_quality("minilm", seeds=(0,))
     assert set(distilled) <= set(asked[-1])  # without the flag, everything is converted
+
+
+def test_the_bench_on_a_user_text_fits_each_option_on_both_texts(tmp_path: Path) -> None:
+    """`bench quality --corpus FILE`: each option twice, fitted on wiki and on the file, and
+    `fit_comparison` sets the pair side by side whatever the order of the rows."""
+    from planner.bench import USER_TEXT_OPTIONS, fit_comparison, quality_grid
+
+    text = tmp_path / "mine.txt"
+    text.write_text("my requests\n")
+    grid = quality_grid("minilm", 1, str(text))
+    assert len(grid) == 2 * len(USER_TEXT_OPTIONS["minilm"])
+    assert [o.fit_corpus for o in grid[:2]] == ["wiki", str(text)]
+    assert {o.seed for o in grid} == {1}
+
+    def row(options: object, fitted: bool, cosine: float) -> dict[str, object]:
+        q = {"cosine_mean": cosine, "neighbour_overlap_10": 0.7, "expert_flops_share": 0.5}
+        return {"moefy": options.describe(), "fitted_on_judged_text": fitted, "quality": q}  # type: ignore[attr-defined]
+
+    rows = [row(grid[1], True, 0.95), row(grid[0], False, 0.93), row(grid[3], True, 0.97)]
+    pairs = fit_comparison(rows)
+    assert [p["moefy"]["distil_steps"] for p in pairs] == [0, grid[3].distil_steps]
+    assert pairs[0]["wiki"]["cosine_mean"] == 0.93 and pairs[0]["user"]["cosine_mean"] == 0.95
+    assert "wiki" not in pairs[1] and pairs[1]["user"]["cosine_mean"] == 0.97
+    assert "fit_corpus" not in pairs[0]["moefy"]

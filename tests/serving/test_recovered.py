@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from moe import load_corpus
 from predictor import RoutingTrace
 from tests.serving.test_packed import _cli, _packed_plan, _run_local
 
@@ -39,6 +40,10 @@ def test_recovered_minilm_runs_every_method_as_planned(tmp_path: Path) -> None:
     doc = json.loads(plan.read_text())
     assert doc["model"]["moefy"]["top_k"] == "mass:0.5:4"
     assert doc["model"]["quality"]["expert_flops_share"] < 1.0
+    # The plan names the text its model was fitted on, and that text's documents.
+    fitted = (doc["model"]["moefy"]["fit_corpus"], doc["model"]["moefy"]["fit_corpus_sha256"])
+    assert fitted == ("wiki", load_corpus("wiki").sha256)
+    assert doc["model"]["quality"]["fit_corpus_sha256"] == fitted[1]
     summary = _run_local(plan)
     assert summary["max_abs_diff_vs_monolithic"] <= 1e-4
 

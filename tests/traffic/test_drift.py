@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from functions.metrics import emit, expert_counts_record
 from ground.errors import UsageError
 from moelambda.cli import app
-from planner.drift import SAVING_THRESHOLD, read_metrics, replan
+from planner.drift import REFIT_MIN_ROUTED, SAVING_THRESHOLD, read_metrics, replan
 from planner.traffic.workflow import _per_expert_counts
 from tests.traffic.plans import tiny_plan
 
@@ -100,3 +100,24 @@ def test_replan_cli(plan, tmp_path: Path) -> None:  # type: ignore[no-untyped-de
     assert again.exit_code == 2 and "already exists" in again.output
     missing = runner.invoke(app, ["replan", "--plan", str(plan_path), "--metrics", "nope"])
     assert missing.exit_code == 2 and "cannot read" in missing.output
+
+
+def test_routing_far_from_the_plan_over_enough_tokens_suggests_refitting(plan) -> None:  # type: ignore[no-untyped-def]
+    """All of a layer's tokens on one expert is not the text the routers were fitted on; the
+    same shares over a few hundred assignments may be sampling noise, and a native model has
+    no fit to redo."""
+    moefied = plan.model_copy(
+        update={"model": plan.model.model_copy(update={"moefy": {"fit_corpus": "wiki"}})}
+    )
+    planned = _per_expert_counts(plan)
+    one_expert = np.zeros_like(planned)
+    one_expert[:, 0] = REFIT_MIN_ROUTED
+    report, _ = replan(moefied, one_expert)
+    refit = report["refit"]
+    assert refit is not None and refit["fit_corpus"] == "wiki"
+    assert refit["layers"] == [i for i, d in enumerate(report["drift_per_layer"]) if d >= 0.2]
+    assert refit["layers"] and "refit it on recent requests" in refit["advice"]
+    one_expert[:, 0] = REFIT_MIN_ROUTED - 1
+    assert replan(moefied, one_expert)[0]["refit"] is None
+    assert replan(plan, one_expert * 2)[0]["refit"] is None  # no MoEfication to refit
+    assert replan(moefied, planned * 100)[0]["refit"] is None  # as planned
