@@ -6,9 +6,9 @@ that covers everything the conversion depends on: the source weights (path, size
 time of every file), every MoEfication option (`moe.MoefyOptions`: E, k, the seed, the fit size,
 the quality-recovery options and the fit corpus), the SHA-256 of the fit corpus's documents (so a
 model fitted on one text is never served for another, nor for the same file once it changed), the
-code that shapes a model (a hash of `CONVERSION_MODULES`),
-the constants that cut its text (`_text_constants`), the embedded corpus package's version, the
-distillation recipe, and the versions of moelambda and the export format. A changed fitting
+code that shapes a model (a hash of `CONVERSION_MODULES`), the constants that cut its text
+(`_text_constants`), the embedded corpus package's version, the distillation recipe, and the
+versions of moelambda and the export format. A changed fitting
 algorithm or held-out size is a new key, never a stale model judged on text it trained on. The
 export
 carries the model's quality against the dense model, measured when it was converted. Loading it

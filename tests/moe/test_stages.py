@@ -73,17 +73,22 @@ def test_native_moe_matches_hugging_face(
     assert (run_staged(tmp_path / "w", token_windows) - expected).abs().max() <= TOL
 
 
-def test_moefied_llama_with_every_expert_is_dense(
-    tiny_dirs: dict[str, Path], token_windows: torch.Tensor, tmp_path: Path
-) -> None:
-    model = load_model(
+def _tiny_llama(tiny_dirs: dict[str, Path], *, experts: int, top_k: int) -> MoEModel:
+    """The tiny Llama MoEfied afresh on 256 fit tokens, without its quality block."""
+    return load_model(
         str(tiny_dirs["llama"]),
-        experts=2,
-        top_k=2,
+        experts=experts,
+        top_k=top_k,
         fit_tokens=256,
         cache=False,
         quality_tokens=NO_QUALITY,
     )
+
+
+def test_moefied_llama_with_every_expert_is_dense(
+    tiny_dirs: dict[str, Path], token_windows: torch.Tensor, tmp_path: Path
+) -> None:
+    model = _tiny_llama(tiny_dirs, experts=2, top_k=2)
     expected = _hf_logits(tiny_dirs["llama"], token_windows)
     assert (model.forward(token_windows) - expected).abs().max() <= TOL
 
@@ -91,14 +96,7 @@ def test_moefied_llama_with_every_expert_is_dense(
 def test_moefied_llama_stages_equal_monolithic(
     tiny_dirs: dict[str, Path], token_windows: torch.Tensor, tmp_path: Path
 ) -> None:
-    model = load_model(
-        str(tiny_dirs["llama"]),
-        experts=4,
-        top_k=1,
-        fit_tokens=256,
-        cache=False,
-        quality_tokens=NO_QUALITY,
-    )
+    model = _tiny_llama(tiny_dirs, experts=4, top_k=1)
     reference = model.forward(token_windows, reference=True)
     export_model(model, tmp_path / "w")
     assert (run_staged(tmp_path / "w", token_windows) - reference).abs().max() <= TOL
