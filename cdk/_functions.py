@@ -19,7 +19,9 @@ per concurrent ping, invoking the function (or its alias) every N minutes with
 `{"warmer": true}` (`functions.warm`), through one role per stack allowed to invoke exactly
 the warmed functions; managed as the function attached to the stack's one capacity provider
 (`cdk._managed`), with the memory of its managed environment and no reserved concurrency
-(its fixed pool of environments is its limit). A plan without managed capacity has no VPC.
+(its fixed pool of environments is its limit), and, where the plan gives it
+`accelerator_memory_gib`, that much GPU memory per environment on the provider's GPU
+instances (its `AcceleratorConfig`). A plan without managed capacity has no VPC.
 """
 
 from __future__ import annotations
@@ -83,6 +85,13 @@ _ASSET_EXCLUDE = [
     "**/__pycache__",
     "**/*.pyc",
 ]
+
+
+def _instance_vcpus(plan: Plan, instance_type: str) -> int | None:
+    """The vCPUs of an EC2 instance type as the plan's calibration lists it
+    (`ec2_instance_prices`), or None where it does not."""
+    listed = (plan.calibration.get("ec2_instance_prices") or {}).get(instance_type)
+    return None if listed is None else int(listed["vcpus"])
 
 
 def handler(role: str) -> str:
@@ -175,8 +184,9 @@ class ServingFunctions(Construct):
             ManagedInstances(
                 self,
                 "Managed",
-                instance_type=plan.traffic.managed_instance_type,
+                traffic=plan.traffic,
                 architecture=self._architecture,
+                instance_vcpus=_instance_vcpus(plan, plan.traffic.managed_instance_type),
             )
             if plan.traffic is not None and plan.traffic.managed_instance_type is not None
             else None

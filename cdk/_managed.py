@@ -10,6 +10,32 @@ instances out on HTTPS only, and nothing in. The provider allows exactly the pla
 type; each managed function attaches to it with `ground.managed`'s sizing (2 GiB per vCPU,
 one request per environment) and its environment count as both the minimum and the maximum,
 the fixed pool the planner simulated.
+
+A plan with `managed_target_utilisation` scales the provider's instances instead of holding a
+fixed pool: a target-tracking policy keeps the instances' average utilisation at that share,
+on GPU utilisation for a GPU pool (`TrafficPlan.accelerated`) and on CPU utilisation
+otherwise, and `MaxVCpuCount` caps the pool at the planned instances times the type's vCPUs
+(from the calibration's `ec2_instance_prices`; without the type there, no cap is invented).
+CloudFormation's `CapacityProviderScalingConfig` is `{"MaxVCpuCount": int (2-15000),
+"ScalingMode": "Auto" | "Manual", "ScalingPolicies": [{"PredefinedMetricType":
+"LambdaCapacityProviderAverageCPUUtilization" | "LambdaCapacityProviderAverageGPUUtilization",
+"TargetValue": 0-100}]}` (https://docs.aws.amazon.com/AWSCloudFormation/latest/
+TemplateReference/aws-properties-lambda-capacityprovider-capacityproviderscalingconfig.html and
+.../aws-properties-lambda-capacityprovider-targettrackingscalingpolicy.html; cfn-lint 1.58.0's
+schema has both metrics). aws-cdk-lib 2.275.0, which this repo pins, names only the CPU metric
+(`TargetTrackingScalingPolicy.cpu_utilization`; `gpu_utilization` came with 2.278.0), so the
+mode and the policy are written as property overrides of the provider's CfnCapacityProvider.
+
+A GPU-backed function (`FunctionCapacity.accelerator_memory_gib`) gets `AcceleratorConfig`
+`{"AcceleratorMemorySize": GiB}` (3, 6, 12, 16, 24 or 48; Image package on x86_64 only:
+https://docs.aws.amazon.com/AWSCloudFormation/latest/TemplateReference/
+aws-properties-lambda-function-acceleratorconfig.html, https://docs.aws.amazon.com/
+serverless-application-model/latest/developerguide/sam-property-function-acceleratorconfig.html;
+`ground.plan.Plan` checks both). aws-cdk-lib added `acceleratorConfig` in 2.278.0, so it is a
+property override of the function's CfnFunction too; cfn-lint 1.58.0's AWS::Lambda::Function
+schema predates the property and reports it as E3002 (additional property), which the
+function's own `cfn-lint` Metadata ignores (tests/cdk/test_gpu_stack.py checks that this is
+the only error the ignore hides).
 """
 
 from __future__ import annotations
@@ -19,12 +45,18 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from ground.errors import UsageError
 from ground.managed import MAX_CONCURRENCY, MEMORY_GIB_PER_VCPU
-from ground.plan import FunctionCapacity
+from ground.plan import FunctionCapacity, TrafficPlan
 
 __all__ = ["ManagedInstances"]
 
 _AZS = 3  # LMI's default instances, one per zone
+_METRIC = {
+    False: "LambdaCapacityProviderAverageCPUUtilization",
+    True: "LambdaCapacityProviderAverageGPUUtilization",
+}  # by TrafficPlan.accelerated
+_CDK_MIN_VCPUS = 12  # aws-cdk-lib's CapacityProvider refuses a smaller maxVCpuCount
 
 
 class ManagedInstances(Construct):
@@ -35,10 +67,12 @@ class ManagedInstances(Construct):
         scope: Construct,
         id_: str,
         *,
-        instance_type: str,
+        traffic: TrafficPlan,
         architecture: lambda_.Architecture,
+        instance_vcpus: int | None,
     ) -> None:
         super().__init__(scope, id_)
+        assert traffic.managed_instance_type is not None  # TrafficPlan names the provider
         self.functions: list[lambda_.IFunction] = []  # attached, in order
         self.flow_logs = logs.LogGroup(self, "FlowLogs", retention=logs.RetentionDays.ONE_MONTH)
         self.vpc = ec2.Vpc(
@@ -84,6 +118,20 @@ class ManagedInstances(Construct):
                 name, service=service, private_dns_enabled=True, security_groups=[endpoints],
                 open=False,
             )  # fmt: skip
+        target = traffic.managed_target_utilisation
+        max_vcpus = (
+            traffic.managed_instances * instance_vcpus
+            if target is not None and instance_vcpus is not None
+            else None
+        )
+        if max_vcpus is not None and max_vcpus < _CDK_MIN_VCPUS:
+            raise UsageError(
+                f"the plan scales at most {traffic.managed_instances} "
+                f"{traffic.managed_instance_type} instances, {max_vcpus} vCPUs: under the "
+                f"{_CDK_MIN_VCPUS} that aws-cdk-lib's CapacityProvider takes as MaxVCpuCount.",
+                f"plan again with at least {-(-_CDK_MIN_VCPUS // instance_vcpus)} instances "
+                "of that type, or with a larger type.",
+            )
         self.provider = lambda_.CapacityProvider(
             self,
             "Provider",
@@ -91,12 +139,28 @@ class ManagedInstances(Construct):
             security_groups=[group],
             architectures=[architecture],
             instance_type_filter=lambda_.InstanceTypeFilter.allow(
-                [ec2.InstanceType(instance_type)]
+                [ec2.InstanceType(traffic.managed_instance_type)]
             ),
+            max_v_cpu_count=max_vcpus,
         )
+        if target is not None:
+            # Overrides: aws-cdk-lib 2.275.0 cannot name the GPU metric (module docstring).
+            cfn = self.provider.node.default_child
+            assert isinstance(cfn, lambda_.CfnCapacityProvider)
+            cfn.add_property_override("CapacityProviderScalingConfig.ScalingMode", "Manual")
+            cfn.add_property_override(
+                "CapacityProviderScalingConfig.ScalingPolicies",
+                [
+                    {
+                        "PredefinedMetricType": _METRIC[traffic.accelerated],
+                        "TargetValue": round(100 * target, 6),  # a percentage
+                    }
+                ],
+            )
 
-    def attach(self, fn: lambda_.IFunction, capacity: FunctionCapacity) -> None:
-        """Run `fn` on the provider with the plan's fixed pool of environments."""
+    def attach(self, fn: lambda_.Function, capacity: FunctionCapacity) -> None:
+        """Run `fn` on the provider with the plan's pool of environments, and its GPU memory
+        when the plan gives it one."""
         n = capacity.managed_environments
         self.functions.append(fn)
         self.provider.add_function(
@@ -107,3 +171,13 @@ class ManagedInstances(Construct):
                 min_execution_environments=n, max_execution_environments=n
             ),
         )
+        if capacity.accelerator_memory_gib is not None:
+            cfn = fn.node.default_child
+            assert isinstance(cfn, lambda_.CfnFunction)
+            # aws-cdk-lib 2.275.0 predates AcceleratorConfig (added in 2.278.0): an override.
+            cfn.add_property_override(
+                "AcceleratorConfig", {"AcceleratorMemorySize": capacity.accelerator_memory_gib}
+            )
+            # cfn-lint 1.58.0's schema lacks AcceleratorConfig and reports it as an additional
+            # property (E3002); ignored on this function only (module docstring).
+            cfn.add_metadata("cfn-lint", {"config": {"ignore_checks": ["E3002"]}})

@@ -220,7 +220,9 @@ class FunctionCapacity(_Strict):
     warmer: a schedule invoking the function every `warmer_interval_s` with
     `warmer_concurrency` concurrent pings (events {"warmer": true}, answered at once);
     managed: `managed_environments` environments of `managed_memory_mb` on the stack's Lambda
-    Managed Instances (`ground.managed`: whole vCPUs at 2 GiB each, one request at a time).
+    Managed Instances (`ground.managed`: whole vCPUs at 2 GiB each, one request at a time);
+    with `accelerator_memory_gib`, a GPU-backed function: each environment also holds that much
+    memory of one GPU of the provider's (GPU) instance type, its `AcceleratorConfig`.
     """
 
     function: str = Field(description="head, layerNN, layerNN/expertMM or tail.")
@@ -230,6 +232,9 @@ class FunctionCapacity(_Strict):
     warmer_concurrency: int = Field(default=0, ge=0)
     managed_environments: int = Field(default=0, ge=0)
     managed_memory_mb: int | None = Field(default=None, gt=0)
+    accelerator_memory_gib: int | None = Field(
+        default=None, gt=0, description="GPU memory per environment (AcceleratorMemorySize)."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> FunctionCapacity:
@@ -244,8 +249,13 @@ class FunctionCapacity(_Strict):
                 f"managed_memory_mb a multiple of {step} (whole vCPUs at "
                 f"{MEMORY_GIB_PER_VCPU} GiB each)"
             )
-        if self.policy != "managed" and (self.managed_environments or self.managed_memory_mb):
-            raise ValueError(f"{self.function}: managed_* set without the policy managed")
+        if self.policy != "managed" and (
+            self.managed_environments or self.managed_memory_mb or self.accelerator_memory_gib
+        ):
+            raise ValueError(
+                f"{self.function}: managed_* or accelerator_memory_gib set without the policy "
+                "managed (a GPU-backed function runs on Managed Instances only)"
+            )
         if self.policy == "provisioned" and self.provisioned_concurrency < 1:
             raise ValueError(f"{self.function}: provisioned needs provisioned_concurrency >= 1")
         if self.policy == "warmer" and (
@@ -276,6 +286,13 @@ class TrafficPlan(_Strict):
         default=None, description="The capacity provider's EC2 instance type (managed only)."
     )
     managed_instances: int = Field(default=0, ge=0, description="Instances it runs.")
+    managed_target_utilisation: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="The busy share the provider scales its instances to (a GPU pool's "
+        "scaling target); None: the fixed pool of `managed_instances`.",
+    )
 
     @model_validator(mode="after")
     def _one_provider(self) -> TrafficPlan:
@@ -286,9 +303,24 @@ class TrafficPlan(_Strict):
                 "managed capacity needs managed_instance_type and managed_instances >= 1 "
                 "(the stack's capacity provider)"
             )
+        if not managed and self.managed_target_utilisation is not None:
+            raise ValueError("managed_target_utilisation set, no managed function")
         if not managed and (self.managed_instance_type is not None or self.managed_instances):
             raise ValueError("managed_instance_type or managed_instances set, no managed function")
+        accelerated = {
+            c.accelerator_memory_gib is not None for c in self.capacity if c.policy == "managed"
+        }
+        if len(accelerated) > 1:
+            raise ValueError(
+                "the stack's one capacity provider runs either GPU instances or CPU ones: every "
+                "managed function has an accelerator_memory_gib, or none has"
+            )
         return self
+
+    @property
+    def accelerated(self) -> bool:
+        """Whether the capacity provider runs GPU instances (its functions have accelerators)."""
+        return any(c.accelerator_memory_gib is not None for c in self.capacity)
 
 
 def function_names(layers: list[LayerPlan], deployment: str = "workflow") -> list[str]:
@@ -421,6 +453,8 @@ class Plan(_Strict):
                     f"layer {layer.layer}: {len(layer.experts)} experts exceed an inline Map's "
                     f"{cal['map_max_concurrency']} concurrent iterations; use direct"
                 )
+        if self.traffic is not None and self.traffic.accelerated:
+            self._check_accelerators(self.traffic)
         if self.traffic is not None:
             named = [c.function for c in self.traffic.capacity]
             if named != function_names(self.layers, self.deployment):
@@ -437,6 +471,22 @@ class Plan(_Strict):
                 "use --workflow standard"
             )
         return self
+
+    def _check_accelerators(self, traffic: TrafficPlan) -> None:
+        """GPU-backed functions: an Image package (every function is) on x86_64, with an
+        accelerator size Lambda offers (the plan's calibration lists them)."""
+        if self.arch != "x86_64":
+            raise ValueError(f"GPU-backed functions run on x86_64 only, the plan is {self.arch}")
+        sizes = self.calibration.get("lambda_accelerator_memory_gib")
+        for c in traffic.capacity:
+            if c.accelerator_memory_gib is None:
+                continue
+            if sizes is None or c.accelerator_memory_gib not in sizes:
+                raise ValueError(
+                    f"{c.function}: accelerator_memory_gib {c.accelerator_memory_gib} is not one "
+                    f"of Lambda's AcceleratorMemorySize values {sizes} (calibration "
+                    "lambda_accelerator_memory_gib)"
+                )
 
     @property
     def packed(self) -> bool:

@@ -43,6 +43,7 @@ __all__ = [
     "LambdaPrice",
     "ManagedApiPrice",
     "ManagedInstancesPrice",
+    "ManagedInstancesScaling",
     "Parameter",
     "ProvisionedPrice",
     "SnapStartPrice",
@@ -250,6 +251,21 @@ class ManagedInstancesPrice(BaseModel):
     default_instances: PositiveInt
 
 
+class ManagedInstancesScaling(BaseModel):
+    """How a Lambda Managed Instances capacity provider grows: it scales asynchronously on
+    utilisation, not on arriving invocations, so it keeps headroom for traffic that doubles
+    within `doubling_window_s` (faster growth may be throttled), at a CPU utilisation target
+    for a CPU pool and a GPU one for a GPU pool (fractions of 1); a new instance serves after
+    `instance_start_s`. The floor of instances is `ManagedInstancesPrice.default_instances`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    doubling_window_s: PositiveFloat
+    cpu_utilization_target: float = Field(gt=0, le=1)
+    gpu_utilization_target: float = Field(gt=0, le=1)
+    instance_start_s: PositiveFloat
+
+
 class ManagedApiPrice(BaseModel):
     """A managed serverless API's list price for one open model: what a user would pay per
     token instead of deploying it (`plan --slo-tpot` reports the bill per million tokens beside
@@ -267,7 +283,14 @@ class ManagedApiPrice(BaseModel):
 class Ec2InstancePrice(BaseModel):
     """One EC2 instance type a Lambda Managed Instances capacity provider can run: its size,
     its architecture (as Lambda spells it: a plan's functions run on one) and its on-demand
-    Linux price per hour, before the management fee."""
+    Linux price per hour, before the management fee.
+
+    A GPU instance type also has `gpus` GPUs of `gpu_memory_gib` each, of the GPU type `gpu`
+    names (a key of the GPU backend's gpu/data/catalogue.json, whose speeds a GPU-backed
+    function's compute is modelled with; that the key exists is checked by the tests, as the
+    planner does not import the GPU backend). Lambda takes `AcceleratorConfig` only on x86_64,
+    so a GPU type must be x86_64.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -275,6 +298,24 @@ class Ec2InstancePrice(BaseModel):
     memory_gib: PositiveFloat
     hourly_usd: PositiveFloat
     arch: Literal["x86_64", "arm64"]
+    gpus: int = Field(default=0, ge=0)
+    gpu_memory_gib: float = Field(default=0.0, ge=0)  # each GPU's
+    gpu: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _gpus_described(self) -> Ec2InstancePrice:
+        if self.gpus == 0:
+            if self.gpu_memory_gib or self.gpu is not None:
+                raise ValueError("gpu_memory_gib and gpu describe GPUs: set gpus too, or neither")
+            return self
+        if self.gpu_memory_gib <= 0 or self.gpu is None:
+            raise ValueError(
+                f"{self.gpus} GPUs need their memory (gpu_memory_gib > 0, per GPU) and their "
+                "type (gpu: a key of gpu/data/catalogue.json)"
+            )
+        if self.arch != "x86_64":
+            raise ValueError("a GPU instance type must be x86_64: Lambda accelerators are x86_64")
+        return self
 
 
 class ColdStartReference(BaseModel):
@@ -376,7 +417,14 @@ class Calibration(BaseModel):
     snapstart_prices: SnapStartPrice | None = None
     scheduler_invocation_usd: PositiveFloat | None = None
     managed_instances_prices: ManagedInstancesPrice | None = None
+    managed_instances_scaling: ManagedInstancesScaling | None = None
     ec2_instance_prices: dict[str, Ec2InstancePrice] | None = None  # instance type -> price
+    # GPU-backed functions on Managed Instances: the AcceleratorMemorySize values Lambda takes.
+    lambda_accelerator_memory_gib: tuple[PositiveInt, ...] | None = Field(
+        default=None, min_length=1
+    )
+    # What a GPU-backed environment's accelerator memory holds beside weights and tensors.
+    gpu_runtime_gib: PositiveFloat | None = None
     cold_start_reference: ColdStartReference | None = None
     # The batching front door (SQS, its event source mapping, the batcher): optional too, for
     # the calibration of plans made before it; `planner.traffic.platform` fills them.
@@ -431,6 +479,14 @@ class Calibration(BaseModel):
                 "give one time per memory option"
             )
         return times
+
+    @field_validator("lambda_accelerator_memory_gib")
+    @classmethod
+    def _increasing_sizes(cls, sizes: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        """A planner picks the smallest size that holds a function's GPU memory."""
+        if sizes is not None and any(a >= b for a, b in pairwise(sizes)):
+            raise ValueError(f"must be strictly increasing, got {list(sizes)}")
+        return sizes
 
     def price(self, arch: str) -> LambdaPrice:
         """Lambda prices of one architecture.

@@ -30,6 +30,7 @@ RESULTS = ROOT / "docs" / "measured"
 PAGES = ("README.md", "docs/*.md")
 BLOCK = re.compile(r"(<!-- numbers: ([a-z0-9-]+) -->\n)(.*?)(<!-- /numbers -->)", re.S)
 SOURCES = {
+    "bench-gpu-lambda.json": "moelambda bench gpu-lambda --json (2026-11-28)",
     "bench-quality.json": (
         "moelambda bench quality --models minilm --seeds 1,0 --cached-only --json "
         "(2026-11-28; the options it names as not converted were not in the model cache)"
@@ -166,7 +167,44 @@ def quality_user_text() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _rate(rate: float) -> str:
+    return "1/min" if abs(rate - 1 / 60) < 1e-9 else f"{rate:g}/s"
+
+
+def _hardware_cell(plan: dict[str, Any]) -> str:
+    """'stages on 13 x g6e.xlarge: 0.77' or 'misses (p99 178 s): 15.1'."""
+    usd = plan.get("per_million_tokens_usd")
+    if not plan["feasible"]:
+        best = plan.get("best_p99_s")
+        return "misses" + (f" (best p99 {best:.1f} s)" if best is not None else "")
+    where = plan.get("capacity") if plan["hardware"] == "cpu" else None
+    if plan.get("instances"):
+        where = f"{plan['instances']} x {plan['instance_type']}"
+    shape = plan.get("shape", "")
+    return f"{shape}{f', {where}' if where else ''}: {usd:.3g}"
+
+
+def gpu_lambda() -> str:
+    """`bench gpu-lambda`: per model and rate, each hardware's cheapest plan meeting the SLO,
+    its bill per million prompt tokens, beside the managed API's list price."""
+    report = _load("bench-gpu-lambda.json")
+    lines = [
+        "| model | rate | CPU only | GPU only | mixed | cheapest | managed API |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for model in report["models"]:
+        api = model["managed_api"]["per_million_input_usd"]
+        for run in model["runs"]:
+            cells = [model["label"], _rate(run["rate_per_s"])]
+            cells += [_hardware_cell(run["plans"][h]) for h in ("cpu", "gpu", "mixed")]
+            cells.append(run["cheapest"] or "none")
+            cells.append("no list price" if api is None else f"{api:g}")
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
+    "gpu-lambda": gpu_lambda,
     "quality-minilm": quality_minilm,
     "quality-minilm-summary": quality_minilm_summary,
     "quality-user-text": quality_user_text,

@@ -34,7 +34,7 @@ def test_docs_build_strict(tmp_path: Path) -> None:
 def test_readme_is_a_front_door_to_every_page() -> None:
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 200
-    linked = set(re.findall(r"\]\(docs/([a-z]+\.md)", readme))
+    linked = set(re.findall(r"\]\(docs/([a-z-]+\.md)", readme))
     pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"index.md"}
     assert pages <= linked, pages - linked
 
@@ -97,7 +97,7 @@ def test_the_results_page_cites_the_numbers_of_the_page_it_links() -> None:
     assert len(rows) >= 10
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
-        link = re.search(r"\]\(([a-z]+\.md)", cells[3])
+        link = re.search(r"\]\(([a-z-]+\.md)", cells[3])
         assert link, row
         page = (ROOT / "docs" / link.group(1)).read_text()
         missing = [n for n in NUMBER.findall(cells[1]) if n not in page]

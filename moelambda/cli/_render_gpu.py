@@ -259,3 +259,39 @@ def bench_gpu(out: Console, summary: dict[str, Any]) -> None:
             ((name, ms(s), f"{s / aurora:.2f}x") for name, s in orders.items()),
         )
     )
+
+
+def bench_gpu_lambda(out: Console, report: dict[str, Any]) -> None:
+    """`moelambda bench gpu-lambda`: per model and rate, each hardware's cheapest plan."""
+    rows = []
+    for model in report["models"]:
+        api = model["managed_api"]["per_million_input_usd"]
+        for run in model["runs"]:
+            cells = []
+            for hardware in ("cpu", "gpu", "mixed"):
+                plan = run["plans"][hardware]
+                if plan["feasible"]:
+                    cells.append(f"{plan['per_million_tokens_usd']:.3f}")
+                else:
+                    cells.append(f"infeasible ({plan['latency_s']:.0f} s warm)")
+            gpu = run["plans"]["gpu"] if run["plans"]["gpu"]["feasible"] else run["plans"]["mixed"]
+            pool = f"{gpu['instances']} x {gpu['instance_type']}" if gpu.get("instances") else "-"
+            rows.append(
+                (
+                    model["label"],
+                    f"{run['rate_per_s']:.4g}",
+                    *cells,
+                    pool,
+                    run["cheapest"] or "none",
+                    "no list price" if api is None else f"{api:.2f}",
+                )
+            )
+    out.print(
+        table(
+            f"USD per million prompt tokens, p99 SLO {report['slo_p99_s']:g} s for "
+            f"{report['prompt_tokens']:,}-token prompts (Azure conversation trace)",
+            ("model", "req/s", "CPU", "GPU", "mixed", "GPU pool", "cheapest", "managed API"),
+            rows,
+        )
+    )
+    out.print(f"{report['predicted']}. {report['seconds']:.0f} s.", highlight=False)

@@ -203,3 +203,28 @@ def calibrate_cold(out: Console, summary: dict[str, Any]) -> None:
         f"(median of {summary['repeats']} fresh processes per role).",
         highlight=False,
     )
+
+
+def hardware(out: Console, summary: dict[str, Any]) -> None:
+    """`moelambda plan --traffic --hardware`: every candidate, CPU and GPU-backed."""
+    table = Table(title="CPU and GPU-backed candidates (GPU timings predicted, not measured)")
+    for column in ("hardware", "shape", "p99 s", "USD / M tokens", "pool", "deployable", "note"):
+        table.add_column(column, justify="right" if "USD" in column or "p99" in column else "left")
+    for name, row in summary["hardware"].items():
+        p99 = row.get("p99_s")
+        usd = row.get("per_million_tokens_usd")
+        pool = (
+            f"{row['instances']} x {row['instance_type']}"
+            if row.get("instances")
+            else row.get("capacity") or "-"
+        )
+        table.add_row(
+            name + (" (chosen)" if name == summary["hardware_chosen"] else ""),
+            str(row.get("shape") or "-"),
+            "-" if p99 is None else f"{p99:.2f}",
+            "-" if usd is None or not row.get("feasible") else f"{usd:.4f}",
+            pool,
+            "yes" if row.get("deployable") else "no",
+            row.get("reason") or "",
+        )
+    out.print(table)

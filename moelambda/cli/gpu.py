@@ -380,3 +380,34 @@ def bench_generate(
         print(json.dumps(report))
         return
     render.bench_generate(stdout(), report)
+
+
+@bench_app.command("gpu-lambda")
+@user_errors
+def bench_gpu_lambda(
+    models: Annotated[
+        str, typer.Option(help="Comma-separated built-in shapes (Zipf(1) popularity).")
+    ] = "mixtral,olmoe",
+    slo_p99: Annotated[float, typer.Option(help="p99 latency SLO per request, seconds.")] = 30.0,
+    prompt_tokens: Annotated[int, typer.Option(help="Tokens of every request's prompt.")] = 1000,
+    as_json: JsonOpt = False,
+) -> None:
+    """CPU-only, GPU-only and mixed Lambda plans on the Azure conversation trace at one request
+    a minute, one a second and ten a second, each the cheapest meeting the p99 SLO, with its
+    bill per million prompt tokens beside the managed API's list price (GPU timings predicted
+    by the GPU backend's model)."""
+    from gpu.lambda_gpu_bench import bench_gpu_lambda as bench
+
+    names = [m.strip() for m in models.split(",") if m.strip()]
+    if not names:
+        raise UsageError("--models is empty.", "pass e.g. --models mixtral,olmoe.")
+    if not slo_p99 > 0 or prompt_tokens < 1:
+        raise UsageError(
+            "--slo-p99 and --prompt-tokens must be positive.", "pass e.g. --slo-p99 30."
+        )
+    with err.status("GPU-backed Lambda against CPU functions") as status:
+        report = bench(names, slo_s=slo_p99, prompt_tokens=prompt_tokens, progress=status.update)
+    if as_json:
+        print(json.dumps(report))
+        return
+    render.bench_gpu_lambda(stdout(), report)

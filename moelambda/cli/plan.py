@@ -115,6 +115,16 @@ def plan(
             "lists them all and deploys the cheapest that meets the SLO."
         ),
     ] = "auto",
+    hardware: Annotated[
+        str,
+        typer.Option(
+            help="Where functions run: cpu (Lambda's CPU functions only), gpu (GPU-backed "
+            "functions on Lambda Managed Instances with accelerators: a GPU function holding "
+            "the model, or a GPU driver with CPU experts), or auto (both, side by side; the "
+            "cheapest deployable one meeting --slo-p99 is written). A GPU pool is billed by the "
+            "hour, so GPU candidates are planned with --traffic."
+        ),
+    ] = "auto",
     traffic: Annotated[
         str | None,
         typer.Option(
@@ -209,6 +219,14 @@ def plan(
         prompt_tokens=prompt_tokens,
         new_tokens=new_tokens,
     )
+    if hardware not in ("cpu", "gpu", "auto"):
+        raise UsageError(f"--hardware {hardware!r} is not cpu, gpu or auto.", "pass one of them.")
+    if hardware == "gpu" and (traffic is None or options.generating):
+        raise UsageError(
+            "--hardware gpu plans GPU-backed functions for a request stream (their pool is "
+            "billed by the hour), and not yet a decoder's generation.",
+            "pass --traffic SPEC --slo-p99 SECONDS, or --hardware cpu.",
+        )
     if traffic is not None and options.generating:
         if slo_p99 is not None:
             raise UsageError(
@@ -264,21 +282,23 @@ def plan(
 
         # a batch plan meets a p99 SLO over the stream; a generating one its TTFT/TPOT SLOs
         p99 = {} if options.generating else {"slo_p99_s": float(slo_p99)}  # type: ignore[arg-type]
-        plan_with_traffic(
-            manifest,
-            planning,
-            cal,
-            options,
-            traffic=traffic,
-            scale=scale,
-            hours=period_hours(hours, minutes),
-            seed=seed,
-            idle_s=idle_s,
-            out=out,
-            force=force,
-            as_json=as_json,
+        stream = {
+            "traffic": traffic,
+            "scale": scale,
+            "hours": period_hours(hours, minutes),
+            "seed": seed,
+            "idle_s": idle_s,
             **p99,
-        )
+        }
+        files = {"out": out, "force": force, "as_json": as_json}
+        if hardware != "cpu" and not options.generating:
+            from moelambda.cli.traffic import plan_with_hardware
+
+            plan_with_hardware(
+                manifest, planning, cal, options, hardware=hardware, **files, **stream
+            )
+            return
+        plan_with_traffic(manifest, planning, cal, options, **files, **stream)
         return
     with err.status("planning") as status:
         planned = plan_deployment(

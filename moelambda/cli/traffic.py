@@ -182,6 +182,35 @@ def plan_with_traffic(
         render.plan_traffic(stdout(), summary)
 
 
+def plan_with_hardware(
+    manifest: Any,
+    counts: Any,
+    calibration: Any,
+    options: Any,
+    *,
+    hardware: str,
+    out: Path,
+    force: bool,
+    as_json: bool,
+    **stream: Any,
+) -> None:
+    """`moelambda plan --traffic --hardware gpu|auto`: `gpu.lambda_plan
+    .plan_traffic_on_hardware`, saved and rendered with every candidate."""
+    from gpu.lambda_plan import plan_traffic_on_hardware
+
+    plan, summary = plan_traffic_on_hardware(
+        manifest, counts, calibration, hardware=hardware, options=options, status=err.status,
+        **stream,
+    )  # fmt: skip
+    plan.save(out, force=force)
+    summary = {"plan": str(out), **summary}
+    if as_json:
+        print(json.dumps(summary))
+        return
+    render.plan_traffic(stdout(), summary)
+    render.hardware(stdout(), summary)
+
+
 @bench_app.command("traffic")
 @user_errors
 def bench_traffic(

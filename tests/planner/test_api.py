@@ -96,7 +96,9 @@ def test_a_shape_plans_from_python_as_at_the_command_line(tmp_path: Path) -> Non
 def test_plan_traffic_is_plan_with_traffic(counts: Path, minilm: MoEModel, tmp_path: Path) -> None:
     from planner.traffic.api import plan_traffic
 
-    stream = ("--traffic", "poisson:0.05", "--hours", "1", "--slo-p99", "30")
+    # CPU functions only: `--hardware auto` (the default) is `gpu.lambda_plan
+    # .plan_traffic_on_hardware`, which adds the GPU-backed candidates to this plan
+    stream = ("--traffic", "poisson:0.05", "--hours", "1", "--slo-p99", "30", "--hardware", "cpu")
     printed = _cli("plan", "--counts", str(counts), *stream, "--out",
                    str(tmp_path / "p.json"), "--json")  # fmt: skip
     choice, summary = plan_traffic(

@@ -124,6 +124,13 @@ def _arm_price(raw: Raw) -> None:
     raw["parameters"]["lambda_prices"]["value"]["arm64"]["gb_second_usd"] = 0
 
 
+def _instance(name: str, **fields: Any) -> Callable[[Raw], None]:
+    def edit(raw: Raw) -> None:
+        raw["parameters"]["ec2_instance_prices"]["value"][name].update(fields)
+
+    return edit
+
+
 INVALID_EDITS = {
     "unknown schema_version": (_version, "schema_version"),
     "missing parameter": (_drop("warm_start_s"), "parameters.warm_start_s"),
@@ -156,6 +163,35 @@ INVALID_EDITS = {
     "U_j non-positive": (
         _set("expert_token_compute_s", [0.01] * 13 + [0.0]),
         "parameters.expert_token_compute_s.value.13",
+    ),
+    "GPUs without their memory": (
+        _instance("g6.xlarge", gpu_memory_gib=0),
+        "parameters.ec2_instance_prices.value.g6.xlarge",
+    ),
+    "GPUs without their type": (_instance("g6.xlarge", gpu=None), "need their memory"),
+    "a GPU type on a CPU type": (_instance("m7i.xlarge", gpu="l4"), "set gpus too"),
+    "a GPU type on arm64": (_instance("g6.xlarge", arch="arm64"), "must be x86_64"),
+    "negative GPUs": (_instance("g6.xlarge", gpus=-1), "ec2_instance_prices.value.g6.xlarge.gpus"),
+    "accelerator sizes not increasing": (
+        _set("lambda_accelerator_memory_gib", [3, 12, 6]),
+        "parameters.lambda_accelerator_memory_gib",
+    ),
+    "accelerator size zero": (
+        _set("lambda_accelerator_memory_gib", [0, 3]),
+        "parameters.lambda_accelerator_memory_gib.value.0",
+    ),
+    "no accelerator sizes": (_set("lambda_accelerator_memory_gib", []), "at least 1"),
+    "GPU utilisation target over 1": (
+        _set(
+            "managed_instances_scaling",
+            {
+                "doubling_window_s": 300,
+                "cpu_utilization_target": 0.5,
+                "gpu_utilization_target": 40,
+                "instance_start_s": 300,
+            },
+        ),
+        "managed_instances_scaling.value.gpu_utilization_target",
     ),
 }
 
@@ -307,3 +343,53 @@ def test_managed_instances_prices_say_which_are_not_aws_own(calibration: Calibra
         assert entry.note is not None and "Secondary source:" in entry.note
     assert "Derived" in (calibration.provenance["ec2_instance_prices"].note or "")
     assert calibration.source_kind("not_a_parameter") is None
+
+
+def test_gpu_backed_lambda_entries(calibration: Calibration) -> None:
+    # AcceleratorMemorySize values from AWS's SAM and API references; GPU types beside the
+    # CPU ones in ec2_instance_prices, their prices transcribed (secondary).
+    assert calibration.lambda_accelerator_memory_gib == (3, 6, 12, 16, 24, 48)
+    assert calibration.source_kind("lambda_accelerator_memory_gib") == "aws"
+    note = calibration.provenance["lambda_accelerator_memory_gib"].note or ""
+    assert "Image" in note and "x86_64" in note and "2.278.0" in note and "2.275.0" in note
+    types = calibration.ec2_instance_prices
+    assert types is not None
+    gpu_types = {name: t for name, t in types.items() if t.gpus}
+    assert set(gpu_types) >= {
+        "g6.xlarge", "g6.2xlarge", "g6.4xlarge", "g6.12xlarge", "g6e.xlarge", "g6e.2xlarge",
+        "g5.xlarge",
+    }  # fmt: skip
+    assert gpu_types["g6.12xlarge"].gpus == 4 and gpu_types["g6e.xlarge"].gpu_memory_gib == 48
+    for name, t in gpu_types.items():
+        assert t.arch == "x86_64" and t.gpu and t.gpu_memory_gib > 0, name
+        assert calibration.source_kind("ec2_instance_prices", name) == "secondary", name
+    # The largest AcceleratorMemorySize fits some GPU type's GPU.
+    assert max(t.gpu_memory_gib for t in gpu_types.values()) >= 48
+
+
+def test_every_gpu_type_names_a_gpu_of_the_gpu_catalogue(calibration: Calibration) -> None:
+    # The planner does not import the GPU backend, so the calibration cannot check this key
+    # itself: a GPU instance type's GPU is a type of gpu/data/catalogue.json, of the same memory.
+    from gpu.cluster import load_catalogue
+
+    catalogue = load_catalogue()
+    types = calibration.ec2_instance_prices
+    assert types is not None
+    for name, t in types.items():
+        if t.gpus:
+            assert t.gpu in catalogue.types, name
+            assert catalogue.types[t.gpu].memory_gb == t.gpu_memory_gib, name
+
+
+def test_managed_instances_scaling_is_sourced_or_assumed(calibration: Calibration) -> None:
+    scaling = calibration.managed_instances_scaling
+    assert scaling is not None
+    assert scaling.doubling_window_s == 300 and scaling.gpu_utilization_target == 0.4
+    kind = calibration.source_kind
+    assert kind("managed_instances_scaling", "doubling_window_s") == "aws"
+    assert kind("managed_instances_scaling", "gpu_utilization_target") == "aws"
+    assert kind("managed_instances_scaling", "cpu_utilization_target") == "assumed"
+    assert kind("managed_instances_scaling", "instance_start_s") == "assumed"
+    # The floor of instances lives in one place: managed_instances_prices.default_instances.
+    assert "default_instances" not in type(scaling).model_fields
+    assert "default_instances" in (calibration.provenance["managed_instances_scaling"].note or "")

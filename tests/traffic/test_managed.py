@@ -9,7 +9,13 @@ import pytest
 from ground.managed import environment_memory_mb, environment_vcpus
 from planner import load_calibration
 from planner.traffic import BatchPolicy, Capacity, simulate, workflow_model
-from planner.traffic.managed import InstanceChoice, ManagedPrices, managed_prices, pack
+from planner.traffic.managed import (
+    InstanceChoice,
+    InstanceType,
+    ManagedPrices,
+    managed_prices,
+    pack,
+)
 from tests.traffic.plans import tiny_plan
 from tests.traffic.test_simulate import RATE, _platform, _stream
 
@@ -17,7 +23,7 @@ from tests.traffic.test_simulate import RATE, _platform, _stream
 def _prices(*types: tuple[str, int, float, float], default: int = 3) -> ManagedPrices:
     return ManagedPrices(
         request_usd=2e-7, fee_fraction=0.15, default_instances=default, mb_per_vcpu=1769.0,
-        types=types,
+        types=tuple(InstanceType(*t) for t in types),
     )  # fmt: skip
 
 

@@ -158,5 +158,7 @@ def test_a_bad_managed_policy_is_refused(managed_choice) -> None:  # type: ignor
         Plan.model_validate(bad)
     bad = copy.deepcopy(doc)
     bad["traffic"]["capacity"][0] |= {"policy": "none"}
-    with pytest.raises(ValueError, match="head: managed_\\* set without the policy"):
+    with pytest.raises(
+        ValueError, match="head: managed_\\* or accelerator_memory_gib set without the policy"
+    ):
         Plan.model_validate(bad)

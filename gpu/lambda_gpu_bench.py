@@ -1,0 +1,105 @@
+"""`moelambda bench gpu-lambda`: CPU-only, GPU-only and mixed Lambda plans of real-scale MoE
+shapes on the Azure conversation trace, beside a managed API's list price.
+
+For each model shape (Zipf(1) popularity, labelled synthetic) and each rate, the Azure
+conversation trace's arrivals scaled to that mean rate (`planner.traffic.bench.scale_for`) over
+the period of `RATES`, every request a prompt of `PROMPT_TOKENS` tokens, `gpu.lambda_gpu`
+plans the cheapest deployment meeting a p99 latency of `SLO_S` on each hardware. Each row gives
+the plan's bill per million prompt tokens next to the managed API's list price per million
+input tokens (`planner.generation.managed_api_quote`; "no list price" where the calibration has
+none). Every GPU timing in it is predicted by the GPU backend's model, not measured.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["MODELS", "PROMPT_TOKENS", "RATES", "SLO_S", "bench_gpu_lambda"]
+
+MODELS = ("mixtral", "olmoe")
+PROMPT_TOKENS = 1000
+SLO_S = 30.0
+# (requests per second, hours simulated): a day at one a minute, an hour at one and at ten a
+# second (1,440, about 3,600 and about 36,000 requests).
+RATES = ((1 / 60, 24.0), (1.0, 1.0), (10.0, 1.0))
+
+
+def bench_gpu_lambda(
+    models: Sequence[str] = MODELS,
+    *,
+    rates: Sequence[tuple[float, float]] = RATES,
+    slo_s: float = SLO_S,
+    prompt_tokens: int = PROMPT_TOKENS,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """The JSON of `moelambda bench gpu-lambda` (see the module docstring)."""
+    from gpu.cluster import load_catalogue
+    from gpu.generation_compare import shape_model
+    from gpu.lambda_gpu import HARDWARE, Stream, cpu_plan, plan_hardware
+    from planner import load_calibration
+    from planner.generation import managed_api_quote
+    from planner.traffic import load_arrivals
+    from planner.traffic.bench import scale_for
+
+    say = progress or (lambda _: None)
+    started = time.perf_counter()
+    calibration = load_calibration(None)
+    catalogue = load_catalogue()
+    rows = []
+    for name in models:
+        model = shape_model(name, tokens=prompt_tokens)
+        say(f"{name}: the CPU plan")
+        cpu = cpu_plan(
+            model.manifest, model.counts, calibration, slo_s=slo_s, prompt_tokens=prompt_tokens
+        )
+        runs = []
+        for rate, hours in rates:
+            arrivals = load_arrivals("azure-conv", scale=scale_for(rate), hours=hours)
+            stream = Stream(
+                arrivals.times_s,
+                arrivals.period_s,
+                prompt_tokens,
+                {"spec": "azure-conv", "rate_per_s": rate, "hours": hours},
+            )
+            plans = plan_hardware(
+                model.manifest,
+                model.counts,
+                calibration,
+                catalogue,
+                stream,
+                slo_s=slo_s,
+                cpu=cpu,
+                progress=say,
+            )
+            described = {h: plans[h].describe() for h in HARDWARE}
+            feasible = {h: d for h, d in described.items() if d["feasible"]}
+            runs.append(
+                {
+                    "rate_per_s": rate,
+                    "hours": hours,
+                    "requests": int(stream.arrivals_s.size),
+                    "plans": described,
+                    "cheapest": min(feasible, key=lambda h: feasible[h]["bill_usd"])
+                    if feasible
+                    else None,
+                }
+            )
+        rows.append(
+            {
+                "model": name,
+                "label": model.label,
+                "counts": model.counts.source,
+                "managed_api": managed_api_quote(calibration, model.manifest.model),
+                "runs": runs,
+            }
+        )
+    return {
+        "trace": "azure-conv",
+        "prompt_tokens": prompt_tokens,
+        "slo_p99_s": slo_s,
+        "predicted": "GPU timings predicted by the GPU backend's model, not measured",
+        "models": rows,
+        "seconds": round(time.perf_counter() - started, 1),
+    }

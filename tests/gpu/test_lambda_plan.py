@@ -1,0 +1,106 @@
+"""A GPU-backed candidate as the Plan it deploys as: one GPU function holding OLMoE, a GPU driver
+with CPU experts for Mixtral, nothing for shapes the handlers cannot run; `plan --hardware`'s
+refusals, and the CPU-or-GPU choice for a stream; the synthesised template of a planned GPU
+function carries its accelerator and its pool."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from gpu.cluster import load_catalogue
+from gpu.generation_compare import shape_model
+from gpu.lambda_gpu import Stream, plan_hardware
+from gpu.lambda_plan import front_door, plan_document, plan_traffic_on_hardware
+from ground.plan import Plan, function_names
+from moelambda.cli import app
+from planner import load_calibration
+
+runner = CliRunner()
+
+
+def _stream(rate: float, seconds: float = 1800.0) -> Stream:
+    rng = np.random.default_rng(1)
+    arrivals = np.sort(rng.uniform(0, seconds, size=int(rate * seconds)))
+    return Stream(arrivals, seconds, 1000, {"spec": f"poisson:{rate}"})
+
+
+def _planned(name: str, hardware: str, rate: float = 1.0) -> tuple[Plan | None, object]:
+    cal = load_calibration()
+    model = shape_model(name, tokens=1000)
+    stream = _stream(rate)
+    candidate = plan_hardware(
+        model.manifest, model.counts, cal, load_catalogue(), stream, slo_s=30.0,
+        hardware=(hardware,),
+    )[hardware]  # fmt: skip
+    plan = plan_document(candidate, model.manifest, model.counts, cal, stream, 30.0)
+    return plan, candidate
+
+
+def test_olmoe_deploys_as_one_gpu_function_with_its_pool(tmp_path: Path) -> None:
+    plan, candidate = _planned("olmoe", "gpu")
+    assert plan is not None and plan.deployment == "monolithic"
+    traffic = plan.traffic
+    assert traffic is not None and traffic.accelerated
+    (driver,) = traffic.capacity
+    assert driver.function == "driver" and driver.policy == "managed"
+    assert driver.accelerator_memory_gib == candidate.detail["driver_accelerator_gib"]
+    assert driver.managed_environments == candidate.detail["driver_environments"]
+    assert traffic.managed_instance_type == candidate.detail["instance_type"]
+    assert traffic.managed_instances == candidate.detail["instances"]
+    assert 0 < (traffic.managed_target_utilisation or 0) <= 1
+    assert plan.totals.latency_s == pytest.approx(candidate.latency_s)
+    again = Plan.load(plan.save(tmp_path / "plan.json"))
+    assert again == plan
+
+
+def test_mixtrals_gpu_driver_invokes_its_cpu_experts() -> None:
+    plan, candidate = _planned("mixtral", "mixed")
+    assert plan is not None and plan.deployment == "driver"
+    remote = sum(len(layer.experts) for layer in plan.layers)
+    assert remote == candidate.detail["cpu_experts"] > 0
+    assert plan.traffic is not None
+    names = [c.function for c in plan.traffic.capacity]
+    assert names == function_names(plan.layers, "driver")
+    gpus = [c for c in plan.traffic.capacity if c.accelerator_memory_gib]
+    assert [c.function for c in gpus] == ["driver"]  # the experts stay on demand, on CPUs
+    assert all(c.policy == "none" for c in plan.traffic.capacity[1:])
+
+
+def test_shapes_the_handlers_cannot_run_are_not_written() -> None:
+    plan, candidate = _planned("mixtral", "gpu")
+    assert candidate.feasible and candidate.detail["shape"] == "stages"
+    assert plan is None
+
+
+def test_the_front_door_bills_every_request_and_its_idle_polls() -> None:
+    cal = load_calibration()
+    quiet, busy = _stream(0.01), _stream(2.0)
+    assert front_door(cal, busy)[0] > front_door(cal, quiet)[0] > 0  # idle polls alone cost
+    assert front_door(cal, busy)[1] == cal.start_execution_s
+
+
+def test_plan_hardware_gpu_needs_a_stream_and_a_known_hardware(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    base = ["plan", "--shape", "olmoe", "--out", str(out)]
+    result = runner.invoke(app, [*base, "--hardware", "gpu"])
+    assert result.exit_code == 2 and "--traffic" in result.output
+    result = runner.invoke(app, [*base, "--hardware", "tpu"])
+    assert result.exit_code == 2 and "cpu, gpu or auto" in result.output
+    assert not out.exists()
+
+
+def test_a_stream_planned_on_gpus_gets_a_deployable_gpu_plan() -> None:
+    model = shape_model("olmoe", tokens=1000)
+    plan, summary = plan_traffic_on_hardware(
+        model.manifest, model.counts, load_calibration(), hardware="gpu",
+        traffic="poisson:2", slo_p99_s=30.0, hours=0.25,
+    )  # fmt: skip
+    assert summary["hardware_chosen"] in {"gpu", "mixed"}
+    assert set(summary["hardware"]) == {"gpu", "mixed"}
+    assert plan.traffic is not None and plan.traffic.accelerated
+    json.dumps(summary, allow_nan=False)  # a report of plain JSON numbers
