@@ -80,8 +80,10 @@ def plan_document(
     cal: Calibration,
     stream: Stream,
     slo_p99_s: float,
+    tokens: int | None = None,
 ) -> Plan | None:
-    """The Plan a deployable GPU candidate deploys as (None: not deployable today)."""
+    """The Plan a deployable GPU candidate deploys as (None: not deployable today); its bill
+    per million over `tokens` (default: every request a prompt of the stream's length)."""
     parts = candidate.parts
     if not candidate.feasible or not candidate.detail.get("deployable") or parts is None:
         return None
@@ -139,7 +141,12 @@ def plan_document(
     simulated: dict[str, Any] = {
         "p99_s": candidate.p99_s,
         "bill_usd": round(candidate.bill_usd, 6),
-        "per_million_tokens_usd": round(candidate.per_million_usd, 6),
+        "per_million_tokens_usd": round(
+            candidate.per_million_usd
+            if tokens is None
+            else candidate.bill_usd / max(tokens, 1) * 1e6,
+            6,
+        ),
         "hardware": candidate.hardware,
         "gpu": detail.get("gpu"),
         "predicted": "GPU timings from the GPU backend's model, not measured",
@@ -226,6 +233,7 @@ def plan_traffic_on_hardware(
         InfeasibleError: No deployable candidate meets the SLO; names each one's reason.
     """
     import math
+    import time
 
     from gpu.cluster import load_catalogue
     from gpu.lambda_gpu import Stream, plan_hardware
@@ -233,6 +241,7 @@ def plan_traffic_on_hardware(
     from planner.traffic import load_arrivals
     from planner.traffic.api import plan_traffic
 
+    started = time.perf_counter()
     if hardware not in ("gpu", "auto"):
         raise UsageError(f"--hardware {hardware!r} is not gpu or auto.", "pass cpu, gpu or auto.")
     rows: dict[str, dict[str, Any]] = {}
@@ -263,12 +272,15 @@ def plan_traffic_on_hardware(
         manifest, counts, calibration, load_catalogue(), stream, slo_s=slo_p99_s,
         hardware=("gpu", "mixed"),
     )  # fmt: skip
+    tokens = arrivals.total_tokens  # the stream's own, not the p99 prompts it was sized for
     documents = {
-        h: plan_document(c, manifest, counts, calibration, stream, slo_p99_s)
+        h: plan_document(c, manifest, counts, calibration, stream, slo_p99_s, tokens)
         for h, c in gpu.items()
     }
     for h, c in gpu.items():
         rows[h] = c.describe() | {"deployable": documents[h] is not None}
+        if c.feasible:
+            rows[h]["per_million_tokens_usd"] = round(c.bill_usd / max(tokens, 1) * 1e6, 4)
     deployable = {
         h: r["bill_usd"] for h, r in rows.items() if r.get("feasible") and r.get("deployable")
     }
@@ -288,7 +300,6 @@ def plan_traffic_on_hardware(
     plan = documents[chosen]
     assert plan is not None and plan.traffic is not None
     c = gpu[chosen]
-    tokens = int(stream.arrivals_s.size) * prompt
     summary = {
         "traffic": arrivals.describe(),
         "slo_p99_s": slo_p99_s,
@@ -312,7 +323,7 @@ def plan_traffic_on_hardware(
         "tokens_per_batch_planned": prompt,
         "batch_latency_s": c.latency_s,
         "candidates": len(rows),
-        "seconds": 0.0,
+        "seconds": round(time.perf_counter() - started, 3),
         "deployment": plan.deployment,
         "hardware": rows,
         "hardware_chosen": chosen,

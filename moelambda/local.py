@@ -19,6 +19,7 @@ from ground.errors import UsageError
 if TYPE_CHECKING:
     import numpy as np
 
+    from ground.plan import Plan
     from moe import MoEModel
     from pipeline.faults import Faults
 
@@ -144,6 +145,7 @@ def run_plan_locally(
         "deployment": document.deployment,
         # the shapes `plan` weighed beside this one, as it priced them for its batch
         "candidates": document.candidates,
+        "gpu_backed": _gpu_backed(document),
     }
     if metered:
         (run,) = runs
@@ -158,6 +160,27 @@ def run_plan_locally(
             usage, planned["usage"], summary["bill"], summary["predicted_vs_measured"]
         )
     return summary
+
+
+def _gpu_backed(document: Plan) -> dict[str, Any] | None:
+    """A GPU-backed plan's functions and pool (None: CPU functions only). Its handlers ran on
+    this machine's CPU like any other, so its GPU timings and its pool's bill stay the GPU
+    model's predictions (`gpu.lambda_plan`); the per-batch bill above is Lambda's CPU pricing
+    of the same requests."""
+    traffic = document.traffic
+    if traffic is None or not traffic.accelerated:
+        return None
+    return {
+        "instance_type": traffic.managed_instance_type,
+        "instances": traffic.managed_instances,
+        "accelerator_gib": {
+            c.function: c.accelerator_memory_gib
+            for c in traffic.capacity
+            if c.accelerator_memory_gib is not None
+        },
+        "predicted_request_s": document.totals.latency_s,
+        "planned_bill": traffic.simulated,
+    }
 
 
 def metering(

@@ -157,6 +157,16 @@ def run_local(console: Console, summary: dict[str, Any]) -> None:
     if summary["metered"] is None:
         console.print("Metering needs one execution and no faults: --requests 1, no --faults.")
     console.print(_beside(summary), highlight=False)
+    gpu = summary.get("gpu_backed")
+    if gpu:
+        sizes = ", ".join(f"{name} {gib} GiB" for name, gib in gpu["accelerator_gib"].items())
+        console.print(
+            f"GPU-backed plan ({sizes} on {gpu['instances']} x {gpu['instance_type']}): its "
+            "handlers ran on this machine's CPU; the plan's GPU request time "
+            f"({gpu['predicted_request_s']:.3f} s) and its pool's bill are the GPU model's "
+            "predictions, not measured.",
+            highlight=False,
+        )
     for failure in summary["failed"]:
         console.print(f"[red]{failure['error']}[/red]: {failure['cause']}")
 

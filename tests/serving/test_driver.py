@@ -217,3 +217,30 @@ def test_a_driver_behind_the_front_door_writes_each_request_s_result(
     assert all(r["max_abs_diff_vs_monolithic"] <= TOL for r in out["requests"])
     assert out["metered_equals_planned"]
     assert out["front_door_metered"]["s3_result_put"] == 3
+
+
+def test_a_gpu_backed_plan_runs_its_handlers_here_and_equals_the_model(tmp_path: Path) -> None:
+    """`plan --traffic --hardware gpu` writes one GPU function holding MiniLM; `run-local` runs
+    its real handlers on this machine's CPU: the output equals the model, every billed request
+    the plan's, and the GPU timings are reported as the plan's predictions."""
+    counts = _counts(tmp_path)
+    out = tmp_path / "gpu.json"
+    made = runner.invoke(
+        app,
+        ["plan", "--counts", str(counts), "--tokens", "256", "--traffic", "poisson:0.5"]
+        + ["--minutes", "10", "--slo-p99", "30", "--hardware", "gpu", "--out", str(out)],
+    )
+    assert made.exit_code == 0, made.output
+    plan = Plan.load(out)
+    assert plan.traffic is not None and plan.traffic.accelerated
+    result = runner.invoke(app, ["run-local", "--plan", str(out), "--text", TEXT, "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["status"] == "SUCCEEDED", summary["failed"]
+    assert summary["max_abs_diff_vs_monolithic"] <= TOL
+    metered, planned = summary["metered"], summary["planned"]
+    assert {k: metered[k] for k in EXACT} == {k: planned[k] for k in EXACT}
+    gpu = summary["gpu_backed"]
+    assert gpu["instance_type"] == plan.traffic.managed_instance_type
+    assert gpu["accelerator_gib"]["driver"] == plan.traffic.capacity[0].accelerator_memory_gib
+    assert gpu["predicted_request_s"] == plan.totals.latency_s
