@@ -296,9 +296,12 @@ def plan_traffic_on_hardware(
     chosen = min(deployable, key=deployable.__getitem__)
     if chosen == "cpu":
         assert cpu is not None
-        return cpu[0], cpu[1] | {"hardware": rows, "hardware_chosen": "cpu"}
-    plan = documents[chosen]
-    assert plan is not None and plan.traffic is not None
+        return _with_rows(cpu[0], rows, chosen), cpu[1] | {
+            "hardware": rows,
+            "hardware_chosen": chosen,
+        }
+    plan = _with_rows(documents[chosen], rows, chosen)
+    assert plan.traffic is not None
     c = gpu[chosen]
     summary = {
         "traffic": arrivals.describe(),
@@ -329,3 +332,13 @@ def plan_traffic_on_hardware(
         "hardware_chosen": chosen,
     }
     return plan, summary
+
+
+def _with_rows(plan: Plan | None, rows: dict[str, dict[str, Any]], chosen: str) -> Plan:
+    """`plan` with every hardware candidate weighed for the stream, and which won, in its
+    traffic block's `simulated` (the plan's JSON says why it won, as `candidates` does for
+    the shapes of one batch)."""
+    assert plan is not None and plan.traffic is not None
+    simulated = plan.traffic.simulated | {"hardware": rows, "hardware_chosen": chosen}
+    traffic = plan.traffic.model_copy(update={"simulated": simulated})
+    return Plan.model_validate(plan.model_dump() | {"traffic": traffic.model_dump()})

@@ -104,3 +104,6 @@ def test_a_stream_planned_on_gpus_gets_a_deployable_gpu_plan() -> None:
     assert set(summary["hardware"]) == {"gpu", "mixed"}
     assert plan.traffic is not None and plan.traffic.accelerated
     json.dumps(summary, allow_nan=False)  # a report of plain JSON numbers
+    # the plan itself says what it was weighed against, and why it won
+    assert plan.traffic.simulated["hardware"] == summary["hardware"]
+    assert plan.traffic.simulated["hardware_chosen"] == summary["hardware_chosen"]
