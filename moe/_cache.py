@@ -22,6 +22,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -49,8 +50,10 @@ CACHE_ENV = "MOELAMBDA_CACHE_DIR"
 CONVERSION_MODULES = (
     "_corpus.py",
     "_distil.py",
+    "_checkpoint.py",
     "_experts.py",
     "_families.py",
+    "_local.py",
     "_model.py",
     "_moefy.py",
     "_options.py",
@@ -116,6 +119,10 @@ def _key(source: ModelSource, options: MoefyOptions) -> str:
         from moe._distil import RECIPE
 
         parts.append(RECIPE)
+    if options.local_steps:
+        from moe._local import LOCAL_RECIPE
+
+        parts.append(LOCAL_RECIPE)
     blob = json.dumps(parts, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
@@ -204,7 +211,9 @@ def load_model(
 
     Arguments are those of `build_model`; `cache=False` always converts afresh and stores nothing.
     Native MoE models are never cached: they need no conversion. The cache key covers the source
-    files and every MoEfication option, so each option is converted once.
+    files and every MoEfication option, so each option is converted once. A conversion saves
+    each finished layer beside its entry (`moe._checkpoint`), so one that was stopped resumes at
+    the next layer; the checkpoints are removed once the model is cached.
     """
     source = resolve_model(model)
     native = source.model_type in NATIVE_MOE_TYPES
@@ -226,9 +235,18 @@ def load_model(
         if progress:
             progress(f"loading MoEfied {source.name} from the cache")
         return load_exported(entry)
-    built = build_model(model, options=options, quality_tokens=quality_tokens, progress=progress)
+    checkpoint = entry.with_name(entry.name + ".partial")
+    built = build_model(
+        model,
+        options=options,
+        quality_tokens=quality_tokens,
+        progress=progress,
+        checkpoint=checkpoint,
+    )
     try:
         export_model(built, entry, force=True)
     except OSError as err:  # a full or read-only disk must not fail the command
         warnings.warn(f"could not cache the MoEfied model in {entry}: {err}", stacklevel=2)
+    else:
+        shutil.rmtree(checkpoint, ignore_errors=True)
     return built

@@ -9,7 +9,9 @@ compare both against it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -28,7 +30,11 @@ from moe._registry import ModelSource, resolve_model
 from moe._stages import ExpertCall, HeadStage, LayerOutput, LayerStage, TailStage
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from moe._corpus import Corpus
+    from moe._distil import Distillation
+    from moe._meter import ConversionMeter
 
 __all__ = [
     "EXPERT_CHOICES",
@@ -233,10 +239,18 @@ def moefy_options(
             f"[0, {MAX_SHARED:g}].",
             f"pass --shared between 0 and {MAX_SHARED:g} (0.25 is a common choice).",
         )
-    if recovery.get("distil_steps", 0) < 0 or fit_tokens < 128:
+    if (
+        min(recovery.get("distil_steps", 0), recovery.get("local_steps", 0)) < 0
+        or fit_tokens < 128
+    ):
         raise UsageError(
-            "--distil-steps must be 0 or more and --fit-tokens 128 or more.",
-            "pass e.g. --distil-steps 200 --fit-tokens 8192.",
+            "--distil-steps must be 0 or more, --local-steps 0 or more and --fit-tokens 128 or "
+            "more.",
+            "pass e.g. --local-steps 100 --fit-tokens 32768.",
+        )
+    if not recovery.get("ridge", 1.0) > 0:
+        raise UsageError(
+            f"--ridge {recovery['ridge']:g} is not positive.", "pass e.g. --ridge 0.1."
         )
     return MoefyOptions(experts=experts, top_k=rule, seed=seed, fit_tokens=fit_tokens, **recovery)
 
@@ -348,21 +362,46 @@ def _fit_sequential(
     options: MoefyOptions,
     say: Callable[[str], None],
     batch: int = 16,
+    checkpoint: Path | None = None,
+    meter: ConversionMeter | None = None,
 ) -> list[MoefiedLayer]:
     """MoEfy layer by layer, each fitted on the inputs the MoEfied layers before it produce.
 
     Fitting on the dense model's inputs (as the original MoEfication does) leaves every layer
     blind to the error of the layers before it; here the target is still the dense FFN's output,
-    but at the input the served model will really give it.
+    but at the input the served model will really give it. With `options.local_steps` each layer
+    is then trained alone on those inputs (`moe._local`).
+
+    With a `checkpoint` directory each finished layer is saved there at once (with the seconds
+    the conversion had taken, from `meter`), and the layers found there are taken instead of
+    fitted again: a stopped conversion resumes at the next layer.
     """
+    from moe._checkpoint import load_layers, save_layer
+
     h = family.hidden_size
+    count = len(parts["ffns"])
+    done = load_layers(checkpoint, options) if checkpoint is not None else []
+    if done:
+        say(f"resuming: {len(done)} of {count} layers read from {checkpoint}")
     hidden = [parts["head"](windows[s : s + batch]) for s in range(0, windows.shape[0], batch)]
     layers: list[MoefiedLayer] = []
     for index, module in enumerate(parts["ffns"]):
-        say(f"MoEfying layer {index + 1}/{len(parts['ffns'])}")
         outs = [parts["blocks"][index](state) for state in hidden]
         x = [out.ffn_in.reshape(-1, h) for out in outs]
-        layer = moefy_layer(family.dense_ffn(module), torch.cat(x), options)
+        if index < len(done):
+            layer = done[index]
+        else:
+            say(f"MoEfying layer {index + 1}/{count}")
+            inputs = torch.cat(x)
+            ffn = family.dense_ffn(module)
+            layer = moefy_layer(ffn, inputs, options)
+            if options.local_steps:
+                say(f"training layer {index + 1}/{count} locally ({options.local_steps} steps)")
+                _train_locally(layer, ffn, inputs.float(), options, index)
+            if checkpoint is not None:
+                save_layer(
+                    checkpoint, index, layer, options, 0.0 if meter is None else meter.elapsed()
+                )
         layers.append(layer)
         combine = parts["combines"][index]
         hidden = [
@@ -370,6 +409,20 @@ def _fit_sequential(
             for out, xs in zip(outs, x, strict=True)
         ]
     return layers
+
+
+def _train_locally(
+    layer: MoefiedLayer, ffn: Any, x: torch.Tensor, options: MoefyOptions, index: int
+) -> None:
+    """`moe._local.train_layer` against the dense FFN on `x`; the layer's fit says how far it
+    ended from the dense FFN."""
+    from moe._local import train_layer
+
+    target = expert_ffn(x, ffn.w_in, ffn.b_in, ffn.w_out, ffn.kind, ffn.act)
+    trained = train_layer(
+        layer, x, target, steps=options.local_steps, seed=options.seed * 1000 + index
+    )
+    layer.fit = dataclasses.replace(layer.fit, ffn_rel_error=math.sqrt(trained.after))
 
 
 def _assemble(
@@ -435,6 +488,7 @@ def build_model(
     options: MoefyOptions | None = None,
     quality_tokens: int = QUALITY_TOKENS,
     progress: Callable[[str], None] | None = None,
+    checkpoint: Path | None = None,
 ) -> MoEModel:
     """Build `model` as an MoE model from its Hugging Face weights (no cache; see `load_model`).
 
@@ -457,6 +511,8 @@ def build_model(
         quality_tokens: Held-out tokens the quality is measured on (0: not measured). Defaults
             to 16,384.
         progress: Called with a short description before each slow step.
+        checkpoint: A directory to save each MoEfied layer in as soon as it is done, and to
+            resume from (`moe._checkpoint`); None: no checkpoints.
 
     Raises:
         UsageError: `experts`/`top_k` out of range or not dividing the FFN width.
@@ -506,6 +562,44 @@ def build_model(
             seed=options.seed,
             split="test",
         )
+    from moe._checkpoint import checkpoint_seconds
+    from moe._meter import ConversionMeter
+
+    earlier = 0.0 if checkpoint is None else checkpoint_seconds(checkpoint, options)
+    with ConversionMeter(earlier) as meter:
+        built, parts, distilled, seen = _convert(
+            source, tokenizer, options, windows, corpus, say, checkpoint, meter
+        )
+    if quality_tokens:
+        say("measuring quality against the dense model")
+        dense = DenseRunner(built.family, parts)
+        quality = measure_quality(built, dense, corpus, tokens=quality_tokens)
+        update: dict[str, Any] = {
+            "fit_parts": sizes,
+            "convert_s": round(meter.seconds, 1),
+            "convert_peak_rss_mib": round(meter.peak_rss_mib),
+        }
+        if distilled is not None:
+            update |= {"distil_kept_step": distilled.kept_step, "distil_text": seen}
+        built.quality = quality.model_copy(update=update).model_dump()
+    return built
+
+
+def _convert(
+    source: ModelSource,
+    tokenizer: Any,
+    options: MoefyOptions,
+    windows: torch.Tensor,
+    corpus: Corpus,
+    say: Callable[[str], None],
+    checkpoint: Path | None,
+    meter: ConversionMeter,
+) -> tuple[MoEModel, dict[str, Any], Distillation | None, dict[str, int | float] | None]:
+    """The conversion `build_model` meters: load the dense weights, MoEfy every layer (fit,
+    correct, train locally), distil. Returns the model, the dense parts, the distillation run
+    and the text it saw (None without distillation)."""
+    from moe._corpus import make_windows
+
     hf, tokenizer = load_hf(source, tokenizer)
     family = family_for(hf)
     parts = family.parts_from_hf(hf)
@@ -518,7 +612,9 @@ def build_model(
             say(f"MoEfying layer {index + 1}/{len(inputs)}")
             layers.append(moefy_layer(family.dense_ffn(parts["ffns"][index]), x, options))
     else:
-        layers = _fit_sequential(parts, family, windows, options, say)
+        layers = _fit_sequential(
+            parts, family, windows, options, say, checkpoint=checkpoint, meter=meter
+        )
     built = _assemble(
         source.name,
         family,
@@ -534,6 +630,8 @@ def build_model(
         shared=[layer.shared for layer in layers],
         options=options,
     )
+    distilled: Distillation | None = None
+    seen: dict[str, int | float] | None = None
     if options.distil_steps:
         from moe._corpus import training_windows
         from moe._distil import VALIDATION_WINDOWS, distil, distil_exposure
@@ -553,7 +651,7 @@ def build_model(
             seed=options.seed,
             split="validation",
         )
-        run = distil(
+        distilled = distil(
             built,
             parts,
             torch.from_numpy(text),
@@ -561,15 +659,7 @@ def build_model(
             validation=torch.from_numpy(held),
             progress=say,
         )
-    if quality_tokens:
-        say("measuring quality against the dense model")
-        dense = DenseRunner(family, parts)
-        quality = measure_quality(built, dense, corpus, tokens=quality_tokens)
-        update: dict[str, Any] = {"fit_parts": sizes}
-        if options.distil_steps:
-            update |= {"distil_kept_step": run.kept_step, "distil_text": seen}
-        built.quality = quality.model_copy(update=update).model_dump()
-    return built
+    return built, parts, distilled, seen
 
 
 def fit_text(options: MoefyOptions) -> Corpus:

@@ -51,7 +51,6 @@ _KMEANS_ITERS = 12
 _REFINE_ITERS = 4
 _LBFGS_STEPS = 60
 _L2 = 1e-4
-_RIDGE = 1e-3  # ridge penalty of the correction, relative to the mean feature energy
 _CHUNK = 4096  # tokens at a time where per-expert output vectors are materialised
 
 
@@ -235,16 +234,19 @@ class _Layout:
         return torch.cat([acts[:, self.order] * on, chosen, torch.ones(acts.shape[0], 1)], dim=1)
 
 
-def _ridge(features: torch.Tensor, target: torch.Tensor, prior: torch.Tensor) -> torch.Tensor:
-    """argmin_W ||features W - target||^2 + lam ||W - prior||^2, lam relative to the features'
-    mean energy: shrinking toward the dense weights (not toward zero) keeps the correction
-    exact where nothing is missing, so a token routed to every expert still gets the dense FFN.
+def _ridge(
+    features: torch.Tensor, target: torch.Tensor, prior: torch.Tensor, ridge: float
+) -> torch.Tensor:
+    """argmin_W ||features W - target||^2 + lam ||W - prior||^2, lam = `ridge` times the
+    features' mean energy: shrinking toward the dense weights (not toward zero) keeps the
+    correction exact where nothing is missing, so a token routed to every expert still gets the
+    dense FFN.
 
     The Gram matrix is summed in float32 (the ridge term dominates its rounding) and solved in
     float64.
     """
     gram = (features.T @ features).double()
-    lam = _RIDGE * gram.diagonal().mean()
+    lam = ridge * gram.diagonal().mean()
     gram += lam * torch.eye(gram.shape[0], dtype=gram.dtype)
     rhs = (features.T @ target).double() + lam * prior.double()
     return torch.linalg.solve(gram, rhs).float()
@@ -334,7 +336,9 @@ def moefy_layer(ffn: DenseFFN, x: torch.Tensor, options: MoefyOptions) -> Moefie
         shared_w_out, layer_bias = ffn.w_out[:, shared_ids], torch.zeros(ffn.w_out.shape[0])
         if options.correction:
             chosen = _selection(router, x)
-            fitted = _ridge(layout.features(acts, chosen), dense, layout.prior(ffn.w_out))
+            fitted = _ridge(
+                layout.features(acts, chosen), dense, layout.prior(ffn.w_out), options.ridge
+            )
             w_out, b_out, shared_w_out, layer_bias = _corrected_parts(fitted, layout)
         if options.router == "output":
             base = nn.functional.linear(acts[:, shared_ids], shared_w_out, layer_bias)
@@ -351,7 +355,9 @@ def moefy_layer(ffn: DenseFFN, x: torch.Tensor, options: MoefyOptions) -> Moefie
             router = Router(_fit_router(x, target, seed), top_k=rule, weighting="unit")
             if options.correction:
                 chosen = _selection(router, x)
-                fitted = _ridge(layout.features(acts, chosen), dense, layout.prior(ffn.w_out))
+                fitted = _ridge(
+                    layout.features(acts, chosen), dense, layout.prior(ffn.w_out), options.ridge
+                )
                 w_out, b_out, shared_w_out, layer_bias = _corrected_parts(fitted, layout)
 
     if ffn.kind == "glu":

@@ -16,6 +16,11 @@ Quality recovery (each measured with `moelambda quality`):
   refitted by least squares so that the routed FFN matches the dense FFN on the fit split.
 * ``adaptive``: tokens take a variable number of experts (see `TopK`).
 * ``distil_steps``: a short end-to-end distillation of the experts against the dense model.
+* ``local_steps``: layer-local distillation: each layer's experts learn, alone, to reproduce the
+  dense FFN's output on the inputs the served model gives it (`moe._local`).
+* ``ridge``: the correction's ridge penalty (relative to the features' mean energy): larger
+  shrinks the refitted projections toward the dense ones, which generalises better on little
+  fit text.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from ground.errors import UsageError
 __all__ = ["EXPERT_CHOICES", "MAX_SHARED", "MoefyOptions", "TopK", "parse_top_k"]
 
 EXPERT_CHOICES = (2, 4, 8, 16)
+DEFAULT_RIDGE = 1e-3
 MAX_SHARED = 0.75
 
 
@@ -117,6 +123,8 @@ class MoefyOptions(BaseModel):
             "output" (the experts whose outputs best reproduce the dense FFN's).
         correction: Refit the experts' output projections and biases by least squares.
         distil_steps: Steps of end-to-end distillation of the experts (0 = none).
+        local_steps: Steps of layer-local distillation per layer (0 = none).
+        ridge: The correction's ridge penalty, relative to the features' mean energy.
         fit_tokens: Tokens of the fit split the clustering, routers and corrections see.
         seed: Seeds the clustering, the router fits and the distillation.
         fit_corpus: The text everything above learns from: "wiki" (embedded) or a file
@@ -134,6 +142,8 @@ class MoefyOptions(BaseModel):
     router: Literal["mass", "output"] = "mass"
     correction: bool = False
     distil_steps: int = Field(default=0, ge=0)
+    local_steps: int = Field(default=0, ge=0)
+    ridge: float = Field(default=DEFAULT_RIDGE, gt=0.0)
     fit_tokens: int = Field(default=8192, ge=128)
     seed: int = 0
     fit_corpus: str = Field(default="wiki", min_length=1)
@@ -152,6 +162,11 @@ class MoefyOptions(BaseModel):
                 f"--experts {self.experts}.",
                 "pick top-k no larger than the number of experts.",
             )
+        if self.ridge != DEFAULT_RIDGE and not self.correction:
+            raise UsageError(
+                f"--ridge {self.ridge:g} is the correction's penalty, and the correction is off.",
+                "add --correction, or leave --ridge out.",
+            )
         return self
 
     @property
@@ -163,6 +178,7 @@ class MoefyOptions(BaseModel):
             and self.router == "mass"
             and not self.correction
             and self.distil_steps == 0
+            and self.local_steps == 0
         )
 
     def describe(self) -> dict[str, Any]:
@@ -174,6 +190,8 @@ class MoefyOptions(BaseModel):
             "router": self.router,
             "correction": self.correction,
             "distil_steps": self.distil_steps,
+            "local_steps": self.local_steps,
+            "ridge": self.ridge,
             "fit_tokens": self.fit_tokens,
             "seed": self.seed,
             "fit_corpus": self.fit_corpus,
@@ -198,6 +216,10 @@ class MoefyOptions(BaseModel):
             parts.append("router out")
         if self.correction:
             parts.append("corr")
+        if self.correction and self.ridge != DEFAULT_RIDGE:
+            parts.append(f"ridge {self.ridge:g}")
+        if self.local_steps:
+            parts.append(f"local {self.local_steps}")
         if self.distil_steps:
             parts.append(f"distil {self.distil_steps}")
         if self.fit_corpus != "wiki":

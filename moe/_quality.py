@@ -94,6 +94,11 @@ class Quality(BaseModel):
     # saw: distinct windows of the fit part and epochs over them (`distil_exposure`).
     distil_kept_step: int | None = None
     distil_text: dict[str, int | float] | None = None
+    # What converting the model cost where it was converted (`moe._meter`): wall seconds (those
+    # before a resume included) and the process's peak resident memory; None in blocks
+    # written before conversions were metered.
+    convert_s: float | None = None
+    convert_peak_rss_mib: float | None = None
     wall_s: float = 0.0
 
     @property

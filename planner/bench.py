@@ -62,13 +62,39 @@ BENCH_OPTIONS: dict[str, list[dict[str, Any]]] = {
         },
         {"experts": 8, "top_k": "6", "correction": True, "fit_tokens": 131072},
     ],
+    # Before issue 38's recovery (8,192 fit tokens), then what its experiments chose on the
+    # validation part (docs/model.md): the correction on 32,768 fit tokens at three quarters of
+    # the FLOPs, without training, and the layer-local recipe at half.
     "smollm2": [
-        {"experts": 8, "top_k": "2"},
-        {"experts": 8, "top_k": "4"},
         {"experts": 8, "top_k": "4", "correction": True},
-        {"experts": 8, "top_k": "6", "correction": True},
+        {"experts": 8, "top_k": "6", "correction": True, "fit_tokens": 32768},
+        {
+            "experts": 8,
+            "top_k": "4",
+            "correction": True,
+            "fit_tokens": 32768,
+            "local_steps": 100,
+        },
     ],
 }
+# Issue 38's targets for decoders: the best option (on validation text) of those within a
+# FLOPs share, with no training or within a conversion time, and its test perplexity ratio.
+DECODER_TARGETS: list[dict[str, Any]] = [
+    {
+        "name": "training-free, FFN FLOPs <= 0.75",
+        "max_flops": 0.75,
+        "training": False,
+        "max_convert_minutes": None,
+        "max_ppl_ratio": 1.25,
+    },
+    {
+        "name": "FFN FLOPs <= 0.5, converted within 60 minutes",
+        "max_flops": 0.5,
+        "training": True,
+        "max_convert_minutes": 60,
+        "max_ppl_ratio": 1.5,
+    },
+]
 # `bench quality --corpus FILE`: the options at half the FFN FLOPs, without and with
 # distillation, each fitted on the embedded text and on the user's (`fit_comparison`).
 USER_TEXT_OPTIONS: dict[str, list[dict[str, Any]]] = {
@@ -394,14 +420,45 @@ def quality_by_seed(
         best = min(half, key=lambda r: r["validation_quality"]["ppl_ratio"])
         meets = best["quality"]["ppl_ratio"] <= 1.05
     chosen = None if selection.chosen is None else rows[selection.chosen]
+    targets = (
+        [] if floor.metric == "cosine_mean" else [decoder_target(t, rows) for t in DECODER_TARGETS]
+    )
     return {
         "seed": seed,
+        "targets": targets,
         "options": rows,
         "best_at_half_flops": best["label"],
         "best_at_half_flops_quality": best["quality"],
         "half_flops_target_met": meets,
         "chosen_for_floor": None if chosen is None else chosen["label"],
         "chosen_bill_usd": None if chosen is None else chosen["bill_usd"],
+    }
+
+
+def decoder_target(target: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The best option (lowest validation perplexity ratio) of `rows` within `target`'s FLOPs
+    share, trained or not, and conversion time, with its test ratio against the target."""
+
+    def eligible(row: dict[str, Any]) -> bool:
+        moefy, minutes = row["moefy"], (row.get("convert_s") or 0.0) / 60
+        trained = bool(moefy.get("distil_steps") or moefy.get("local_steps"))
+        budget = target["max_convert_minutes"]
+        return (
+            row["expert_flops_share"] <= target["max_flops"] + 1e-9
+            and (target["training"] or not trained)
+            and (budget is None or (row.get("convert_s") is not None and minutes <= budget))
+        )
+
+    candidates = [r for r in rows if eligible(r)]
+    best = min(candidates, key=lambda r: r["validation_quality"]["ppl_ratio"], default=None)
+    ratio = None if best is None else best["quality"]["ppl_ratio"]
+    return {
+        **target,
+        "best": None if best is None else best["label"],
+        "ppl_ratio": ratio,
+        "validation_ppl_ratio": None if best is None else best["validation_quality"]["ppl_ratio"],
+        "convert_s": None if best is None else best.get("convert_s"),
+        "met": ratio is not None and ratio <= target["max_ppl_ratio"],
     }
 
 

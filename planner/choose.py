@@ -44,6 +44,7 @@ __all__ = [
     "Floor",
     "OptionResult",
     "Selection",
+    "Skipped",
     "check_choose",
     "choose",
     "pareto_front",
@@ -90,6 +91,8 @@ class OptionResult:
     why: str | None = None  # why no plan meets the SLO
     plan: Any = None  # ground.plan.Plan
     meets_floor: bool = False
+    convert_s: float | None = None  # measured where it was converted (`moe._meter`)
+    convert_peak_rss_mib: float | None = None
 
     @property
     def feasible(self) -> bool:
@@ -116,6 +119,24 @@ class OptionResult:
             "feasible": self.feasible,
             "meets_floor": self.meets_floor,
             "why": self.why,
+            "convert_s": self.convert_s,
+            "convert_peak_rss_mib": self.convert_peak_rss_mib,
+        }
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """An option of the grid left out because converting it would exceed the budget."""
+
+    label: str
+    convert_minutes: float
+    measured: bool  # False: estimated before converting (`moe._meter.estimate_convert_s`)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "convert_minutes": round(self.convert_minutes, 1),
+            "measured": self.measured,
         }
 
 
@@ -127,6 +148,8 @@ class Selection:
     floor: Floor
     frontier: list[int] = field(default_factory=list)
     chosen: int | None = None
+    skipped: list[Skipped] = field(default_factory=list)
+    max_convert_minutes: float | None = None
 
     @classmethod
     def of(cls, results: list[OptionResult], floor: Floor) -> Selection:
@@ -162,6 +185,8 @@ class Selection:
             "frontier": self.frontier,
             "chosen": None if chosen is None else self.results[chosen].describe(),
             "chosen_index": chosen,
+            "max_convert_minutes": self.max_convert_minutes,
+            "skipped_for_convert_budget": [s.describe() for s in self.skipped],
         }
 
     def none_meets(self) -> InfeasibleError:
@@ -269,8 +294,13 @@ def choose(
     calibration: Any = None,
     seed: int = 0,
     progress: Progress | None = None,
+    max_convert_minutes: float | None = None,
 ) -> Selection:
     """Measure and plan every MoEfication of `grid`; choose the cheapest meeting `floor`.
+
+    With `max_convert_minutes`, an option whose conversion takes longer (measured if it is
+    cached, else estimated: `moe._meter.conversion_cost`) is skipped before it is converted,
+    and named in `Selection.skipped`.
 
     Args:
         model: The dense model ("minilm", "smollm2" or a Hugging Face directory).
@@ -284,11 +314,14 @@ def choose(
         calibration: A `planner.Calibration` (None: the packaged one).
         seed: Seeds the windows and the held-out batch.
         progress: Called with a short description before each slow step.
+        max_convert_minutes: The conversion-time budget of an option (None: no budget).
 
     Raises:
-        UsageError: An empty grid, a model that is not MoEfied, or a floor of the wrong kind.
+        UsageError: An empty grid, a model that is not MoEfied, a floor of the wrong kind, or
+            a budget no option of the grid converts within.
     """
     from moe import QUALITY_WINDOW, load_corpus, load_model, make_windows, quality_of
+    from moe._meter import conversion_cost
     from moe._quality import check_held_out
     from planner.calibration import load_calibration
     from predictor import profile_windows
@@ -300,6 +333,28 @@ def choose(
     calibration = calibration or load_calibration(None)
     text = load_corpus(corpus)
     profile_tokens = profile_tokens or 4 * tokens
+    skipped = []
+    if max_convert_minutes is not None:
+        costs = [conversion_cost(model, options) for options in grid]
+        skipped = [
+            Skipped(options.label(), cost.minutes, cost.measured)
+            for options, cost in zip(grid, costs, strict=True)
+            if cost.minutes > max_convert_minutes
+        ]
+        grid = [
+            options
+            for options, cost in zip(grid, costs, strict=True)
+            if cost.minutes <= max_convert_minutes
+        ]
+        if not grid:
+            raise UsageError(
+                f"no option of the grid converts within --max-convert-minutes "
+                f"{max_convert_minutes:g}: the quickest, "
+                f"{min(skipped, key=lambda s: s.convert_minutes).label}, takes about "
+                f"{min(s.convert_minutes for s in skipped):.0f} minutes.",
+                "raise --max-convert-minutes, or add quicker options (fewer --fit-tokens, "
+                "--local-steps or --distil-steps).",
+            )
     results = []
     for number, options in enumerate(grid, start=1):
         label = f"[{number}/{len(grid)}] {options.label()}"
@@ -327,7 +382,14 @@ def choose(
         ).trace
         # The model's options pin the hash of the text it was fitted on.
         fitted = moe_model.options or options
-        result = OptionResult(fitted, quality.model_dump(), validation.model_dump())
+        result = OptionResult(
+            fitted,
+            quality.model_dump(),
+            validation.model_dump(),
+            # Recorded at conversion, in the block the cached model carries.
+            convert_s=(moe_model.quality or {}).get("convert_s"),
+            convert_peak_rss_mib=(moe_model.quality or {}).get("convert_peak_rss_mib"),
+        )
         result.meets_floor = floor.met(result.validation)
         say(f"{label}: planning")
         try:
@@ -341,7 +403,10 @@ def choose(
             result.functions = sum(len(layer.experts) for layer in plan.layers)
             result.deployment = plan.deployment
         results.append(result)
-    return Selection.of(results, floor)
+    selection = Selection.of(results, floor)
+    selection.skipped = skipped
+    selection.max_convert_minutes = max_convert_minutes
+    return selection
 
 
 def write_selection(

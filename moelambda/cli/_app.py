@@ -88,6 +88,20 @@ DistilOpt = Annotated[
         "text's fit part (0 = none)."
     ),
 ]
+LocalOpt = Annotated[
+    int,
+    typer.Option(
+        help="Steps of layer-local distillation per layer: each layer's experts learn the "
+        "dense FFN's output on the inputs the MoEfied layers before it give (0 = none)."
+    ),
+]
+RidgeOpt = Annotated[
+    float | None,
+    typer.Option(
+        help="The correction's ridge penalty, relative to the features' mean energy (larger: "
+        "closer to the dense weights, steadier on little fit text). Default 0.001."
+    ),
+]
 FitTokensOpt = Annotated[
     int, typer.Option(help="Tokens of the fit text the routers and corrections are fitted on.")
 ]
@@ -166,6 +180,8 @@ def moefy_flags(
     router: str = "mass",
     correction: bool = False,
     distil_steps: int = 0,
+    local_steps: int = 0,
+    ridge: float | None = None,
     fit_tokens: int = 8192,
     fit_corpus: str | None = None,
     corpus: str = "wiki",
@@ -180,12 +196,12 @@ def moefy_flags(
     from moe._families import NATIVE_MOE_TYPES
 
     if resolve_model(model).model_type in NATIVE_MOE_TYPES:
-        recovery = shared or router != "mass" or correction or distil_steps
+        recovery = shared or router != "mass" or correction or distil_steps or local_steps
         if recovery or fit_corpus is not None:
             raise UsageError(
                 f"{model} is a native MoE model: it is served as it is, and the MoEfication "
-                "options (--shared, --router, --correction, --distil-steps, --fit-corpus) do "
-                "not apply.",
+                "options (--shared, --router, --correction, --distil-steps, --local-steps, "
+                "--fit-corpus) do not apply.",
                 "leave them out for this model.",
             )
         return None
@@ -204,6 +220,8 @@ def moefy_flags(
         router=router,
         correction=correction,
         distil_steps=distil_steps,
+        local_steps=local_steps,
+        **({} if ridge is None else {"ridge": ridge}),
         fit_corpus=fit,
     )
     from moe import load_corpus

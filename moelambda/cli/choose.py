@@ -53,9 +53,12 @@ def grid_of(
     distil_steps: str = "0",
     fit_corpus: str = "wiki",
     corpus: str = "wiki",
+    local_steps: str = "0",
+    ridge: str = "0.001",
 ) -> list[Any]:
     """Every combination of the grid flags as `moe.MoefyOptions` (each one checked);
     `fit_corpus` lists the texts to fit on, where "user" is `corpus`."""
+    from moe._options import DEFAULT_RIDGE
     from moelambda.cli._app import moefy_flags
 
     if correction not in ("on", "off", "both"):
@@ -63,13 +66,16 @@ def grid_of(
     corrections = {"on": [True], "off": [False], "both": [False, True]}[correction]
     texts = [corpus if f == "user" else f for f in _split("--fit-corpus", fit_corpus)]
     grid = []
-    for e, k, s, r, c, d, f in itertools.product(
+    ridges = _numbers("--ridge", ridge, float)
+    for e, k, s, r, (c, lam), d, loc, f in itertools.product(
         _numbers("--experts", experts, int),
         _split("--top-k", top_k),
         _numbers("--shared", shared, float),
         _split("--router", router),
-        corrections,
+        # The ridge is the correction's: one option without it, one per ridge with it.
+        [(on, lam) for on in corrections for lam in (ridges if on else [DEFAULT_RIDGE])],
         _numbers("--distil-steps", distil_steps, int),
+        _numbers("--local-steps", local_steps, int),
         dict.fromkeys(texts),
     ):
         options = moefy_flags(
@@ -81,6 +87,8 @@ def grid_of(
             router=r,
             correction=c,
             distil_steps=d,
+            local_steps=loc,
+            ridge=lam,
             fit_tokens=fit_tokens,
             fit_corpus=f,
         )
@@ -127,6 +135,21 @@ def choose(
         str,
         typer.Option(help="Grid: steps of end-to-end distillation of the experts, e.g. 0,1500."),
     ] = "0",
+    local_steps: Annotated[
+        str,
+        typer.Option(help="Grid: steps of layer-local distillation per layer, e.g. 0,300."),
+    ] = "0",
+    ridge: Annotated[
+        str,
+        typer.Option(help="Grid: the correction's ridge penalties, e.g. 0.001,1."),
+    ] = "0.001",
+    max_convert_minutes: Annotated[
+        float | None,
+        typer.Option(
+            help="Skip options whose conversion takes longer (measured once converted, else "
+            "estimated from rates measured on a 2-core machine); they are named."
+        ),
+    ] = None,
     fit_corpus: Annotated[
         str,
         typer.Option(
@@ -179,7 +202,14 @@ def choose(
         distil_steps,
         fit_corpus,
         corpus,
+        local_steps,
+        ridge,
     )
+    if max_convert_minutes is not None and not max_convert_minutes > 0:
+        raise UsageError(
+            f"--max-convert-minutes {max_convert_minutes:g} is not positive.",
+            "pass e.g. --max-convert-minutes 60.",
+        )
     with err.status(f"evaluating {len(grid)} MoEfications") as status:
         selection = run_choose(
             model,
@@ -191,6 +221,7 @@ def choose(
             slo_s=slo,
             seed=seed,
             progress=status.update,
+            max_convert_minutes=max_convert_minutes,
         )
     summary = selection.summary(model, tokens, slo)
     if selection.chosen is None:
@@ -216,7 +247,14 @@ def _print(summary: dict[str, Any]) -> None:
         f"{'>=' if metric == 'cosine_mean' else '<='} {floor['value']:g}, checked on the "
         "validation text; test: text no choice saw)"
     )
-    columns = ("option", f"{metric} validation", "test", "FFN FLOPs", "bill per batch")
+    columns = (
+        "option",
+        f"{metric} validation",
+        "test",
+        "FFN FLOPs",
+        "convert min",
+        "bill per batch",
+    )
     for column in (*columns, "functions", ""):
         table.add_column(column, justify="left" if column == "option" else "right")
     order = sorted(
@@ -240,11 +278,18 @@ def _print(summary: dict[str, Any]) -> None:
             f"{validation:.4f}" + ("" if row["meets_floor"] else " ✗"),
             f"{row['quality'][metric]:.4f}",
             f"{row['expert_flops_share']:.2f}",
+            "-" if row.get("convert_s") is None else f"{row['convert_s'] / 60:.1f}",
             bill,
             "" if row["functions"] is None else str(row["functions"]),
             mark,
         )
     out = stdout()
     out.print(table)
+    for skip in summary.get("skipped_for_convert_budget") or []:
+        how = "measured" if skip["measured"] else "estimated"
+        out.print(
+            f"Skipped {skip['label']}: converting takes about {skip['convert_minutes']:g} "
+            f"minutes ({how}), over --max-convert-minutes {summary['max_convert_minutes']:g}."
+        )
     if summary.get("out"):
         out.print(f"Wrote {summary['out']}/plan.json (the chosen option), choose.json, choose.png")

@@ -17,7 +17,9 @@ from moelambda.cli._app import (
     FitCorpusOpt,
     FitTokensOpt,
     JsonOpt,
+    LocalOpt,
     ModelOpt,
+    RidgeOpt,
     RouterOpt,
     SeedOpt,
     SharedOpt,
@@ -56,6 +58,8 @@ def quality(
     router: RouterOpt = "mass",
     correction: CorrectionOpt = False,
     distil_steps: DistilOpt = 0,
+    local_steps: LocalOpt = 0,
+    ridge: RidgeOpt = None,
     fit_tokens: FitTokensOpt = 8192,
     corpus: Annotated[
         str,
@@ -66,6 +70,13 @@ def quality(
     fit_corpus: FitCorpusOpt = None,
     tokens: Annotated[int, typer.Option(help="Tokens to compare on.")] = 16384,
     window: Annotated[int, typer.Option(help="Tokens per window (one embedding each).")] = 64,
+    split: Annotated[
+        str,
+        typer.Option(
+            help="The part of --corpus to judge on: test (what is reported) or validation "
+            "(where options are chosen)."
+        ),
+    ] = "test",
     seed: SeedOpt = 0,
     cache: CacheOpt = True,
     as_json: JsonOpt = False,
@@ -85,6 +96,8 @@ def quality(
         router=router,
         correction=correction,
         distil_steps=distil_steps,
+        local_steps=local_steps,
+        ridge=ridge,
         fit_tokens=fit_tokens,
         fit_corpus=fit_corpus,
         corpus=corpus,
@@ -92,13 +105,20 @@ def quality(
     from moe._quality import check_held_out, check_quality_size, native_model_error
 
     check_quality_size(tokens, window)
+    if split not in ("test", "validation"):
+        raise UsageError(f"--split '{split}' is not a held-out part.", "pass test or validation.")
     if options is None:
         raise native_model_error(model)
     check_held_out(corpus, tokens, window)
     loaded = load_with_status(model, experts, top_k, seed, cache, options)
     with err.status("comparing with the dense model"):
         measured, fresh = quality_of(
-            loaded, corpus=corpus, tokens=tokens, window=window, seed=seed
+            loaded,
+            corpus=corpus,
+            tokens=tokens,
+            window=window,
+            seed=seed,
+            split=split,  # type: ignore[arg-type]
         )
     summary: dict[str, Any] = {
         "model": loaded.name,

@@ -156,6 +156,30 @@ def test_choose_is_the_cheapest_option_meeting_the_floor(tiny_llama: str, tmp_pa
     assert f"{min(r[1] for r in rows):.4f}" in result.output and not strict.exists()
 
 
+def test_choose_skips_options_over_the_conversion_budget(tiny_llama: str, tmp_path: Path) -> None:
+    """The converted option counts its measured minutes; the distilled one, estimated from
+    the rates at about 3 minutes for this tiny model, is skipped and named, never converted."""
+    common = ["choose", "--model", tiny_llama, "--experts", "4", "--top-k", "1", "--shared", "0"]
+    common += ["--tokens", str(TOKENS), "--quality-tokens", str(QUALITY_TOKENS)]
+    common += ["--correction", "off", "--fit-tokens", "8192", "--max-ppl-ratio", "100"]
+    common += ["--distil-steps", "0,100000"]
+    result = runner.invoke(
+        app, [*common, "--max-convert-minutes", "1", "--out", str(tmp_path / "a"), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert [o["label"] for o in summary["options"]] == ["E4 k1"]
+    assert summary["options"][0]["convert_s"] > 0  # measured when the fixture converted it
+    skipped = summary["skipped_for_convert_budget"]
+    assert [s["label"] for s in skipped] == ["E4 k1 distil 100000"]
+    assert skipped[0]["convert_minutes"] > 1 and not skipped[0]["measured"]
+    result = runner.invoke(
+        app, [*common, "--max-convert-minutes", "0.00001", "--out", str(tmp_path / "b")]
+    )
+    assert result.exit_code == 2 and "no option of the grid converts within" in result.output
+    assert not (tmp_path / "b").exists()
+
+
 def test_pareto_front_against_brute_force() -> None:
     rng = np.random.default_rng(0)
     for _ in range(50):
@@ -187,6 +211,9 @@ def test_choose_refuses_bad_floors() -> None:
         (["--min-cosine", "0.9", "--correction", "maybe"], "on, off or both"),
         (["--min-cosine", "0.9", "--distil-steps", "many"], "comma-separated list of numbers"),
         (["--min-cosine", "0.9", "--distil-steps", "-5"], "--distil-steps must be 0 or more"),
+        (["--min-cosine", "0.9", "--local-steps", "-5"], "--local-steps 0 or more"),
+        (["--min-cosine", "0.9", "--ridge", "0"], "--ridge 0 is not positive"),
+        (["--min-cosine", "0.9", "--max-convert-minutes", "0"], "is not positive"),
     ):
         result = runner.invoke(app, ["choose", *args])
         assert result.exit_code == 2, (args, result.output)
@@ -389,3 +416,33 @@ def test_the_bench_on_a_user_text_fits_each_option_on_both_texts(tmp_path: Path)
     assert pairs[0]["wiki"]["cosine_mean"] == 0.93 and pairs[0]["user"]["cosine_mean"] == 0.95
     assert "wiki" not in pairs[1] and pairs[1]["user"]["cosine_mean"] == 0.97
     assert "fit_corpus" not in pairs[0]["moefy"]
+
+
+def test_decoder_targets_take_the_validation_best_within_flops_training_and_time() -> None:
+    """The training-free target ignores trained options however good; the timed one ignores
+    options over its minutes or not metered; each reports its pick's test ratio."""
+    from planner.bench import DECODER_TARGETS, decoder_target
+
+    def row(label: str, share: float, val: float, test: float, convert_s: float | None,
+            **moefy: int) -> dict:  # fmt: skip
+        return {
+            "label": label,
+            "expert_flops_share": share,
+            "convert_s": convert_s,
+            "moefy": {"distil_steps": 0, "local_steps": 0, **moefy},
+            "validation_quality": {"ppl_ratio": val},
+            "quality": {"ppl_ratio": test},
+        }
+
+    rows = [
+        row("k6", 0.75, 1.5, 1.52, 300.0),
+        row("k6 local", 0.75, 1.1, 1.12, 600.0, local_steps=100),
+        row("k4", 0.5, 3.0, 3.1, 200.0),
+        row("k4 local", 0.5, 1.4, 1.45, 2400.0, local_steps=100),
+        row("k4 distil", 0.5, 1.2, 1.2, 7200.0, distil_steps=3000),
+        row("k4 unmetered", 0.5, 1.0, 1.0, None, local_steps=5),
+    ]
+    free, timed = (decoder_target(t, rows) for t in DECODER_TARGETS)
+    assert (free["best"], free["ppl_ratio"], free["met"]) == ("k6", 1.52, False)
+    assert (timed["best"], timed["ppl_ratio"], timed["met"]) == ("k4 local", 1.45, True)
+    assert decoder_target(DECODER_TARGETS[1], rows[:1])["best"] is None
