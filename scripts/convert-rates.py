@@ -2,12 +2,14 @@
 
     python scripts/convert-rates.py [--models smollm2,minilm] [--write]
 
-Per model, four conversions (nothing cached, no quality measured), each timed:
+Per model, three conversions (nothing cached, no quality measured), each timed:
 E = 8, k = 4 with the correction on 2,048 and on 8,192 fit tokens (the fixed part and the rate
-per 1,000 fit tokens), then 2,048 fit tokens with 20 layer-local steps and with 5 distillation
-steps (each step's rate over the first). Prints the rates; `--write` stores them in the file,
-which `moelambda choose --max-convert-minutes` estimates unconverted options from. About 8
-minutes for SmolLM2 and 1 for MiniLM on 2 cores.
+per 1,000 fit tokens), then 2,048 fit tokens with 20 layer-local steps (a step's rate over the
+first). Prints the rates; `--write` stores them in the file, which `moelambda choose
+--max-convert-minutes` estimates unconverted options from (update its `source` note by hand).
+A distillation step is not timed here: a short run is dominated by its 20 validation checks;
+its rate comes from a long run (docs/model.md). About 6 minutes for SmolLM2 and 1 for MiniLM
+on 2 cores.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import json
 from moe._meter import RATES_FILE, ConversionMeter
 from moe._model import build_model, moefy_options
 
-SMALL, LARGE, LOCAL, DISTIL = 2048, 8192, 20, 5
+SMALL, LARGE, LOCAL = 2048, 8192, 20
 
 
 def _seconds(model: str, **options: int) -> float:
@@ -37,12 +39,10 @@ def rates(model: str) -> dict[str, float]:
     large = _seconds(model, fit_tokens=LARGE)
     per_1k = (large - small) / ((LARGE - SMALL) / 1000)
     local = _seconds(model, fit_tokens=SMALL, local_steps=LOCAL)
-    distil = _seconds(model, fit_tokens=SMALL, distil_steps=DISTIL)
     return {
         "base_s": round(small - per_1k * SMALL / 1000, 1),
         "fit_s_per_1k_tokens": round(per_1k, 2),
         "local_s_per_step": round((local - small) / LOCAL, 2),
-        "distil_s_per_step": round((distil - small) / DISTIL, 2),
     }
 
 
