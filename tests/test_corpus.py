@@ -34,12 +34,25 @@ def test_windows_are_deterministic_and_seeded(tokenizer) -> None:  # type: ignor
     assert (a[:, 0] == tokenizer.cls_token_id).all() and (a[:, -1] == tokenizer.sep_token_id).all()
 
 
-def test_fit_split_does_not_overlap_profile_split(tokenizer) -> None:  # type: ignore[no-untyped-def]
+def test_the_profile_reads_no_held_out_document(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """Issue 52: `choose`'s default 40,960-token profile of the embedded text read 448 whole
+    documents, 331 of them validation and 117 test, so each option's bill depended on test text.
+    Now every document it reads is in the fit part, and the fit split (read from the far end)
+    reads others for the same seed."""
+    from moe._corpus import _content, _order, _stream
+
     corpus = load_corpus("wiki")
-    profile = make_windows(corpus, tokenizer, tokens=4096, window=128, seed=0)
-    fit = make_windows(corpus, tokenizer, tokens=4096, window=128, seed=0, split="fit")
-    rows = {tuple(r[1:-1]) for r in profile}
-    assert not rows & {tuple(r[1:-1]) for r in fit}
+    parts = partition(corpus, tokenizer)
+    held = set(parts.validation.tolist()) | set(parts.test.tolist())
+    _, _, content = _content(tokenizer, 128)
+    for seed in (0, 1):
+        order = _order(corpus, tokenizer, np.random.default_rng(seed), "profile")
+        _, read = _stream(corpus, tokenizer, order, 320 * content)  # 40,960 tokens
+        profiled = set(order[:read].tolist())
+        assert read > 400 and not profiled & held and profiled <= set(parts.fit.tolist())
+        fit = _order(corpus, tokenizer, np.random.default_rng(seed), "fit")
+        _, fitted = _stream(corpus, tokenizer, fit, 64 * content)  # 8,192 fit tokens
+        assert not profiled & set(fit[:fitted].tolist())
 
 
 def test_text_and_jsonl_files(tmp_path: Path, tokenizer) -> None:  # type: ignore[no-untyped-def]
@@ -144,6 +157,13 @@ def test_a_small_corpus_is_halved_and_has_nothing_to_fit_on() -> None:
     with pytest.raises(CorpusError, match="the test part") as refused:
         make_windows(corpus, tokenizer, tokens=64, window=8, seed=0, split="test")
     assert refused.value.fix == "pass --tokens 40 or fewer, or use more text."
+    # Nothing to fit on: the profile reads the validation part, never the test part.
+    profiled = make_windows(corpus, tokenizer, tokens=40, window=8, seed=0)
+    assert _docs_of(profiled) <= set(parts.validation.tolist())
+    with pytest.raises(CorpusError, match="outside its test part") as refused:
+        make_windows(corpus, tokenizer, tokens=64, window=8, seed=0)
+    assert "in 5 of its 10 documents" in refused.value.problem
+    assert refused.value.fix == "pass --tokens 40 or fewer, or use more text."
 
 
 def test_no_seed_judges_on_text_any_seed_fitted_on(tokenizer) -> None:  # type: ignore[no-untyped-def]
@@ -208,3 +228,86 @@ def test_too_little_text_to_fit_on_names_what_a_model_needs(small_parts: None) -
     assert "300 of validation text, 300 of test text" in problem and "768 to fit on" in problem
     assert fix.startswith("pass --fit-tokens 400 or fewer, bring about 1,368 tokens")
     assert "--fit-corpus wiki" in fix
+
+
+def test_the_profile_reads_the_fit_part_then_validation_never_test(small_parts: None) -> None:
+    corpus = Corpus("docs", tuple(f"d{i}" for i in range(400)))
+    tokenizer = _DocTokenizer()
+    parts = partition(corpus, tokenizer)
+    fit, validation = set(parts.fit.tolist()), set(parts.validation.tolist())
+    for seed in (0, 1, 2):
+        assert _docs_of(make_windows(corpus, tokenizer, tokens=240, window=8, seed=seed)) <= fit
+    # More than the fit part (300 fit documents, 6 tokens each): validation follows, not test.
+    everything = make_windows(corpus, tokenizer, tokens=2800, window=8, seed=0)
+    assert _docs_of(everything) <= fit | validation and len(_docs_of(everything)) > 300
+    with pytest.raises(CorpusError, match="outside its test part"):
+        make_windows(corpus, tokenizer, tokens=3200, window=8, seed=0)
+
+
+def test_a_repeated_paragraph_is_one_document(tmp_path: Path, small_parts: None) -> None:
+    """Issue 52: a repeated paragraph of a user's file could land in the fit part and in the
+    test part. Repeats (equal after stripping) are dropped before partitioning, the first kept."""
+    text = tmp_path / "docs.txt"
+    text.write_text("One.\n\nTwo.\n\n  One.\n\nThree.\n\nTwo.\n")
+    corpus = load_corpus(str(text))
+    assert corpus.documents == ("One.", "Two.", "Three.") and corpus.duplicates_dropped == 2
+    assert load_corpus("wiki").duplicates_dropped == 0  # its SHA-256, so the cache, unchanged
+    # 100 copies of each of 8 documents among 400 others: every copy but the first is dropped,
+    # so no text is in two parts.
+    docs = tuple(f"d{i}" for i in range(400)) + tuple(f"d{i % 8}" for i in range(800))
+    repeated = Corpus("docs", docs)
+    assert len(repeated.documents) == 400 and repeated.duplicates_dropped == 800
+    parts = partition(repeated, _DocTokenizer())
+    texts = [{repeated.documents[i] for i in p.tolist()} for p in (parts.fit, parts.test)]
+    assert not texts[0] & texts[1]
+    assert not set(parts.validation.tolist()) & set(parts.test.tolist())
+
+
+def test_fit_and_judged_texts_sharing_documents_are_refused(small_parts: None) -> None:
+    from moe._corpus import check_disjoint
+
+    tokenizer = _DocTokenizer()
+    judged = Corpus("judged", tuple(f"d{i}" for i in range(400)))
+    check_disjoint(judged, judged, tokenizer)  # one text: its parts never share a document
+    check_disjoint(Corpus("other", tuple(f"d{i}" for i in range(400, 800))), judged, tokenizer)
+    held = partition(judged, tokenizer)
+    # Another file holding three of the judged text's test documents among its own.
+    shared = [f"d{i}" for i in held.test[:3].tolist()]
+    fit = Corpus("fit", tuple(shared) + tuple(f"d{i}" for i in range(400, 800)))
+    learnt = {fit.documents[i] for i in partition(fit, tokenizer).fit.tolist()}
+    inside = [doc for doc in shared if doc in learnt]
+    assert inside  # the seed puts some of them in its fit part
+    with pytest.raises(CorpusError) as refused:
+        check_disjoint(fit, judged, tokenizer)
+    assert f"{len(inside)} of its 50 test documents are also in the fit part of 'fit'" in (
+        refused.value.problem
+    )
+    assert "remove the shared documents" in refused.value.fix
+
+
+def test_quality_on_a_shuffled_copy_of_its_fit_text_is_refused_before_the_weights_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 52: `--corpus docs.txt --fit-corpus` a line-shuffled copy of it judged on test
+    documents the model was fitted on, as if they were held out."""
+    from typer.testing import CliRunner
+
+    from moe import _model
+    from moelambda.cli import app
+
+    docs = [" ".join(d.split()) for d in load_corpus("wiki").documents[:900]]
+    judged, fit = tmp_path / "docs.txt", tmp_path / "shuffled.txt"
+    judged.write_text("\n".join(docs) + "\n")
+    fit.write_text("\n".join(np.random.default_rng(0).permutation(docs).tolist()) + "\n")
+
+    def no_weights(*_args: object) -> None:
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(_model, "load_hf", no_weights)
+    args = ["quality", "--experts", "8", "--top-k", "4", "--corpus", str(judged)]
+    result = CliRunner().invoke(app, [*args, "--fit-corpus", str(fit), "--no-cache"])
+    assert result.exit_code == 2, result.output
+    problem = " ".join(result.stderr.split())
+    assert "of its 311 test documents and" in problem and "To fix:" in problem
+    assert "validation documents are also in the fit part of" in problem
+    assert sorted(tmp_path.iterdir()) == [judged, fit]

@@ -165,6 +165,8 @@ def profile(
         "tokens_per_s": round(result.tokens_per_s, 1),
         "popularity": popularity.tolist(),
         "corpus": trace.meta["corpus"],
+        # Repeats of an earlier document, dropped before the corpus was split (`moe.Corpus`).
+        "corpus_duplicates_dropped": load_corpus(corpus).duplicates_dropped,
         "seed": seed,
         "window": window,
         "load_s": round(load_s, 2),

@@ -110,6 +110,9 @@ def quality(
     if options is None:
         raise native_model_error(model)
     check_held_out(corpus, tokens, window)
+    from moe._model import check_judged_text
+
+    check_judged_text(model, options, corpus)  # not judged on text it fits on, said now
     loaded = load_with_status(model, experts, top_k, seed, cache, options)
     with err.status("comparing with the dense model"):
         measured, fresh = quality_of(
@@ -125,6 +128,8 @@ def quality(
         "moefy": loaded.options.describe() if loaded.options else None,
         "quality": measured.model_dump(),
         "measured_now": fresh,
+        # Repeats of an earlier document, dropped before the corpus was split (`moe.Corpus`).
+        "corpus_duplicates_dropped": load_corpus(corpus).duplicates_dropped,
     }
     if as_json:
         print(json.dumps(summary))
@@ -158,6 +163,12 @@ def _print(summary: dict[str, Any], label: str) -> None:
             f"Distilled on {where.distil_text['windows']:,} distinct windows of the fit part, "
             f"{where.distil_text['epochs']:g} epochs; the step kept on validation text: "
             f"{where.distil_kept_step}.",
+            highlight=False,
+        )
+    if summary.get("corpus_duplicates_dropped"):
+        out.print(
+            f"{summary['corpus_duplicates_dropped']:,} documents of '{q['corpus']}' repeating an "
+            "earlier one were dropped before it was split.",
             highlight=False,
         )
     when = "measured now" if summary["measured_now"] else "measured when the model was MoEfied"
