@@ -35,11 +35,16 @@ serverless-application-model/latest/developerguide/sam-property-function-acceler
 property override of the function's CfnFunction too; cfn-lint 1.58.0's AWS::Lambda::Function
 schema predates the property and reports it as E3002 (additional property), which the
 function's own `cfn-lint` Metadata ignores (tests/cdk/test_gpu_stack.py checks that this is
-the only error the ignore hides).
+the only error the ignore hides). aws-cdk-lib's synth-time template validation (CloudFormation
+Validate, which `cdk synth` and `moelambda synth` run) reads the same schema and would print the
+same finding as a warning, F3002; the function acknowledges it (`ACCELERATOR_SCHEMA_RULE`, with
+its reason in the cloud assembly's metadata), so synth prints none and the assembly's
+validation-report.json lists none (tests/cdk/test_gpu_stack.py).
 """
 
 from __future__ import annotations
 
+from aws_cdk import Acknowledgment, Validations
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
@@ -56,6 +61,13 @@ _METRIC = {
     False: "LambdaCapacityProviderAverageCPUUtilization",
     True: "LambdaCapacityProviderAverageGPUUtilization",
 }  # by TrafficPlan.accelerated
+# The synth-time validation's rule for a property its schema lacks, and why it is acknowledged.
+ACCELERATOR_SCHEMA_RULE = "CloudFormation-Validate::F3002"
+ACCELERATOR_SCHEMA_REASON = (
+    "AcceleratorConfig is a documented AWS::Lambda::Function property (CloudFormation template "
+    "reference, aws-properties-lambda-function-acceleratorconfig) that this validator's schema "
+    "predates; aws-cdk-lib 2.278.0 types it, 2.275.0 (pinned) writes it as an override."
+)
 _CDK_MIN_VCPUS = 12  # aws-cdk-lib's CapacityProvider refuses a smaller maxVCpuCount
 
 
@@ -181,3 +193,9 @@ class ManagedInstances(Construct):
             # cfn-lint 1.58.0's schema lacks AcceleratorConfig and reports it as an additional
             # property (E3002); ignored on this function only (module docstring).
             cfn.add_metadata("cfn-lint", {"config": {"ignore_checks": ["E3002"]}})
+            # aws-cdk-lib's own synth-time validation (CloudFormation Validate 1.12.1) uses the
+            # same schema and warns F3002 for the same property: acknowledged on this function
+            # only, for the same reason, so synth prints no warning about it.
+            Validations.of(cfn).acknowledge(
+                Acknowledgment(id=ACCELERATOR_SCHEMA_RULE, reason=ACCELERATOR_SCHEMA_REASON)
+            )

@@ -91,6 +91,12 @@ class Parameter(BaseModel):
     "paper" and "secondary" a URL elsewhere (or a leading "secondary"), and "measured",
     "assumed" and "derived" that word in the source or the note; a source that leads with a
     kind's word has that kind.
+
+    A measured value (the whole value or any key of it) names in `command` the command that
+    measures it, as a user runs it from the repository's root (`moelambda calibrate`,
+    `python scripts/runtime-memory.py driver_runtime_mb`): "measured" is then a claim anyone can
+    re-check, not a word. Each such command takes `--dry-run`, which names what it would
+    measure without measuring (tests/planner/test_measured_commands.py runs every one).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -101,6 +107,7 @@ class Parameter(BaseModel):
     as_of: date
     note: str | None = None
     source_kind: SourceKind | dict[str, SourceKind] | None = None
+    command: str | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
     def _classifiable(self) -> Parameter:
@@ -130,6 +137,23 @@ class Parameter(BaseModel):
         for kind in sorted(kinds):
             self._check_kind(kind)
         return self
+
+    @model_validator(mode="after")
+    def _measured_by_a_command(self) -> Parameter:
+        if self.command is None and "measured" in self.kinds():
+            raise ValueError(
+                "source_kind 'measured' needs the command that measures it: add \"command\" "
+                '(as run from the repository\'s root, e.g. "moelambda calibrate"), or label '
+                "the value by what it is (assumed, derived)"
+            )
+        return self
+
+    def kinds(self) -> set[SourceKind]:
+        """Every kind of this entry: its value's, or each of its keys'."""
+        declared = self.source_kind
+        if isinstance(declared, dict):
+            return set(declared.values())
+        return {self.kind()}
 
     def _check_kind(self, kind: str) -> None:
         urls = [m.group(0) for m in _URL.finditer(self.source)]

@@ -2,7 +2,9 @@
 `functions.batcher` plus its first call's boto3 import and S3 and Step Functions clients, the
 median of N fresh processes (the calibration file's `batcher_import_s`).
 
-    PYTHONPATH=. python scripts/batcher-init.py [N]
+    PYTHONPATH=. python scripts/batcher-init.py [N] [--dry-run]
+
+`--dry-run` names what would be measured and starts no process.
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ CODE = (
 
 
 def main() -> None:
-    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    args = [a for a in sys.argv[1:] if a != "--dry-run"]
+    runs = int(args[0]) if args else 5
+    if "--dry-run" in sys.argv[1:]:
+        print(
+            f"batcher_import_s: would time {runs} fresh interpreters importing functions.batcher "
+            "and creating its S3 and Step Functions clients (dry run: nothing measured)"
+        )
+        return
     times = [
         float(
             subprocess.run(

@@ -11,6 +11,22 @@ from rich.table import Table
 
 from moelambda.cli._app import JsonOpt, app, check_file_out, err, stdout, user_errors
 
+# The calibration entries each form of the command measures (their `command` in the file).
+COMPUTE_ENTRIES = ("expert_token_compute_s", "expert_compute_reference")
+COLD_ENTRIES = ("cold_start_reference",)
+
+
+def _dry_run(entries: tuple[str, ...], source: Path, target: Path, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"dry_run": True, "entries": list(entries), "file": str(target)}))
+        return
+    stdout().print(
+        f"dry run: would measure {', '.join(entries)} and write them to {target} (from "
+        f"{source}); nothing measured or written",
+        highlight=False,
+        soft_wrap=True,
+    )
+
 
 def _print_table(summary: dict[str, Any]) -> None:
     console = stdout()
@@ -64,6 +80,14 @@ def calibrate(
     cold_repeats: Annotated[
         int, typer.Option(help="With --cold: fresh processes per handler role (median).")
     ] = 3,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Name the calibration entries this would measure and the file it would "
+            "write, and exit without measuring or writing.",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Measure U_j, the seconds per token of one expert at each memory size, and store it.
@@ -77,6 +101,9 @@ def calibrate(
 
     source = calibration or default_calibration_path()
     target = out or source
+    if dry_run:
+        _dry_run(COLD_ENTRIES if cold else COMPUTE_ENTRIES, source, target, as_json)
+        return
     check_file_out(target, True, "--out" if out is not None else "--calibration")
     if cold:
         from moelambda.cli.traffic import calibrate_cold

@@ -2,9 +2,10 @@
 each of exactly those functions carries its planned `AcceleratorConfig`, the capacity provider
 allows only the planned GPU type on x86_64 and scales on GPU utilisation at the planned target
 within the planned instances' vCPUs; cdk-nag, cfn-lint and checkov stay clean, cfn-lint's one
-gap (its schema predates AcceleratorConfig) is ignored on those functions only. A CPU pool with
-a target scales on CPU utilisation; a pool under the smallest vCPU cap CDK takes, and a plan
-Lambda cannot run (a GPU on arm64, a size Lambda does not offer), are refused by name."""
+gap (its schema predates AcceleratorConfig) is ignored on those functions only, and so is the
+same gap of aws-cdk-lib's synth-time validation (F3002), acknowledged with its reason. A CPU
+pool with a target scales on CPU utilisation; a pool under the smallest vCPU cap CDK takes, and a
+plan Lambda cannot run (a GPU on arm64, a size Lambda does not offer), are refused by name."""
 
 from __future__ import annotations
 
@@ -191,6 +192,29 @@ def test_cdk_nag_and_cfn_lint_pass_and_the_lint_ignore_hides_only_accelerator_co
     for message in messages:
         assert message.startswith("E3002 ") and "'AcceleratorConfig'" in message, message
     assert {m.rsplit("(", 1)[1].split("/")[1] for m in messages} == ignoring
+
+
+def test_synth_validation_prints_no_accelerator_config_warning(synthesised) -> None:  # type: ignore[no-untyped-def]
+    """aws-cdk-lib's own synth-time validation (CloudFormation Validate) reads a schema without
+    AcceleratorConfig and warned F3002 on every GPU function: each acknowledges it, with its
+    reason, so the report synth prints (and writes beside the template) holds no violation."""
+    from cdk._managed import ACCELERATOR_SCHEMA_REASON, ACCELERATOR_SCHEMA_RULE
+
+    _, template, path = synthesised
+    report = json.loads((path.parent / "validation-report.json").read_text())
+    (validate,) = report["pluginReports"]
+    assert validate["violations"] == [], validate["violations"]
+    suppressed = validate["suppressedViolations"]
+    assert {v["ruleName"] for v in suppressed} == {"F3002"}
+    assert {v["acknowledgedId"] for v in suppressed} == {ACCELERATOR_SCHEMA_RULE}
+    assert {v["reason"] for v in suppressed} == {ACCELERATOR_SCHEMA_REASON}
+    assert all("'AcceleratorConfig'" in v["description"] for v in suppressed)
+    acknowledged = {
+        c["cloudFormationResource"]["logicalId"]
+        for v in suppressed
+        for c in v["violatingConstructs"]
+    }
+    assert acknowledged == set(_accelerators(template))  # those functions only
 
 
 @pytest.mark.skipif(not CHECKOV.exists(), reason="checkov's venv is not installed")

@@ -91,3 +91,63 @@ def test_a_bad_cluster_file_names_its_first_error_only(tmp_path: Path) -> None:
     path.write_text('{"gpus": [')
     with pytest.raises(ClusterError, match="not a valid cluster file \\(the document: Invalid"):
         load_cluster(path, 1, load_catalogue())
+
+
+def _catalogue_file() -> dict:
+    return json.loads((Path(__file__).parents[2] / "gpu/data/catalogue.json").read_text())
+
+
+def test_a_price_the_calibration_holds_is_not_repeated_in_the_catalogue() -> None:
+    # One home per price, with one source_kind: a GPU type that the calibration prices on one
+    # of its instance types reads its price from there; only the others carry their own.
+    from planner import load_calibration
+
+    instances = load_calibration().ec2_instance_prices or {}
+    priced_there = {t.gpu for t in instances.values() if t.gpus}
+    for name, entry in _catalogue_file()["types"].items():
+        instance = entry["instance"].split()[0]
+        if name in priced_there or instance in instances:
+            assert "usd_per_gpu_hour" not in entry, name
+            assert instances[entry["price_from"]].gpu == name, name
+        else:
+            assert entry["price_source_kind"] in ("aws", "paper", "secondary", "derived"), name
+
+
+def test_prices_read_from_the_calibration_carry_its_source_kind() -> None:
+    from planner import load_calibration
+
+    calibration = load_calibration()
+    instances = calibration.ec2_instance_prices or {}
+    catalogue = load_catalogue(calibration)
+    for name, entry in _catalogue_file()["types"].items():
+        kind = catalogue.types[name]
+        if "price_from" in entry:
+            instance = instances[entry["price_from"]]
+            assert kind.usd_per_gpu_hour == instance.hourly_usd / instance.gpus, name
+            assert kind.price_source_kind == calibration.source_kind(
+                "ec2_instance_prices", entry["price_from"]
+            )
+        else:
+            assert kind.usd_per_gpu_hour == entry["usd_per_gpu_hour"]
+            assert kind.price_source_kind == entry["price_source_kind"]
+    # No price was read on AWS's own rate card: the catalogue says so, as the calibration does.
+    assert {k.price_source_kind for k in catalogue.types.values()} == {"secondary"}
+    # A calibration with another price moves the catalogue's with it.
+    cheaper = {
+        **instances,
+        "g6.xlarge": instances["g6.xlarge"].model_copy(update={"hourly_usd": 0.5}),
+    }
+    moved = load_catalogue(calibration.model_copy(update={"ec2_instance_prices": cheaper}))
+    assert moved.types["l4"].usd_per_gpu_hour == 0.5
+
+
+def test_a_calibration_without_the_priced_instance_type_is_named() -> None:
+    from planner import load_calibration
+
+    calibration = load_calibration()
+    without = {
+        n: t for n, t in (calibration.ec2_instance_prices or {}).items() if n != "g5.xlarge"
+    }
+    with pytest.raises(ClusterError, match=r"'a10g' from ec2_instance_prices\.g5\.xlarge") as err:
+        load_catalogue(calibration.model_copy(update={"ec2_instance_prices": without}))
+    assert "usd_per_gpu_hour" in (err.value.fix or str(err.value))
