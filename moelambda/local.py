@@ -66,8 +66,9 @@ def run_plan_locally(
         the plan's with what they mean (`metering`): what `moelambda run-local --json` prints.
 
     Raises:
-        UsageError: `requests` is below 1; see also `planner.instance_of` (a batch the plan
-            cannot serve is refused before the run).
+        UsageError: `requests` is below 1, or a fault the plan's shape cannot take
+            (`Faults.check_plan`: expert-crash on a one-function plan); see also
+            `planner.instance_of` (a batch the plan cannot serve is refused before the run).
     """
     from cdk.app import DEFAULT_STACK, build_app
     from functions.local import run_workflow
@@ -82,6 +83,7 @@ def run_plan_locally(
     injected = faults or Faults()
     if requests < 1:
         raise UsageError(f"--requests {requests} is below 1.", "pass --requests 1 or more.")
+    injected.check_plan(document)
     say(f"running the monolithic model on {ids.size:,} tokens")
     reference, counts = _reference(model, ids, document.model.experts)
     metered = requests == 1 and not injected.any

@@ -36,6 +36,10 @@ plan's own workflow through it:
   simulator's batcher is given no INIT and no delay. A request of n tokens runs as
   ceil(n / 128) windows of 128 tokens of embedded Wikipedia text; the simulator gets the same
   rounded sizes.
+- **Every shape replays**: the fan-out workflow, a driver with its remote experts, one
+  function. A request ends when the function that ends it returns (`_end_function`, by the
+  shape as the simulator models it): the workflow's tail, or the driver, which its remote
+  experts return to.
 - **Time is compressed** by `compress`: arrival times and the idle time are divided by it; the
   real processes' INIT, weight loads and compute are not (they are what they are on this
   machine). The simulator is given the compressed arrivals and idle time too.
@@ -106,6 +110,7 @@ from moelambda.environments import POLL_S, ColdStart, EnvironmentPool, FunctionS
 if TYPE_CHECKING:
     from moe import MoEModel
     from planner.traffic.spec import Arrivals
+    from planner.traffic.workflow import Functions
 
 __all__ = [
     "MAX_EXCLUDED_SHARE",
@@ -464,6 +469,24 @@ def _p99_agreement(measured: np.ndarray, simulated: np.ndarray) -> dict[str, Any
     }
 
 
+def _end_function(functions: Functions) -> str:
+    """The function whose return ends a request, by the plan's shape as the simulator models
+    it (`planner.traffic.workflow`): a function that waits on every later stage (the driver of
+    a driver or one-function plan: its remote experts return to it, and it writes the output),
+    else the one function of the last stage (the fan-out workflow's tail).
+
+    Raises:
+        ValueError: No such function (a shape this rule does not know).
+    """
+    spans = np.flatnonzero(functions.waits_on_later_stages)
+    if spans.size == 1:
+        return functions.names[int(spans[0])]
+    last = np.flatnonzero(functions.stage == functions.stage.max())
+    if spans.size == 0 and last.size == 1:
+        return functions.names[int(last[0])]
+    raise ValueError(f"no one function ends a request of this plan (functions {functions.names})")
+
+
 def _warm_timings(
     pool: EnvironmentPool,
     runner: _Runner,
@@ -472,9 +495,11 @@ def _warm_timings(
     ids: np.ndarray,
     order: list[str],
     timeout_s: float,
+    end: str,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(sizes, latency (S,), offset (S, F), duration (S, F)) of warm executions, one at a time,
-    the median of `repeats` at each size; a first execution warms the path and is dropped."""
+    the median of `repeats` at each size; a first execution warms the path and is dropped. An
+    execution's latency runs from its dispatch to the return of `end` (`_end_function`)."""
 
     def one(windows: int) -> dict[str, Any]:
         pool.reset_counts()
@@ -491,9 +516,11 @@ def _warm_timings(
             if any(c.function == f for c in calls)
         }
         longest = {f: max(c.end - c.start for c in calls if c.function == f) for f in start}
-        tail_end = max(c.end for c in calls if c.function == "tail")
+        returned = [c.end for c in calls if c.function == end]
+        if not returned:
+            raise RuntimeError(f"a warm execution of {windows} windows never invoked {end}")
         return {
-            "latency": tail_end - execution.dispatched,
+            "latency": max(returned) - execution.dispatched,
             "offset": [start[f] - execution.dispatched if f in start else np.nan for f in order],
             "duration": [longest.get(f, 0.0) for f in order],
         }
@@ -612,7 +639,8 @@ def replay_traffic(
 
     Returns:
         `measured` and `simulated` (each `cold_starts {count, per_function}`, `latency_s {p50,
-        p95, p99, max}`, batches), the arrivals used, the compression, what the simulator was
+        p95, p99, max}`, batches), the plan's `deployment` and the function whose return ends a
+        request (`request_ends_at`), the arrivals used, the compression, what the simulator was
         fed (`platform`), `contention`, `agreement` and `wall_s`: what `moelambda run-local
         --traffic --json` prints.
 
@@ -726,6 +754,7 @@ def replay_traffic(
         stack.callback(pool.close)
         stack.enter_context(_lambda_routed_to(pool))
         order = list(wf.functions.names)
+        end = _end_function(wf.functions)
         by_label = {s.label: name for name, s in specs.items()}
         missing = [f for f in order if f not in by_label]
         if missing:
@@ -787,7 +816,7 @@ def replay_traffic(
         say(f"measuring warm executions at {', '.join(str(s * WINDOW) for s in sizes)} tokens")
         calib_ids = np.concatenate([pool_windows] * math.ceil(max(sizes) / pool_windows.shape[0]))
         grid, warm_latency, warm_offset, warm_duration = _warm_timings(
-            pool, runner, sizes, calibration_repeats, calib_ids, order, timeout_s=300
+            pool, runner, sizes, calibration_repeats, calib_ids, order, timeout_s=300, end=end
         )
         runner.executions.clear()
         pool.reset_counts()
@@ -836,10 +865,11 @@ def replay_traffic(
         limit_reached = pool.limit_reached
         executions = list(runner.executions)
 
-    # Measured: per request, its batch's end (the tail's return) minus its arrival.
+    # Measured: per request, its batch's end (the return of the function that ends it: the
+    # tail, or the driver) minus its arrival.
     ends: dict[str, float] = {}
     for c in invocations:
-        if c.function == "tail" and c.request_id and c.ok:
+        if c.function == end and c.request_id and c.ok:
             ends[c.request_id] = max(ends.get(c.request_id, 0.0), c.end)
     latency = np.full(arrivals.requests, np.inf)
     for e in executions:
@@ -950,6 +980,8 @@ def replay_traffic(
     }
     return {
         "plan": document.solver,
+        "deployment": document.deployment,
+        "request_ends_at": end,
         "traffic": arrivals.describe(),
         "compression": compress,
         "arrivals": {

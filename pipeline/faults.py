@@ -13,6 +13,11 @@ draws, at each of those rates and from one seeded generator:
   whatever the expert had written;
 * duplicate: an invocation is delivered twice (at-least-once delivery); the handlers are
   idempotent, so the second delivery changes nothing.
+
+A fault the plan gives nothing to apply to is refused before the run (`Faults.check_plan`):
+expert-crash needs an expert function, which the fan-out workflow and a driver's remote experts
+have and a one-function (monolithic) plan does not. The others apply to every shape: each has
+an invoked function, and it reads its input from S3.
 """
 
 from __future__ import annotations
@@ -20,8 +25,12 @@ from __future__ import annotations
 import random
 import threading
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 from ground.errors import UsageError
+
+if TYPE_CHECKING:
+    from ground.plan import Plan
 
 __all__ = ["ExpertCrash", "Faults"]
 
@@ -55,18 +64,26 @@ class Faults:
         """`name=rate,...` (names as in `names()`); an empty or missing spec injects nothing.
 
         Raises:
-            UsageError: An unknown fault, a malformed item, or a rate outside [0, 1].
+            UsageError: An unknown fault (the message lists the known ones), an item without
+                `=`, or a rate outside [0, 1].
         """
         rates: dict[str, float] = {}
+        known = ", ".join(cls.names())
         for item in (spec or "").split(","):
             if not item.strip():
                 continue
             name, sep, value = item.partition("=")
             name = name.strip()
-            if not sep or name not in cls.names():
+            if not sep:
                 raise UsageError(
                     f"--faults: '{item.strip()}' is not a fault=rate item.",
-                    f"use items such as throttle=0.1, from: {', '.join(cls.names())}.",
+                    f"write name=rate items such as throttle=0.1, the name one of: {known}.",
+                )
+            if name not in cls.names():
+                raise UsageError(
+                    f"--faults: unknown fault '{name}' (in '{item.strip()}'); the faults a "
+                    f"local run injects are: {known}.",
+                    f"name one of them, e.g. {cls.names()[0]}=0.1.",
                 )
             try:
                 rate = float(value)
@@ -79,6 +96,28 @@ class Faults:
                 )
             rates[name.replace("-", "_")] = rate
         return cls(**rates, seed=seed)
+
+    def check_plan(self, plan: Plan) -> None:
+        """Refuse a fault with a non-zero rate that `plan`'s shape gives nothing to apply to.
+
+        expert-crash kills an expert function's process: the fan-out workflow's expert
+        functions and a driver's remote experts (it then applies to those); a one-function
+        plan runs every expert inside its one function, so it cannot apply. Throttling,
+        S3 SlowDown and duplicate delivery apply to every shape.
+
+        Raises:
+            UsageError: expert-crash on a plan with no expert function.
+        """
+        functions = sum(len(layer.experts) for layer in plan.layers)
+        if self.expert_crash > 0 and functions == 0:
+            raise UsageError(
+                f"--faults expert-crash={self.expert_crash:g} cannot apply: this "
+                f"{plan.deployment} plan has no expert function (its one function runs every "
+                "expert in process), so no expert's process could die.",
+                "drop expert-crash (throttle, s3-slowdown and duplicate apply to this plan), "
+                "or run a plan whose experts are functions: `moelambda plan --deployment "
+                "driver` or `--deployment workflow`.",
+            )
 
     @property
     def any(self) -> bool:

@@ -58,7 +58,8 @@ def run_local(
         str | None,
         typer.Option(
             help="Inject faults at these rates, seeded by --seed: e.g. 'throttle=0.1,"
-            "s3-slowdown=0.05,expert-crash=0.02,duplicate=0.05' (runs are then not metered)."
+            "s3-slowdown=0.05,expert-crash=0.02,duplicate=0.05' (runs are then not metered; "
+            "expert-crash needs expert functions: refused on a one-function plan)."
         ),
     ] = None,
     metrics_out: Annotated[
@@ -240,6 +241,7 @@ def run_local(
                 "pass a --metrics-out you can write to.",
             )
     document = Plan.load(plan)
+    injected.check_plan(document)  # a fault the plan's shape cannot take, before any work
     ref = document.model
     if ref.model_type.startswith("shape:"):
         raise UsageError(

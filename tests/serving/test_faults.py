@@ -30,7 +30,7 @@ def test_the_spec_is_parsed_strictly() -> None:
     )
     assert faults.any and not Faults.parse(None).any and not Faults.parse("").any
     for bad, message in (
-        ("crash=0.1", "not a fault=rate item"),
+        ("crash=0.1", "unknown fault 'crash'"),
         ("throttle", "not a fault=rate item"),
         ("throttle=2", "not a number in \\[0, 1\\]"),
         ("duplicate=lots", "not a number in \\[0, 1\\]"),

@@ -106,7 +106,7 @@ def test_run_local_with_faults_reports_every_request(mixed_plan: Path) -> None:
     assert all("process died" in f["cause"] for f in summary["failed"])
     assert summary["intermediates_left"] == 0 and summary["metered"] is None
     bad = runner.invoke(app, [*args, "--faults", "meteor=0.1"])
-    assert bad.exit_code == 2 and "not a fault=rate item" in bad.output
+    assert bad.exit_code == 2 and "unknown fault 'meteor'" in bad.output
 
 
 def test_concurrent_requests_all_succeed_with_their_own_keys(
