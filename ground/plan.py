@@ -37,6 +37,11 @@ its `driver.local` experts and invokes the rest, or one `monolithic` function wi
 In the last two, `nonmoe_memory_mb` is the driver's memory, each layer's `experts` are its
 remote expert functions only (each hosting one expert; a monolithic plan has none), invoked by
 the driver (method `direct`, with rows past the Invoke payload limit through S3).
+
+`concurrency_quota` is the account's Lambda concurrency quota the plan was checked against when
+it was made (`plan --concurrency-quota`); `synth` checks the stack's reservations against it
+unless told another. Plans without it (every plan before it) are checked against
+`DEFAULT_CONCURRENCY_QUOTA`.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from ground.manifest import StageEntry
 from ground.semantics import direct_event_bytes
 
 __all__ = [
+    "DEFAULT_CONCURRENCY_QUOTA",
     "PLAN_VERSION",
     "ExpertPlan",
     "FunctionCapacity",
@@ -72,6 +78,7 @@ __all__ = [
 ]
 
 PLAN_VERSION = 2
+DEFAULT_CONCURRENCY_QUOTA = 1000  # Lambda's default concurrent executions per account and Region
 WORKFLOWS = ("express", "standard")
 OBJECTIVES = ("full", "experts")
 
@@ -364,6 +371,13 @@ class Plan(_Strict):
         description="Every shape `plan` weighed for this batch: its bill and latency, or why "
         "it was infeasible (`planner.deployments.Candidate.describe`).",
     )
+    concurrency_quota: int | None = Field(
+        default=None,
+        gt=0,
+        description="The account's Lambda concurrency quota the plan was checked against "
+        "(`plan --concurrency-quota`): what `synth` checks its reservations against unless "
+        "given another. None: none recorded (plans before it), `DEFAULT_CONCURRENCY_QUOTA`.",
+    )
 
     def _check_driver(self) -> None:
         """A driver or monolithic plan's driver: present, within Lambda's memory and timeout,
@@ -497,23 +511,31 @@ class Plan(_Strict):
         """Concurrency the stack reserves: each expert function's `max_replicas`."""
         return sum(e.max_replicas for layer in self.layers for e in layer.experts)
 
-    def check_concurrency_quota(self, quota: int, *, synthesising: bool = False) -> None:
+    def check_concurrency_quota(
+        self, quota: int | None = None, *, synthesising: bool = False
+    ) -> None:
         """Refuse a stack whose reservations leave less than Lambda's unreserved minimum of the
         account's concurrency `quota`: CloudFormation would fail midway through the deploy.
 
-        `synthesising` says the caller can also drop the reservations (synth's
-        --no-reserve-concurrency); planning cannot, so its advice does not offer that.
+        `quota` None checks against the quota the plan recorded when it was made
+        (`concurrency_quota`), else `DEFAULT_CONCURRENCY_QUOTA`. `synthesising` says the caller
+        can also drop the reservations (synth's --no-reserve-concurrency); planning cannot, so
+        its advice does not offer that.
 
         Raises:
             PlanError: The reservations do not fit, naming the numbers and the ways out.
         """
+        recorded = quota is None and self.concurrency_quota is not None
+        if quota is None:
+            quota = self.concurrency_quota or DEFAULT_CONCURRENCY_QUOTA
         floor = int(self.calibration.get("lambda_unreserved_concurrency_min", 100))
         reserved = self.reserved_concurrency()
         if reserved + floor > quota:
             raise PlanError(
                 f"the stack reserves {reserved:,} concurrent executions (every expert's "
                 f"max_replicas), and Lambda keeps {floor} unreserved: {reserved + floor:,} is "
-                f"over the account's concurrency quota of {quota:,}.",
+                f"over the account's concurrency quota of {quota:,}"
+                + (" (the one the plan was made under)." if recorded else "."),
                 "ask AWS for a higher quota and pass it as --concurrency-quota"
                 + (
                     ", pass --no-reserve-concurrency (experts then share the unreserved pool)"
@@ -522,6 +544,17 @@ class Plan(_Strict):
                 )
                 + ", or plan with a lower max_replicas (G) in a calibration file (--calibration).",
             )
+
+    def within_concurrency_quota(self, quota: int) -> Plan:
+        """This plan, checked against the account's concurrency `quota`
+        (`check_concurrency_quota`) and recording it, so that `synth` checks against the same
+        quota without being told it again.
+
+        Raises:
+            PlanError: The reservations do not fit the quota.
+        """
+        self.check_concurrency_quota(quota)
+        return self.model_copy(update={"concurrency_quota": quota})
 
     def save(self, path: str | Path, *, force: bool = False) -> Path:
         path = Path(path)

@@ -15,7 +15,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -24,11 +24,61 @@ from ground.errors import UsageError
 if TYPE_CHECKING:
     from moe import GenerationConfig, MoEModel
 
-__all__ = ["check_generation", "generate_locally"]
+__all__ = ["check_generation", "check_request", "generate_locally"]
 
 EXACT = ("lambda_requests", "s3_put", "s3_get", "s3_list", "s3_delete", "transitions")
 """The request counts a metered generation must match the plan on, kind by kind."""
 POLL_S = 0.05  # how often the streaming reader looks for new tokens (display only)
+
+
+def check_request(plan: Any, prompts: list[str], settings: GenerationConfig) -> None:
+    """Rule out, from the plan and the settings alone, what would fail or be ignored, before
+    the model loads (`check_generation` then checks the prompts' real tokens).
+
+    Raises:
+        UsageError: --top-p at temperature 0 (greedy decoding ignores it), an empty stop
+            string, an encoder's plan, a plan without a driver, or a generation that would
+            outlast the driver's limit even for prompts of one token each (`_check_timeout`).
+    """
+    if settings.temperature == 0 and settings.top_p < 1:
+        raise UsageError(
+            f"--top-p {settings.top_p:g} applies to sampling, and --temperature 0 decodes "
+            "greedily (always the most likely token): it would be ignored.",
+            "pass a --temperature above 0 to sample (e.g. --temperature 0.7 --top-p "
+            f"{settings.top_p:g}), or drop --top-p.",
+        )
+    if any(not text for text in settings.stop):
+        raise UsageError(
+            '--stop "" is empty: there is no text to stop a sequence at, so it would be ignored.',
+            "pass the text to stop at (e.g. --stop '###'), or drop --stop.",
+        )
+    from moe._families import ENCODER_TYPES
+
+    if plan.model.model_type in ENCODER_TYPES:
+        _refuse_encoder(plan.model.model)
+    _check_driver(plan)
+    if prompts:
+        from planner.traffic.workflow import manifest_of_plan
+
+        _check_timeout(plan, manifest_of_plan(plan), [1] * len(prompts), settings, shortest=True)
+
+
+def _refuse_encoder(name: str) -> NoReturn:
+    raise UsageError(
+        f"{name} is an encoder: it embeds text and has no next token to generate.",
+        "generate with a decoder model's plan (SmolLM2, Mixtral, OLMoE); run-local serves "
+        "an encoder.",
+    )
+
+
+def _check_driver(plan: Any) -> None:
+    if plan.driver is None:
+        raise UsageError(
+            "this plan is the fan-out workflow: every token of every sequence would pay a Step "
+            "Functions transition and S3 round trips per layer.",
+            "plan a driver or one function: `moelambda plan ... --deployment driver` "
+            "(or monolithic, or auto).",
+        )
 
 
 def check_generation(
@@ -39,21 +89,12 @@ def check_generation(
     Raises:
         UsageError: An encoder, a plan without a driver, an empty prompt, a prompt plus
             `max_new_tokens` past the model's context, or a generation that would outlast
-            Lambda's timeout at the plan's predicted TTFT and TPOT (`planner.plan_timing`).
+            Lambda's timeout, or an Express plan's duration limit, at the plan's predicted
+            TTFT and TPOT (`planner.plan_timing`, `_run_limit`).
     """
     if model.family.name != "decoder":
-        raise UsageError(
-            f"{model.name} is an encoder: it embeds text and has no next token to generate.",
-            "generate with a decoder model's plan (SmolLM2, Mixtral, OLMoE); run-local serves "
-            "an encoder.",
-        )
-    if plan.driver is None:
-        raise UsageError(
-            "this plan is the fan-out workflow: every token of every sequence would pay a Step "
-            "Functions transition and S3 round trips per layer.",
-            "plan a driver or one function: `moelambda plan ... --deployment driver` "
-            "(or monolithic, or auto).",
-        )
+        _refuse_encoder(model.name)
+    _check_driver(plan)
     if not prompts:
         raise UsageError("no prompt was given.", "pass --prompt TEXT or --prompts FILE.")
     ids = [model.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
@@ -68,30 +109,62 @@ def check_generation(
                 f"shorten the prompt or pass --max-new-tokens "
                 f"{max(context - len(prompt), 0):,} or fewer.",
             )
-    _check_timeout(plan, model, ids, settings.max_new_tokens)
+    from moe import describe_model
+
+    _check_timeout(plan, describe_model(model), [len(p) for p in ids], settings)
     return ids
 
 
-def _check_timeout(plan: Any, model: MoEModel, ids: list[list[int]], new_tokens: int) -> None:
-    """Refuse a generation whose one driver invocation the plan predicts past Lambda's timeout:
-    it would be killed with every token lost (a long generation is not continued by a second
-    invocation; docs/generation.md)."""
-    from moe import describe_model
-    from planner.generation import plan_timing
+def _run_limit(plan: Any) -> tuple[float, str]:
+    """The longest one driver invocation of `plan` may run, seconds, and what sets it: Lambda's
+    timeout, or, for a plan priced for an Express workflow, that workflow's duration limit
+    (the calibration's `express_max_duration_s`)."""
     from planner.replay import calibration_of
 
-    ttft, tpot = plan_timing(plan, describe_model(model), [len(p) for p in ids], new_tokens)
-    limit = float(calibration_of(plan).max_timeout_s)
+    cal = calibration_of(plan)
+    timeout = float(cal.max_timeout_s)
+    express = float(cal.express_max_duration_s)
+    if plan.workflow == "express" and express < timeout:
+        return express, f"the plan's Express workflow's {express:g} s duration limit"
+    return timeout, f"Lambda's {timeout:g} s timeout"
+
+
+def _check_timeout(
+    plan: Any,
+    manifest: Any,
+    lengths: list[int],
+    settings: GenerationConfig,
+    *,
+    shortest: bool = False,
+) -> None:
+    """Refuse a generation whose one driver invocation the plan predicts past its limit
+    (`_run_limit`): it would be killed with every token lost (a long generation is not
+    continued by a second invocation; docs/generation.md). `shortest` says `lengths` are a
+    lower bound on the prompts' (one token each: the model is not loaded yet)."""
+    from planner.generation import plan_timing
+
+    new_tokens = settings.max_new_tokens
+    ttft, tpot = plan_timing(plan, manifest, lengths, new_tokens)
+    limit, what = _run_limit(plan)
     run_s = ttft + (new_tokens - 1) * tpot
     if run_s > limit:
         fits = int((limit - ttft) // tpot) + 1 if tpot > 0 and ttft < limit else 0
+        prompts = (
+            f"even {len(lengths)} one-token prompt(s)" if shortest else f"{len(lengths)} prompt(s)"
+        )
+        standard = (
+            ", or re-plan with `moelambda plan --workflow standard` (up to Lambda's timeout)"
+            if plan.workflow == "express"
+            else ""
+        )
         raise UsageError(
-            f"{len(ids)} prompt(s) with --max-new-tokens {new_tokens:,} would run {run_s:,.0f} s "
-            f"in the driver (the plan's TTFT {ttft:.2f} s, TPOT {tpot:.3f} s), past Lambda's "
-            f"{limit:g} s timeout.",
-            f"pass --max-new-tokens {max(fits, 1):,} or fewer, or fewer or shorter prompts."
+            f"{prompts} with --max-new-tokens {new_tokens} would run {run_s:,.0f} s "
+            f"in the driver (the plan's TTFT {ttft:.2f} s, TPOT {tpot:.3f} s), past {what}.",
+            f"pass --max-new-tokens {max(fits, 1)} or fewer"
+            + (" (longer prompts fit fewer)" if shortest else ", or fewer or shorter prompts")
+            + f"{standard}."
             if fits
-            else "send fewer or shorter prompts per request, or plan a larger driver.",
+            else f"send fewer or shorter prompts per request, or plan a larger driver{standard}.",
         )
 
 

@@ -48,6 +48,7 @@ __all__ = [
     "PlannedDeployment",
     "PlanningCounts",
     "check_plan_options",
+    "check_stream_options",
     "counts_for_plan",
     "plan_confidence",
     "plan_deployment",
@@ -339,6 +340,75 @@ def check_plan_options(
     return tuple(Method) if method is None else (Method.parse(method),)
 
 
+def check_stream_options(
+    options: PlanOptions, *, hardware: str, traffic: str | None, tokens: int | None
+) -> None:
+    """Refuse `moelambda plan` options that the hardware or the stream would drop unsaid,
+    before any loading: what `plan_traffic_on_hardware` (GPU-backed functions, `--hardware
+    gpu|auto` with `--traffic`) and `planner.traffic.api.plan_traffic` would not honour.
+
+    Args:
+        options: The plan's options (`deployment`, the generation options).
+        hardware: cpu, gpu or auto.
+        traffic: The request stream, None without one.
+        tokens: `--tokens` when given, None when left at its default.
+
+    Raises:
+        UsageError: An unknown hardware; GPU-backed functions without a stream or for a
+            decoder's generation; a --deployment the GPU-backed candidates would not keep;
+            --tokens with a stream (its batching decides the batch size).
+    """
+    if hardware not in ("cpu", "gpu", "auto"):
+        raise UsageError(f"--hardware {hardware!r} is not cpu, gpu or auto.", "pass one of them.")
+    generation = [
+        flag
+        for flag, value in (
+            ("--slo-ttft", options.slo_ttft_s),
+            ("--slo-tpot", options.slo_tpot_s),
+            ("--batch-sequences", options.batch_sequences),
+            ("--prompt-tokens", options.prompt_tokens),
+            ("--new-tokens", options.new_tokens),
+        )
+        if value is not None
+    ]
+    if hardware == "gpu" and generation:
+        raise UsageError(
+            "--hardware gpu plans GPU-backed functions for a stream of batches, not yet a "
+            f"decoder's generation ({', '.join(generation)}).",
+            "pass --hardware cpu to plan the generation on CPU functions, or drop "
+            f"{', '.join(generation)} and pass --traffic SPEC --slo-p99 SECONDS to plan "
+            "GPU-backed functions for the stream's batches.",
+        )
+    if hardware == "gpu" and traffic is None:
+        raise UsageError(
+            "--hardware gpu plans GPU-backed functions for a request stream (their pool is "
+            "billed by the hour).",
+            "pass --traffic SPEC --slo-p99 SECONDS, or --hardware cpu.",
+        )
+    if (
+        traffic is not None
+        and not generation
+        and hardware != "cpu"
+        and options.deployment != "auto"
+    ):
+        default = " (the default)" if hardware == "auto" else ""
+        raise UsageError(
+            f"--deployment {options.deployment} with --hardware {hardware}{default}: the "
+            "GPU-backed candidates have shapes of their own (one GPU function holding the "
+            "model, layer stages, or a GPU driver with CPU experts), so the plan written "
+            f"could be another shape than {options.deployment}.",
+            f"pass --hardware cpu to plan the {options.deployment} deployment for the "
+            "stream, or drop --deployment to weigh every shape.",
+        )
+    if traffic is not None and tokens is not None:
+        raise UsageError(
+            f"--tokens {tokens} with --traffic: the stream's batching decides the batch size "
+            "(`plan --traffic` chooses the batch policy, the most tokens per batch and the "
+            "longest wait, from the stream; a generation plans each request's own prompt).",
+            "drop --tokens; the plan says the batch size it chose (max_batch_tokens).",
+        )
+
+
 def slo_of(slo: float | None, throughput: float | None, tokens: int) -> float | None:
     """The batch SLO in seconds: `slo`, or `tokens / throughput` (None: no SLO)."""
     if slo is not None and throughput is not None:
@@ -463,7 +533,7 @@ def plan_deployment(
                 plan, solution = _plan_shape(shape, manifest, counts, calibration, o, slo_s)
                 smallest = solution.min_latency
             if o.concurrency_quota is not None:
-                plan.check_concurrency_quota(o.concurrency_quota)
+                plan = plan.within_concurrency_quota(o.concurrency_quota)
         except (InfeasibleError, PlanError) as error:
             errors[shape] = error
             smallest_slo = _smallest_slo(error)
@@ -489,7 +559,8 @@ def plan_deployment(
     listed = [c.describe() for c in candidates]
     if chosen.deployment == "workflow":
         assert workflow is not None
-        document, summary, solution, frontier = workflow
+        _, summary, solution, frontier = workflow
+        document = chosen.plan  # with the concurrency quota it was checked against
     else:
         document = chosen.plan
         solution = None
@@ -714,7 +785,7 @@ def _plan_generating(
             )
             plan = generation_plan(ginst, solution, manifest, calibration, counts.source)
             if o.concurrency_quota is not None:
-                plan.check_concurrency_quota(o.concurrency_quota)
+                plan = plan.within_concurrency_quota(o.concurrency_quota)
         except (InfeasibleError, PlanError) as error:
             errors[deployment] = error
             listed.append(

@@ -48,8 +48,8 @@ def read_metrics(path: Path, layers: int, experts: int) -> tuple[np.ndarray, np.
 
     Raises:
         UsageError: An unreadable or non-UTF-8 file, no routing record, a record naming a
-            layer or expert the plan does not have, one that does not parse, or a token count
-            below 0.
+            layer or expert the plan does not have, a layer of the plan without a record, one
+            that does not parse, or a token count below 0.
     """
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -108,7 +108,28 @@ def read_metrics(path: Path, layers: int, experts: int) -> tuple[np.ndarray, np.
             f"{path} holds no routing record of namespace {NAMESPACE!r}.",
             "run `moelambda run-local --metrics-out FILE`, or export the gates' log lines.",
         )
+    missing = np.flatnonzero(records == 0)
+    if missing.size:  # every batch passes every layer's gate: these are another model's
+        raise UsageError(
+            f"{path} has routing records of {layers - missing.size} of the plan's {layers} "
+            f"layers, none of layer{'s' if missing.size > 1 else ''} {_ranges(missing)}: "
+            "they are not the metrics of this plan's model (each request writes one record "
+            "per layer).",
+            "pass the metrics of the deployment this plan describes, or the plan of the "
+            "model that wrote them.",
+        )
     return counts, records
+
+
+def _ranges(values: np.ndarray) -> str:
+    """Sorted integers as ranges: [1, 2, 3, 7] -> '1-3, 7'."""
+    runs: list[list[int]] = []
+    for v in values.tolist():
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def _shares(counts: np.ndarray) -> np.ndarray:
@@ -173,6 +194,7 @@ def replan(
         layers_seen[:, None], _shares(observed) * planned.sum(axis=1, keepdims=True), planned
     )
     drift = 0.5 * np.abs(_shares(observed) - _shares(planned)).sum(axis=1)
+    drift = np.where(layers_seen, drift, 0.0)  # a layer not observed keeps the plan's counts
     current = _priced(plan, manifest, scaled)
     cal = calibration_of(plan)
     plan_at = moe_plan_at(

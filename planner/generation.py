@@ -180,8 +180,9 @@ def generation_instance(
             f"{manifest.model} is an encoder ({manifest.model_type}): it produces no tokens, "
             "so there is no time to first token or per output token to plan for.",
             "plan it per batch with --slo S (or --throughput), without --slo-ttft, --slo-tpot, "
-            "--batch-sequences, --prompt-tokens and --new-tokens; or plan a decoder "
-            "(--model smollm2, or --shape mixtral).",
+            "--batch-sequences, --prompt-tokens and --new-tokens; or plan a decoder: its "
+            "routing traces (`moelambda profile --model smollm2 --out DIR`, then `plan --traces "
+            "DIR`), or a decoder's shape (`plan --shape mixtral`).",
         )
     for flag, value in (
         ("--batch-sequences", sequences),

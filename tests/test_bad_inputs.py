@@ -356,3 +356,278 @@ def test_a_non_utf8_calibration_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(CalibrationError, match="not UTF-8 text") as refused:
         load_calibration(binary)
     assert "calibrate --out" in (refused.value.fix or "")
+
+
+# F. Text the corpus reader refuses: the message names what is wrong with it (issue 52).
+
+
+def test_a_one_line_fit_corpus_is_told_to_split_it(tmp_path: Path) -> None:
+    """A file of one long line is one document, all of it held out: enough tokens, too few
+    documents. Bringing more text would not help; splitting it into documents does."""
+    from moe import load_corpus
+
+    one = tmp_path / "one.txt"
+    one.write_text(" ".join(" ".join(d.split()) for d in load_corpus("wiki").documents[:1200]))
+    args = ["profile", "--fit-corpus", str(one), "--out", str(tmp_path / "t")]
+    result = _refused(args, tmp_path, "in 1 document (lines reading)")
+    text = " ".join(result.stderr.split())
+    assert "split the text into documents" in text and "bring about" not in text
+
+
+def test_a_corpus_directory_is_named_as_one(tmp_path: Path) -> None:
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "a.txt").write_text("A document.\n")
+    for flag in ("--corpus", "--fit-corpus"):
+        args = ["profile", flag, str(texts), "--out", str(tmp_path / "t")]
+        result = _refused(args, tmp_path, f"corpus path '{texts}' is a directory")
+        text = " ".join(result.stderr.split())
+        assert "does not exist" not in text and f"pass {flag} the path of one text" in text
+
+
+# Faults a run-local cannot apply, and a fault name it does not know (issue 52).
+
+
+def test_a_fault_the_plan_cannot_take_is_refused(tmp_path: Path) -> None:
+    """expert-crash on a one-function plan (no expert function to crash) exits 2 before any
+    work, naming the shape and the faults that do apply; before, the run went ahead, injected
+    nothing and reported success."""
+    from planner import load_calibration
+    from planner.build import instance_for
+    from planner.deployments import plan_driver_shape
+    from tests.traffic.plans import counts_of, tiny_manifest
+
+    manifest, cal = tiny_manifest(), load_calibration()
+    base = instance_for(manifest, counts_of(2, 4, 2048), cal, tokens=2048)
+    plan = plan_driver_shape("monolithic", base, manifest, cal, None, {"test": True})[0]
+    path = plan.save(tmp_path / "one.json")
+    out = tmp_path / "metrics.jsonl"
+    args = ["run-local", "--plan", str(path), "--faults", "expert-crash=1.0"]
+    result = _refused([*args, "--metrics-out", str(out)], tmp_path, "cannot apply")
+    text = " ".join(result.stderr.split())
+    assert "monolithic plan has no expert function" in text
+    assert "--deployment driver" in text and "throttle" in text
+    assert not out.exists()
+
+
+def test_an_unknown_fault_is_named_with_the_known_ones(inputs: dict[str, Path]) -> None:
+    args = ["run-local", "--plan", str(inputs["plan"]), "--faults", "foo=0.1"]
+    result = _refused(args, inputs["plan"].parent, "unknown fault 'foo'")
+    text = " ".join(result.stderr.split())
+    assert "not a fault=rate item" not in text
+    assert "throttle, s3-slowdown, expert-crash, duplicate" in text
+
+
+# G. A new user's walk through the CLI, round two (issue 52): options the command would drop or
+# ignore, input it would misread, and messages whose fix the command refuses.
+
+
+def _reserving(inputs: dict[str, Path], path: Path, quota: int) -> Path:
+    """The tiny plan with every expert function reserving 300 (its calibration's G raised):
+    2,400 reserved, over the default quota of 1,000, and `quota` recorded."""
+    doc = json.loads(inputs["plan"].read_text())
+    doc["calibration"]["max_replicas"] = 300
+    for layer in doc["layers"]:
+        for expert in layer["experts"]:
+            expert["max_replicas"] = 300
+    doc["concurrency_quota"] = quota
+    path.write_text(json.dumps(doc))
+    return path
+
+
+class _Synthesised(Exception):
+    """Stands in for the CDK: reaching it means every check before the synthesis passed."""
+
+
+def test_synth_checks_the_quota_the_plan_was_made_under(
+    inputs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan made with --concurrency-quota 100000 synthesises without the flag again; one over
+    the quota it recorded is refused, naming it. Before, synth checked every plan against
+    1,000 unless told again (and a plan recording its quota did not load)."""
+    from ground.plan import Plan
+    from planner import load_calibration
+    from planner.api import PlanningCounts, PlanOptions, plan_deployment
+    from tests.traffic.plans import counts_of, tiny_manifest
+
+    planning = PlanningCounts(counts_of(2, 4, 2048), 2048, {"test": True})
+    options = PlanOptions(concurrency_quota=100_000)
+    planned = plan_deployment(tiny_manifest(), planning, load_calibration(), options=options)
+    assert planned.plan.concurrency_quota == 100_000  # the plan records the quota it fits
+
+    def build_app(*args: object, **kwargs: object) -> None:
+        raise _Synthesised
+
+    monkeypatch.setattr("cdk.app.build_app", build_app)
+    large = _reserving(inputs, tmp_path / "large.json", 100_000)
+    assert Plan.load(large).reserved_concurrency() == 2400
+    synth = ["synth", "--plan", str(large), "--out", str(tmp_path / "cdk.out"), "--no-lint"]
+    result = runner.invoke(app, synth)
+    assert isinstance(result.exception, _Synthesised), (result.output, result.exception)
+    _refused([*synth, "--concurrency-quota", "1000"], tmp_path, "quota of 1,000.")
+    small = _reserving(inputs, tmp_path / "small.json", 2000)
+    synth = ["synth", "--plan", str(small), "--out", str(tmp_path / "cdk.out"), "--no-lint"]
+    _refused(synth, tmp_path, "quota of 2,000 (the one the plan was made under)")
+
+
+STREAM = ["--traffic", "poisson:1", "--minutes", "10", "--out", "{tmp}/p.json"]
+DROPPED = {
+    "--deployment workflow --hardware gpu": (
+        ["--deployment", "workflow", "--hardware", "gpu", "--slo-p99", "30"],
+        "--deployment workflow with --hardware gpu",
+        "pass --hardware cpu to plan the workflow deployment",
+    ),
+    "--deployment driver, GPU candidates by default": (
+        ["--deployment", "driver", "--slo-p99", "30"],
+        "--deployment driver with --hardware auto (the default)",
+        "drop --deployment",
+    ),
+    "--tokens with --traffic": (
+        ["--tokens", "1024", "--slo-p99", "30", "--hardware", "cpu"],
+        "--tokens 1024 with --traffic: the stream's batching decides the batch size",
+        "drop --tokens",
+    ),
+    "--hardware gpu for a generation": (
+        ["--hardware", "gpu", "--slo-ttft", "5", "--slo-tpot", "1"],
+        "not yet a decoder's generation (--slo-ttft, --slo-tpot)",
+        "pass --hardware cpu to plan the generation on CPU functions, or drop --slo-ttft, "
+        "--slo-tpot and pass --traffic SPEC --slo-p99 SECONDS",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(DROPPED))
+def test_plan_refuses_an_option_the_stream_or_the_hardware_would_drop(
+    case: str, inputs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Before: the GPU-backed candidates ignored --deployment (a monolithic plan for `workflow`),
+    a stream planned its own batch size over --tokens without a word, and --hardware gpu with a
+    generation's SLOs suggested --slo-p99, which those SLOs refuse."""
+    extra, says, fix = DROPPED[case]
+    args = _args(["plan", "--counts", "{counts}", *STREAM, *extra], inputs, tmp=tmp_path)
+    result = _refused(args, tmp_path, says)
+    assert fix in " ".join(result.stderr.split("To fix:")[1].split())
+
+
+def test_an_encoder_is_told_how_plan_takes_a_decoder() -> None:
+    """`plan` has no --model: the fix names the decoder's routing traces (profile --model, then
+    plan --traces) or a decoder's --shape."""
+    from planner import load_calibration
+    from planner.generation import generation_instance
+    from tests.traffic.plans import tiny_manifest
+
+    encoder = tiny_manifest()
+    with pytest.raises(UsageError, match="is an encoder") as refused:
+        generation_instance(encoder, np.full((2, 4), 0.5), load_calibration())
+    fix = refused.value.fix or ""
+    assert "(--model smollm2" not in fix
+    assert "`moelambda profile --model smollm2 --out DIR`, then `plan --traces DIR`" in fix
+    assert "`plan --shape mixtral`" in fix
+
+
+def test_replan_refuses_metrics_of_another_model(tmp_path: Path) -> None:
+    """Records of 2 layers for a 4-layer plan: another model's. Before, the 2 layers without a
+    record counted as drifted (every share 0) and replan advised on them."""
+    plan = tiny_plan(method="direct", tokens=2048, layers=4).save(tmp_path / "plan.json")
+    metrics = _record_lines(tmp_path / "m.jsonl", 2, 4, {})
+    args = ["replan", "--plan", str(plan), "--metrics", str(metrics)]
+    result = _refused([*args, "--out", str(tmp_path / "new.json")], tmp_path, "of 2 of the plan")
+    assert "4 layers, none of layers 2-3" in result.stderr
+    from ground.plan import Plan
+    from planner.drift import replan
+
+    observed = np.zeros((4, 4))  # the API still takes a partial observation: no drift unseen
+    observed[:2] = 5.0
+    report, _ = replan(Plan.load(plan), observed)
+    assert report["drift_per_layer"][2:] == [0.0, 0.0]
+
+
+@pytest.fixture(scope="module")
+def decoder_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A driver plan of a small decoder (no weights): Express, as its generation fits."""
+    from planner import load_calibration
+    from planner.api import PlanningCounts, PlanOptions, plan_deployment
+    from tests.traffic.plans import counts_of, tiny_manifest
+
+    manifest = tiny_manifest(4, 4, hidden=576).model_copy(
+        update={"family": "decoder", "model": "smollm2", "model_type": "llama"}
+    )
+    model = {"model": "smollm2", "experts": 4, "top_k": 2, "seed": 0, "moefy": None}
+    planning = PlanningCounts(counts_of(4, 4, 1024), 1024, {"test": True}, model)
+    options = PlanOptions(deployment="driver", prompt_tokens=16, new_tokens=16, confidence=0.0)
+    plan = plan_deployment(manifest, planning, load_calibration(), options=options).plan
+    assert plan.workflow == "express" and plan.generation is not None
+    return plan.save(tmp_path_factory.mktemp("decoder") / "plan.json")
+
+
+@pytest.fixture
+def no_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These refusals come before the model loads: loading it fails the test."""
+
+    def load(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was loaded before the request was refused")
+
+    monkeypatch.setattr("moelambda.cli.generate.load_with_status", load)
+
+
+def test_generate_holds_an_express_plan_to_its_duration(
+    decoder_plan: Path, tmp_path: Path, no_model: None
+) -> None:
+    """A generation predicted between the Express limit (the calibration's, 300 s) and Lambda's
+    900 s timeout is refused, naming the --max-new-tokens that fits; before, it started."""
+    from ground.plan import Plan
+    from planner.generation import plan_timing
+    from planner.traffic.workflow import manifest_of_plan
+
+    plan = Plan.load(decoder_plan)
+    express = plan.calibration["express_max_duration_s"]
+    assert express < plan.calibration["max_timeout_s"]
+    manifest = manifest_of_plan(plan)
+
+    def run_s(new_tokens: int) -> float:
+        ttft, tpot = plan_timing(plan, manifest, [1], new_tokens)
+        return ttft + (new_tokens - 1) * tpot
+
+    ttft, tpot = plan_timing(plan, manifest, [1], 2)
+    asked = int((2 * express - ttft) / tpot)  # runs about twice the Express limit
+    assert express < run_s(asked) < plan.calibration["max_timeout_s"]
+    args = ["generate", "--plan", str(decoder_plan), "--prompt", "Hi"]
+    result = _refused([*args, "--max-new-tokens", str(asked)], tmp_path, "Express workflow's")
+    text = " ".join(result.stderr.split())
+    assert f"{express:g} s duration limit" in text
+    fits = int(text.split("pass --max-new-tokens ")[1].split()[0].replace(",", ""))
+    assert run_s(fits) <= express < run_s(fits + 1)
+    assert "--workflow standard" in text
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--top-p", "0.5"], "--top-p 0.5 applies to sampling, and --temperature 0"),
+        (["--stop", ""], '--stop "" is empty'),
+    ],
+)
+def test_generate_refuses_an_option_it_would_ignore(
+    extra: list[str], says: str, decoder_plan: Path, tmp_path: Path, no_model: None
+) -> None:
+    args = ["generate", "--plan", str(decoder_plan), "--prompt", "Hi", *extra]
+    _refused(args, tmp_path, says)
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ('{"prompt": 5}', 'is an object whose "prompt" is the number 5, not text'),
+        ('{"text": "Hello"}', 'is an object without "prompt" (its keys: "text")'),
+        ('["Hello"]', "is a JSON array"),
+    ],
+)
+def test_generate_refuses_a_prompts_line_it_would_misread(
+    line: str, says: str, decoder_plan: Path, tmp_path: Path, no_model: None
+) -> None:
+    """Before, the raw line (`{"prompt": 5}`) was decoded as the prompt's text."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Fine."}\n\n' + line + "\n")
+    args = ["generate", "--plan", str(decoder_plan), "--prompts", str(prompts)]
+    result = _refused(args, tmp_path, f"--prompts {prompts}:3 {says}")
+    assert '{"prompt": "TEXT"}' in result.stderr.split("To fix:")[1]

@@ -66,8 +66,9 @@ def generate(
             f"'{plan}' plans the model shape {ref.model}, which has no weights to run.",
             "plan a model you have (--traces or --counts) to generate with it.",
         )
-    from moelambda.generate import check_generation, generate_locally
+    from moelambda.generate import check_generation, check_request, generate_locally
 
+    check_request(document, texts, settings)  # before the model loads
     model = load_with_status(ref.model, ref.experts, ref.top_k, ref.seed, True, ref.moefy)
     check_generation(document, model, texts, settings)  # before moto, the CDK and Node start
     console = stdout()
@@ -105,23 +106,51 @@ def _prompts(given: list[str] | None, path: Path | None) -> list[str]:
             raise UsageError("no prompt was given.", "pass --prompt TEXT or --prompts FILE.")
         return list(given)
     try:
-        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        lines = [
+            (number, line)
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+            if line.strip()
+        ]
     except (OSError, UnicodeDecodeError) as error:
         raise UsageError(f"cannot read --prompts {path}: {error}.", "pass a text file.") from None
     if not lines:
         raise UsageError(f"--prompts {path} has no prompt.", "put one prompt per line.")
-    return [_prompt_of(line) for line in lines]
+    return [_prompt_of(line, f"{path}:{number}") for number, line in lines]
 
 
-def _prompt_of(line: str) -> str:
-    """A JSONL line ({"prompt": ...} or a JSON string), else the line itself."""
+def _prompt_of(line: str, where: str) -> str:
+    """A JSONL line ({"prompt": ...} or a JSON string), else the line itself (plain text, a
+    number included); a JSON object or array without a prompt string is refused."""
     try:
         value: Any = json.loads(line)
     except json.JSONDecodeError:
         return line
+    if isinstance(value, str):
+        return value
     if isinstance(value, dict) and isinstance(value.get("prompt"), str):
         return value["prompt"]
-    return value if isinstance(value, str) else line
+    if isinstance(value, dict | list):
+        if isinstance(value, list):
+            found = "a JSON array"
+        elif "prompt" in value:
+            found = f'an object whose "prompt" is {_json_kind(value["prompt"])}, not text'
+        else:
+            keys = ", ".join(json.dumps(k) for k in value) or "none"
+            found = f'an object without "prompt" (its keys: {keys})'
+        raise UsageError(
+            f"--prompts {where} is {found}.",
+            'write each line as {"prompt": "TEXT"}, a JSON string ("TEXT"), or plain text.',
+        )
+    return line
+
+
+def _json_kind(value: Any) -> str:
+    """A JSON value's kind, as a message names it."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, int | float):
+        return f"the number {json.dumps(value)}"
+    return "an object" if isinstance(value, dict) else "an array"
 
 
 def _render(console: Any, summary: dict[str, Any], texts: list[str], streamed: bool) -> None:

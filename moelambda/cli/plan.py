@@ -23,6 +23,8 @@ from moelambda.cli._app import (
     user_errors,
 )
 
+DEFAULT_TOKENS = 10240
+
 
 @app.command()
 @user_errors
@@ -51,7 +53,13 @@ def plan(
             "the --traces of a smaller model). Labelled synthetic in the plan."
         ),
     ] = "zipf:1.0",
-    tokens: Annotated[int, typer.Option(help="Tokens per batch to plan for.")] = 10240,
+    tokens: Annotated[
+        int | None,
+        typer.Option(
+            help="Tokens per batch to plan for (default 10,240); not with --traffic, whose "
+            "batching decides the batch size."
+        ),
+    ] = None,
     slo: Annotated[float | None, typer.Option(help="Latency SLO of one batch, seconds.")] = None,
     throughput: Annotated[
         float | None, typer.Option(help="Required tokens/s instead of --slo (SLO = tokens/it).")
@@ -112,7 +120,9 @@ def plan(
             help="Deployment shape: auto plans one function holding the whole model "
             "(monolithic), a driver running the non-MoE stack and its local experts and "
             "invoking the rest (driver), and the fan-out Step Functions workflow (workflow), "
-            "lists them all and deploys the cheapest that meets the SLO."
+            "lists them all and deploys the cheapest that meets the SLO. With --traffic, "
+            "another than auto needs --hardware cpu (GPU-backed candidates have shapes of "
+            "their own)."
         ),
     ] = "auto",
     hardware: Annotated[
@@ -192,6 +202,7 @@ def plan(
     from planner.api import (
         PlanOptions,
         check_plan_options,
+        check_stream_options,
         counts_for_plan,
         plan_confidence,
         plan_deployment,
@@ -201,6 +212,7 @@ def plan(
     )
     from planner.deployments import check_deployment
 
+    given_tokens, tokens = tokens, DEFAULT_TOKENS if tokens is None else tokens
     check_plan_options(solver=solver, arch=arch, tokens=tokens, method=method)
     check_deployment(deployment, objective=objective, method=method, pack=pack)
     options = PlanOptions(
@@ -219,14 +231,7 @@ def plan(
         prompt_tokens=prompt_tokens,
         new_tokens=new_tokens,
     )
-    if hardware not in ("cpu", "gpu", "auto"):
-        raise UsageError(f"--hardware {hardware!r} is not cpu, gpu or auto.", "pass one of them.")
-    if hardware == "gpu" and (traffic is None or options.generating):
-        raise UsageError(
-            "--hardware gpu plans GPU-backed functions for a request stream (their pool is "
-            "billed by the hour), and not yet a decoder's generation.",
-            "pass --traffic SPEC --slo-p99 SECONDS, or --hardware cpu.",
-        )
+    check_stream_options(options, hardware=hardware, traffic=traffic, tokens=given_tokens)
     if traffic is not None and options.generating:
         if slo_p99 is not None:
             raise UsageError(

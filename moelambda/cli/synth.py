@@ -146,12 +146,13 @@ def synth(
         ),
     ] = None,
     concurrency_quota: Annotated[
-        int,
+        int | None,
         typer.Option(
             help="The account's Lambda concurrency quota: refuse a stack whose reserved "
-            "concurrency would not leave Lambda's unreserved minimum of it."
+            "concurrency would not leave Lambda's unreserved minimum of it. Default: the quota "
+            "the plan was made under (`plan --concurrency-quota`), else 1000."
         ),
-    ] = 1000,
+    ] = None,
     workflow: Annotated[
         str | None,
         typer.Option(

@@ -20,6 +20,7 @@ Example (counts from `moelambda predict --counts-out out/counts.json`)::
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from ground.errors import InfeasibleError, UsageError
@@ -156,7 +157,9 @@ def plan_traffic(
     shape = min(choices, key=lambda k: (choices[k].result.bill_usd["total_usd"], shapes.index(k)))
     choice = choices[shape]
     if o.concurrency_quota is not None:
-        choice.plan.check_concurrency_quota(o.concurrency_quota)
+        choice = dataclasses.replace(
+            choice, plan=choice.plan.within_concurrency_quota(o.concurrency_quota)
+        )
     t = choice.plan.traffic
     assert t is not None
     summary = {
@@ -231,8 +234,6 @@ def plan_generation_traffic(
             without the tokens each generates.
         InfeasibleError: No plan meets the SLOs for those lengths.
     """
-    import dataclasses
-
     import numpy as np
 
     from planner.api import plan_deployment

@@ -227,7 +227,7 @@ def test_a_gpu_backed_plan_runs_its_handlers_here_and_equals_the_model(tmp_path:
     out = tmp_path / "gpu.json"
     made = runner.invoke(
         app,
-        ["plan", "--counts", str(counts), "--tokens", "256", "--traffic", "poisson:0.5"]
+        ["plan", "--counts", str(counts), "--traffic", "poisson:0.5"]
         + ["--minutes", "10", "--slo-p99", "30", "--hardware", "gpu", "--out", str(out)],
     )
     assert made.exit_code == 0, made.output

@@ -189,6 +189,7 @@ def test_a_decoder_refuses_an_empty_prompt_a_long_one_and_the_fan_out(
     # would outlast Lambda's 900 s, and the fix names how many fit (1 + 89 steps of 10 s).
     slow = _plan(tmp_path / "slow", path, 4, 2, "driver")
     slow["calibration"]["invoke_round_trip_s"] = 10.0
+    slow["workflow"] = "standard"  # an Express plan is held to 300 s instead (test_bad_inputs)
     slow_plan = Plan.load(_write(tmp_path, "slow", slow))
     assert check_generation(slow_plan, model, ["hello"], GenerationConfig(max_new_tokens=64))
     with pytest.raises(UsageError, match=r"900 s timeout[\s\S]*--max-new-tokens 90 or fewer"):
