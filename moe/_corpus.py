@@ -400,35 +400,43 @@ def _order(corpus: Corpus, tokenizer: Any, rng: np.random.Generator, split: Spli
 
 def check_disjoint(fit: Corpus, judged: Corpus, tokenizer: Any) -> None:
     """Refuse to judge on `judged` a model fitted on `fit` when any of `judged`'s validation or
-    test documents is also in `fit`'s fit part: quality measured on it would not be held out,
-    and a choice made on it would favour the text the model learnt. One corpus (the same
-    documents) is disjoint by construction (`partition`).
+    test documents is also in `fit`'s fit part (quality measured on it would not be held out,
+    and a choice made on it would favour the text the model learnt), or any of its test
+    documents is in `fit`'s validation part (where a fit makes its choices: distillation's kept
+    step). One corpus (the same documents) is disjoint by construction (`partition`).
 
     Raises:
-        CorpusError: Naming how many held-out documents are shared and the first of them.
+        CorpusError: Naming how many held-out documents are shared, where, and the first.
     """
     if fit.sha256 == judged.sha256:
         return
-    learnt = {fit.documents[i].strip() for i in partition(fit, tokenizer).fit}
+    parts = partition(fit, tokenizer)
+    learnt = {fit.documents[i].strip() for i in parts.fit}
+    chosen_on = {fit.documents[i].strip() for i in parts.validation}
     held = partition(judged, tokenizer)
-    shared = {
-        name: [i for i in members.tolist() if judged.documents[i].strip() in learnt]
-        for name, members in (("test", held.test), ("validation", held.validation))
-    }
-    if not any(shared.values()):
+
+    def shared(members: np.ndarray, seen: set[str]) -> list[int]:
+        return [i for i in members.tolist() if judged.documents[i].strip() in seen]
+
+    overlaps = [
+        ("test", "fit", held.test, shared(held.test, learnt)),
+        ("test", "validation", held.test, shared(held.test, chosen_on)),
+        ("validation", "fit", held.validation, shared(held.validation, learnt)),
+    ]
+    overlaps = [o for o in overlaps if o[3]]
+    if not overlaps:
         return
-    first = judged.documents[(shared["test"] or shared["validation"])[0]].strip()
-    first = " ".join(first.split())
+    first = " ".join(judged.documents[overlaps[0][3][0]].strip().split())
     first = first if len(first) <= 60 else first[:57] + "..."
     counts = " and ".join(
-        f"{len(shared[name]):,} of its {len(members):,} {name} documents"
-        for name, members in (("test", held.test), ("validation", held.validation))
-        if shared[name]
+        f"{len(found):,} of its {len(members):,} {name} documents are in the {where} part"
+        for name, where, members, found in overlaps
     )
     raise CorpusError(
-        f"'{judged.name}' is judged as held-out text, but {counts} are also in the fit part of "
-        f"'{fit.name}', the text the model is fitted on (the first: \"{first}\"): quality "
-        "measured on them would not be held out.",
+        f"'{judged.name}' is judged as held-out text, but {counts} of '{fit.name}', the text "
+        f'the model is fitted on (the first: "{first}"): quality measured on them would not '
+        "be held out (a fit learns from its fit part and makes its choices on its validation "
+        "part).",
         "remove the shared documents from one of the two files, or fit on the text you judge "
         "on (the same file for --fit-corpus and --corpus: its parts never share a document).",
     )

@@ -279,10 +279,29 @@ def test_fit_and_judged_texts_sharing_documents_are_refused(small_parts: None) -
     assert inside  # the seed puts some of them in its fit part
     with pytest.raises(CorpusError) as refused:
         check_disjoint(fit, judged, tokenizer)
-    assert f"{len(inside)} of its 50 test documents are also in the fit part of 'fit'" in (
-        refused.value.problem
-    )
+    problem = refused.value.problem
+    assert f"{len(inside)} of its 50 test documents are in the fit part" in problem
+    assert "of 'fit', the text the model is fitted on" in problem
     assert "remove the shared documents" in refused.value.fix
+    # A test document in the fit text's validation part (where distillation keeps its step) is
+    # refused too; a validation document there is not (both parts are for choices).
+    chosen = [f"d{i}" for i in range(800, 1200)]
+    other = Corpus("other fit", tuple(chosen) + tuple(f"d{i}" for i in range(400, 800)))
+    chosen_on = {other.documents[i] for i in partition(other, tokenizer).validation.tolist()}
+    assert len(chosen_on) >= 2
+    test_doc = held.test[0].item()
+    valid_doc = held.validation[0].item()
+    swapped = {doc: f"d{test_doc}" for doc in list(chosen_on)[:1]}
+    swapped |= {doc: f"d{valid_doc}" for doc in list(chosen_on)[1:2]}
+    leaky = Corpus("leaky", tuple(swapped.get(doc, doc) for doc in other.documents))
+    assert partition(leaky, tokenizer).validation.tolist() == (
+        partition(other, tokenizer).validation.tolist()
+    )
+    with pytest.raises(CorpusError) as refused:
+        check_disjoint(leaky, judged, tokenizer)
+    problem = refused.value.problem
+    assert "1 of its 50 test documents are in the validation part of 'leaky'" in problem
+    assert "validation documents" not in problem
 
 
 def test_quality_on_a_shuffled_copy_of_its_fit_text_is_refused_before_the_weights_load(
@@ -308,6 +327,6 @@ def test_quality_on_a_shuffled_copy_of_its_fit_text_is_refused_before_the_weight
     result = CliRunner().invoke(app, [*args, "--fit-corpus", str(fit), "--no-cache"])
     assert result.exit_code == 2, result.output
     problem = " ".join(result.stderr.split())
-    assert "of its 311 test documents and" in problem and "To fix:" in problem
-    assert "validation documents are also in the fit part of" in problem
+    assert "of its 311 test documents are in the fit part" in problem and "To fix:" in problem
+    assert "validation documents are in the fit part of" in problem
     assert sorted(tmp_path.iterdir()) == [judged, fit]
