@@ -301,6 +301,9 @@ def plan_traffic_on_hardware(
             "hardware_chosen": chosen,
         }
     plan = _with_rows(documents[chosen], rows, chosen)
+    quota = getattr(options, "concurrency_quota", None)
+    if quota is not None:  # checked and recorded, as a CPU plan's is: synth reads it back
+        plan = plan.within_concurrency_quota(quota)
     assert plan.traffic is not None
     c = gpu[chosen]
     summary = {

@@ -228,11 +228,13 @@ def test_a_gpu_backed_plan_runs_its_handlers_here_and_equals_the_model(tmp_path:
     made = runner.invoke(
         app,
         ["plan", "--counts", str(counts), "--traffic", "poisson:0.5"]
-        + ["--minutes", "10", "--slo-p99", "30", "--hardware", "gpu", "--out", str(out)],
+        + ["--minutes", "10", "--slo-p99", "30", "--hardware", "gpu", "--out", str(out)]
+        + ["--concurrency-quota", "5000"],
     )
     assert made.exit_code == 0, made.output
     plan = Plan.load(out)
     assert plan.traffic is not None and plan.traffic.accelerated
+    assert plan.concurrency_quota == 5000  # recorded on a GPU plan too, for synth
     result = runner.invoke(app, ["run-local", "--plan", str(out), "--text", TEXT, "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
