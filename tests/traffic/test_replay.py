@@ -21,15 +21,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
-import transformers
 from typer.testing import CliRunner
 
-from moe import resolve_model
 from moelambda.cli import app
 from moelambda.environments import ColdStart
 from moelambda.traffic_replay import host_bound, within_host
 from planner.traffic import load_arrivals
+from tests.traffic.mixtral import save_one_layer_mixtral
 
 runner = CliRunner()
 # 48 s of the trace at a tenth of its rate, compressed 4 times: 12 s, 4 requests of 1 to 7
@@ -49,23 +47,7 @@ def one_layer_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A one-layer tiny Mixtral, its four experts packed in one function: head, gate, experts,
     tail (and the cleanup, which a successful run never starts)."""
     root = tmp_path_factory.mktemp("replay")
-    config = transformers.MixtralConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        sliding_window=None,
-    )
-    torch.manual_seed(0)
-    model = transformers.MixtralForCausalLM(config)
-    model.save_pretrained(root / "mixtral")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(resolve_model("minilm").path)
-    tokenizer.save_pretrained(root / "mixtral")
+    save_one_layer_mixtral(root / "mixtral")
     _cli("profile", "--model", str(root / "mixtral"), "--tokens", "4096", "--out", str(root / "t"))
     plan = root / "plan.json"
     traces = str(root / "t")

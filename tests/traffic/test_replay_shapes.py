@@ -20,12 +20,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
-import transformers
 from typer.testing import CliRunner
 
-from moe import resolve_model
 from moelambda.cli import app
+from tests.traffic.mixtral import save_one_layer_mixtral
 
 runner = CliRunner()
 STREAM = "time_s,tokens\n0,100\n1.5,120\n"  # two requests of one 128-token window each
@@ -42,22 +40,7 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The stream, and a one-function and a driver plan of a one-layer tiny Mixtral (as
     `moelambda plan --deployment monolithic` and `--deployment driver` write them)."""
     root = tmp_path_factory.mktemp("shapes")
-    config = transformers.MixtralConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        sliding_window=None,
-    )
-    torch.manual_seed(0)
-    transformers.MixtralForCausalLM(config).save_pretrained(root / "mixtral")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(resolve_model("minilm").path)
-    tokenizer.save_pretrained(root / "mixtral")
+    save_one_layer_mixtral(root / "mixtral")
     traces = str(root / "t")
     _cli("profile", "--model", str(root / "mixtral"), "--tokens", "2048", "--out", traces)
     files = {"stream": root / "stream.csv"}
