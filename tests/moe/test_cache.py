@@ -73,13 +73,17 @@ def test_each_text_constant_is_in_the_key(  # type: ignore[no-untyped-def]
     assert key() != before
 
 
-def test_the_conversion_code_is_in_the_key(  # type: ignore[no-untyped-def]
-    key, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    code = tmp_path / "moe"
-    shutil.copytree(Path(_cache.__file__).parent, code)
+@pytest.fixture
+def code(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A copy of moe/ whose conversion code the key digests, for a test to edit."""
+    copy = tmp_path / "moe"
+    shutil.copytree(Path(_cache.__file__).parent, copy)
     digest = _cache._conversion_digest
-    monkeypatch.setattr(_cache, "_conversion_digest", functools.partial(digest, code))
+    monkeypatch.setattr(_cache, "_conversion_digest", functools.partial(digest, copy))
+    return copy
+
+
+def test_the_conversion_code_is_in_the_key(key, code: Path) -> None:  # type: ignore[no-untyped-def]
     before = key()
     assert "_export.py" in _cache.CONVERSION_MODULES  # how the weights are written
     for name in _cache.CONVERSION_MODULES:
@@ -131,14 +135,8 @@ def _docstring_lines(source: str) -> list[int]:
     return lines
 
 
-def test_docstrings_and_comments_are_not_in_the_key(  # type: ignore[no-untyped-def]
-    key, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_docstrings_and_comments_are_not_in_the_key(key, code: Path) -> None:  # type: ignore[no-untyped-def]
     """Rewording the documentation of the conversion code converts nothing again."""
-    code = tmp_path / "moe"
-    shutil.copytree(Path(_cache.__file__).parent, code)
-    digest = _cache._conversion_digest
-    monkeypatch.setattr(_cache, "_conversion_digest", functools.partial(digest, code))
     before = key()
     for name in _cache.CONVERSION_MODULES:
         file = code / name
