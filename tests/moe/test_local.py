@@ -3,6 +3,8 @@ conversion costs (its time and peak memory, measured, or estimated before it run
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ import torch
 
 from ground.errors import UsageError
 from moe import _cache, _local, export_model, load_model, moefy_options, resolve_model, run_staged
-from moe._meter import ConversionMeter, conversion_cost, estimate_convert_s
+from moe._meter import conversion_cost, estimate_convert_s
 
 TOL = 1e-5
 
@@ -134,19 +136,33 @@ def test_the_conversion_is_metered(trained: dict) -> None:
     assert quality["convert_peak_rss_mib"] > 100  # torch and the model are resident
 
 
-def test_the_meter_sees_a_peak_that_is_gone_by_the_end() -> None:
-    with ConversionMeter() as meter:
-        before = meter.peak_rss_mib
-        block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
-        block += 1
-        import time
+_PEAK_PROBE = """
+import time
+import torch
+from moe._meter import ConversionMeter
 
-        deadline = time.monotonic() + 30
-        while meter.peak_rss_mib < before + 48 and time.monotonic() < deadline:
-            time.sleep(0.05)  # until the sampler has seen it
-        del block
-    assert meter.peak_rss_mib >= before + 48
-    assert meter.seconds > 0
+with ConversionMeter() as meter:
+    before = meter.peak_rss_mib
+    block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+    block += 1
+    deadline = time.monotonic() + 60
+    while meter.peak_rss_mib < before + 48 and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the sampler has seen it
+    del block
+print(before, meter.peak_rss_mib, meter.seconds)
+"""
+
+
+def test_the_meter_sees_a_peak_that_is_gone_by_the_end() -> None:
+    """In a fresh interpreter: a test worker that has run conversions holds gigabytes whose
+    cold pages the kernel may reclaim while the block arrives, so its resident set need not
+    rise by the block (seen once: 4,439.02 MiB before and after)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PEAK_PROBE], capture_output=True, text=True, check=True
+    )
+    before, peak, seconds = map(float, done.stdout.split())
+    assert peak >= before + 48
+    assert seconds > 0
 
 
 def test_the_local_recipe_is_in_the_key(tiny_dirs: dict[str, Path]) -> None:
