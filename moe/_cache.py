@@ -29,6 +29,7 @@ also exercises the export/load round trip the serving path relies on.
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -39,10 +40,11 @@ import shutil
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import filelock
 import torch
 
 from ground import __version__
@@ -384,21 +386,55 @@ def load_model(
         )
     entry = _entry(source, options)
     if (entry / "manifest.json").is_file():
-        if progress:
-            progress(f"loading MoEfied {source.name} from the cache")
-        return _as_asked(load_exported(entry), source, options)
-    checkpoint = entry.with_name(entry.name + ".partial")
-    built = build_model(
-        model,
-        options=options,
-        quality_tokens=quality_tokens,
-        progress=progress,
-        checkpoint=checkpoint,
-    )
-    try:
-        export_model(built, entry, force=True)
-    except OSError as err:  # a full or read-only disk must not fail the command
-        warnings.warn(f"could not cache the MoEfied model in {entry}: {err}", stacklevel=2)
-    else:
-        shutil.rmtree(checkpoint, ignore_errors=True)
+        return _cached(entry, source, options, progress)
+    with _converting(entry, source.name, progress):
+        if (entry / "manifest.json").is_file():  # another process converted it while we waited
+            return _cached(entry, source, options, progress)
+        checkpoint = entry.with_name(entry.name + ".partial")
+        built = build_model(
+            model,
+            options=options,
+            quality_tokens=quality_tokens,
+            progress=progress,
+            checkpoint=checkpoint,
+        )
+        try:
+            export_model(built, entry, force=True)
+        except OSError as err:  # a full or read-only disk must not fail the command
+            warnings.warn(f"could not cache the MoEfied model in {entry}: {err}", stacklevel=2)
+        else:
+            shutil.rmtree(checkpoint, ignore_errors=True)
     return built
+
+
+def _cached(
+    entry: Path, source: ModelSource, options: MoefyOptions, progress: Callable[[str], None] | None
+) -> MoEModel:
+    if progress:
+        progress(f"loading MoEfied {source.name} from the cache")
+    return _as_asked(load_exported(entry), source, options)
+
+
+@contextlib.contextmanager
+def _converting(entry: Path, name: str, progress: Callable[[str], None] | None) -> Iterator[None]:
+    """Hold the entry's lock while converting: two processes asking for one model (two
+    commands, or two test workers sharing a cache) convert it once; the second waits and loads
+    what the first cached, instead of converting it again beside it and racing for the
+    checkpoints and the entry. A cache directory that cannot hold a lock file converts
+    unlocked, as before."""
+    lock: filelock.FileLock | None = filelock.FileLock(entry.with_name(entry.name + ".lock"))
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            lock.acquire(blocking=False)
+        except filelock.Timeout:
+            if progress:
+                progress(f"waiting for another process converting {name} with these options")
+            lock.acquire()
+    except OSError:  # a read-only cache: nothing to race for
+        lock = None
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()

@@ -356,3 +356,60 @@ def test_a_cache_hit_names_the_text_and_model_as_asked_now(
     quality, measured = quality_of(model, corpus="second.txt", tokens=1024)
     assert not measured
     assert quality.corpus == "second.txt"
+
+
+def test_a_model_another_process_is_converting_is_waited_for_not_converted_again(
+    tiny_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the entry's lock is held (another command, or another test worker sharing the
+    cache, converting the same model), `load_model` says it waits, converts nothing, and loads
+    what the holder cached once it lets go."""
+    import threading
+
+    import filelock
+
+    monkeypatch.setenv(_cache.CACHE_ENV, str(tmp_path / "cache"))
+    digest = _cache._conversion_digest()  # an edit to the tree while this runs must not miss
+    monkeypatch.setattr(_cache, "_conversion_digest", lambda: digest)
+    path = str(tiny_dirs["llama"])
+    options = moefy_options(4, 1, fit_tokens=256)
+    entry = _cache._entry(resolve_model(path), options)
+    holder = filelock.FileLock(entry.with_name(entry.name + ".lock"))
+    entry.parent.mkdir(parents=True)
+    holder.acquire()
+    built = load_model(path, options=options, cache=False, quality_tokens=0)
+    builds: list[str] = []
+    real_build = _cache.build_model
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        builds.append(str(args))
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(_cache, "build_model", counted)
+    messages: list[str] = []
+    waiting = threading.Event()
+
+    def progress(message: str) -> None:
+        messages.append(message)
+        if message.startswith("waiting for another process"):
+            waiting.set()
+
+    loaded: list[object] = []
+    waiter = threading.Thread(
+        target=lambda: loaded.append(
+            load_model(path, options=options, quality_tokens=0, progress=progress)
+        )
+    )
+    waiter.start()
+    try:
+        deadline = time.monotonic() + 300
+        while not waiting.wait(timeout=0.05) and waiter.is_alive():  # waits, or went ahead
+            assert time.monotonic() < deadline, messages
+        assert waiting.is_set(), f"converted beside the holder instead of waiting: {messages}"
+        _cache.export_model(built, entry)  # what the holder converts, then it lets go
+    finally:
+        holder.release()
+        waiter.join(timeout=120)
+    assert builds == [] and any("from the cache" in m for m in messages), messages
+    (model,) = loaded
+    assert model.routers[0].linear.weight.equal(built.routers[0].linear.weight)  # type: ignore[attr-defined]
