@@ -164,12 +164,12 @@ def test_a_failing_rank_fails_the_run_with_its_error_and_stops_the_others(
 ) -> None:
     started = time.monotonic()
     with pytest.raises(GpuRunError, match="rank 1: ValueError: boom"):
-        _launch(_fail_on_rank_one, _job(tmp_path), 2, timeout_s=60)
-    assert time.monotonic() - started < 30
+        _launch(_fail_on_rank_one, _job(tmp_path), 2, timeout_s=600)
+    assert time.monotonic() - started < 300  # when rank 1 failed, not at the 600 s timeout
 
 
 def test_a_run_past_its_timeout_is_killed(tmp_path: Path) -> None:
     started = time.monotonic()
     with pytest.raises(GpuRunError, match="did not finish within 2 s"):
         _launch(_sleep, _job(tmp_path), 2, timeout_s=2)
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 300  # the ranks sleep 600 s: they were killed

@@ -228,7 +228,7 @@ def test_distillation_lowers_its_loss_and_keeps_the_stages_exact(
     hf, tokenizer = load_hf(resolve_model(path))
     family = family_for(hf)
     windows = torch.from_numpy(
-        make_windows(load_corpus("wiki"), tokenizer, tokens=2048, window=32, seed=0)
+        make_windows(load_corpus("wiki"), tokenizer, tokens=1024, window=16, seed=0)
     )
     before = model.banks[0].w_in.clone()
     run = distil(model, family.parts_from_hf(hf), windows, steps=40)
@@ -256,9 +256,10 @@ def test_distillation_keeps_the_experts_of_its_lowest_validation_loss(
     hf, tokenizer = load_hf(resolve_model(path))
     parts = family_for(hf).parts_from_hf(hf)
     corpus = load_corpus("wiki")
-    train = torch.from_numpy(make_windows(corpus, tokenizer, tokens=2048, window=32, seed=0))
+    # 16-token windows: a step's cost is its windows' logits over the 30,522-token vocabulary.
+    train = torch.from_numpy(make_windows(corpus, tokenizer, tokens=1024, window=16, seed=0))
     held = torch.from_numpy(
-        make_windows(corpus, tokenizer, tokens=512, window=32, seed=0, split="validation")
+        make_windows(corpus, tokenizer, tokens=256, window=16, seed=0, split="validation")
     )
     before = [b.w_in.clone() for b in model.banks]
     lr = _distil.LEARNING_RATE
