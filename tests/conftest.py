@@ -111,10 +111,16 @@ SLOWEST_FIRST = (
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    """pytest-xdist's controller tells each worker whether it schedules whole files in the
-    workers' collection order (`--dist loadfile` or `loadscope` with `--no-loadscope-reorder`):
-    only then does putting the slowest files first balance the workers. Under the default
-    `--dist load` it would not: the first worker would get them all in its first batch."""
+    """pytest-xdist's controller tells each worker the run's model cache, and whether it
+    schedules whole files in the workers' collection order (`--dist loadfile` or `loadscope`
+    with `--no-loadscope-reorder`): only then does putting the slowest files first balance the
+    workers. Under the default `--dist load` it would not: the first worker would get them all
+    in its first batch."""
+    import os
+
+    from moe._cache import CACHE_ENV
+
+    node.workerinput["moelambda_cache_dir"] = os.environ[CACHE_ENV]
     option = node.config.option
     node.workerinput["slowest_first"] = option.dist in ("loadfile", "loadscope") and not getattr(
         option, "loadscopereorder", True
@@ -131,19 +137,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Keep the MoEfied-model cache of a test run private, so the first load really converts."""
+    """Keep the MoEfied-model cache of a test run private, so the first load really converts;
+    the xdist workers share the controller's (`pytest_configure_node`), so a model two test
+    files load is converted once per run, not once per worker (`moe._cache` locks an entry
+    while it converts it)."""
     import os
     import tempfile
 
     from moe._cache import CACHE_ENV
 
-    os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="moelambda-test-cache-")
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        os.environ[CACHE_ENV] = workerinput["moelambda_cache_dir"]
+    else:
+        os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="moelambda-test-cache-")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    """The process that made the run's cache removes it; a worker leaves it to the controller."""
     import os
     import shutil
 
     from moe._cache import CACHE_ENV
 
-    shutil.rmtree(os.environ.pop(CACHE_ENV, ""), ignore_errors=True)
+    cache = os.environ.pop(CACHE_ENV, "")
+    if getattr(config, "workerinput", None) is None:
+        shutil.rmtree(cache, ignore_errors=True)
