@@ -72,40 +72,41 @@ def token_windows() -> torch.Tensor:
     return torch.randint(1000, 30000, (3, 16), generator=torch.Generator().manual_seed(1))
 
 
-# The slowest test files, slowest first: on one core of a loaded 2-core machine (`pytest
-# --durations` per directory), each took from about 5 minutes (test_replay.py: real processes)
-# down to about 1 minute (test_bad_inputs.py); a MiniLM conversion (about 1 minute there) is
-# paid by the first file on each worker that loads the model. `make test` runs whole files on its
-# two workers (--dist loadfile) in collection order (--no-loadscope-reorder): these go first, so
-# the workers share the long files from the start and finish together on the short ones, instead
-# of one worker running a long file alone at the end. Only the schedule changes.
+# The slowest test files, slowest first (`pytest --durations=0` summed per file, on two workers
+# of this 2-core machine): from about 100 s (test_replay.py's real processes, in the slow set;
+# test_metered.py in the fast one) down to about 10 s. `make test` and `make test-slow` run
+# whole files on their two workers (--dist loadfile) in collection order
+# (--no-loadscope-reorder): these go first, so the workers share the long files from the start
+# and finish together on the short ones, instead of one worker running a long file alone at the
+# end. Only the schedule changes; each run orders the files it selects.
 SLOWEST_FIRST = (
     "tests/traffic/test_replay.py",
     "tests/serving/test_metered.py",
-    "tests/test_bench.py",
     "tests/test_readme_examples.py",
-    "tests/planner/test_api.py",
-    "tests/serving/test_run_local.py",
-    "tests/test_cli.py",
-    "tests/gpu/test_cli.py",
-    "tests/serving/test_driver.py",
-    "tests/moe/test_quality.py",
     "tests/moe/test_generate.py",
-    "tests/serving/test_generate.py",
-    "tests/serving/test_packed.py",
-    "tests/serving/test_front_door.py",
+    "tests/moe/test_quality.py",
+    "tests/serving/test_run_local.py",
+    "tests/test_bench.py",
     "tests/moe/test_stages.py",
-    "tests/serving/test_faults.py",
-    "tests/planner/test_backtest.py",
-    "tests/test_output.py",
-    "tests/cluster/test_reproduction.py",
-    "tests/serving/test_workflow.py",
-    "tests/planner/test_bo.py",
+    "tests/serving/test_packed.py",
     "tests/planner/test_choose.py",
-    "tests/cdk/test_stack.py",
-    "tests/planner/test_plan_cli.py",
     "tests/serving/test_recovered.py",
-    "tests/test_bad_inputs.py",
+    "tests/gpu/test_cli.py",
+    "tests/cdk/test_stack.py",
+    "tests/planner/test_api.py",
+    "tests/planner/test_plan_cli.py",
+    "tests/moe/test_local.py",
+    "tests/test_cli.py",
+    "tests/serving/test_workflow.py",
+    "tests/serving/test_faults.py",
+    "tests/cluster/test_reproduction.py",
+    "tests/traffic/test_replay_shapes.py",
+    "tests/serving/test_front_door.py",
+    "tests/cdk/test_scanners.py",
+    "tests/serving/test_driver.py",
+    "tests/test_output.py",
+    "tests/planner/test_backtest.py",
+    "tests/planner/test_exact.py",
 )
 
 

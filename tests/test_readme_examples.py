@@ -93,6 +93,7 @@ def test_skipped_demo_steps_write_nothing_the_example_touches() -> None:
 DEMO_TIMEOUT_S = 900
 
 
+@pytest.mark.slow  # the whole demo first
 @pytest.mark.timeout(DEMO_TIMEOUT_S)
 def test_readme_example_runs_as_written(demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One test, the lines in order: a line reads what the lines before it wrote (run-local
@@ -108,6 +109,7 @@ def test_readme_example_runs_as_written(demo_dir: Path, monkeypatch: pytest.Monk
 
 
 @pytest.mark.timeout(DEMO_TIMEOUT_S)  # builds the demo when it lands on a worker of its own
+@pytest.mark.slow  # the whole demo first
 def test_readme_python_snippet_runs(demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(demo_dir)
     exec(compile(_python_snippet(), "README.md", "exec"), {})

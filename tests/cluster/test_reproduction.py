@@ -44,7 +44,6 @@ def test_elasticflow_equals_the_artifact_round_by_round_on_the_195_job_trace() -
     assert ratio == 142 / 195
 
 
-@pytest.mark.slow
 def test_elasticflow_equals_the_artifact_round_by_round_on_cluster01s_first_300_jobs() -> None:
     """An ITP trace on the artifact's n64g8 (two switches, A100 tables): 196 events equal,
     227 of 300 jobs in time (the artifact's run gives 0.75667)."""
@@ -54,7 +53,6 @@ def test_elasticflow_equals_the_artifact_round_by_round_on_cluster01s_first_300_
     assert ratio == 227 / 300
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("trace", ["cluster01", "cluster02", "cluster03", "cluster05"])
 def test_elasticflow_equals_the_artifact_event_by_event_on_whole_itp_traces(trace: str) -> None:
     """The artifact's whole runs: 1,139 events on cluster01 (1,352 jobs in time), 8,373 on

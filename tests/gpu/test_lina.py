@@ -160,7 +160,6 @@ def minilm_trace(minilm: MoEModel, wiki_windows: np.ndarray) -> RoutingTrace:
     return profile_windows(minilm, wiki_windows, tokens=512).trace
 
 
-@pytest.mark.slow  # the shared MiniLM fixture: ~1 min alone, once per session in the suite
 def test_path_persistence_on_real_minilm_routing(minilm_trace: RoutingTrace) -> None:
     k1, k2 = path_persistence(minilm_trace, 1), path_persistence(minilm_trace, 2)
     assert 0 < k1 <= k2 <= 1
@@ -259,7 +258,6 @@ def test_measure_never_reschedules_an_exact_estimate() -> None:
     assert ratios["two_phase"] == ratios["phase1_only"] < ratios["static"]
 
 
-@pytest.mark.slow
 def test_measure_on_real_minilm_routing(minilm_trace: RoutingTrace) -> None:
     profile = minilm_trace.select_windows(np.array([0, 1]))
     held_out = minilm_trace.select_windows(np.array([2, 3]))

@@ -113,14 +113,12 @@ def _assert_succeeded(result: dict, gpus: int, tokens: int) -> None:
     assert result["a2a_seconds"]["planned"] > 0 and result["a2a_seconds"]["baseline"] > 0
 
 
-@pytest.mark.slow
 def test_two_ranks_with_a_replicated_expert_and_both_orders(minilm: MoEModel) -> None:
     """Expert 1 split 50/50 over both ranks, rank 1 hosting three experts."""
     plan = _plan([[(0, 1.0), (1, 0.5)], [(1, 0.5), (2, 1.0), (3, 1.0)]], ["aurora", "rank"])
     _assert_succeeded(run_plan(plan, tokens=512, timeout_s=120), gpus=2, tokens=512)
 
 
-@pytest.mark.slow
 def test_four_ranks_aurora_with_an_idle_rank(minilm: MoEModel) -> None:
     """3 windows on 4 ranks: rank 3 has no tokens but hosts expert 3 and 70% of expert 0."""
     plan = _plan([[(0, 0.3)], [(1, 1.0)], [(2, 1.0)], [(0, 0.7), (3, 1.0)]], ["aurora"])
@@ -130,7 +128,6 @@ def test_four_ranks_aurora_with_an_idle_rank(minilm: MoEModel) -> None:
 # --------------------------------------------------------------------------- failures
 
 
-@pytest.mark.slow
 def test_a_plan_for_another_model_fails_with_a_clear_error(minilm: MoEModel) -> None:
     result = run_plan(_plan([[(0, 1.0), (1, 1.0)], [(2, 1.0), (3, 1.0)]], ["rank"], layers=2))
     assert result["status"] == "FAILED"

@@ -65,6 +65,7 @@ def test_native_moe_decodes_as_hugging_face_generate(
     assert all(g.finish_reason == "length" and g.ttft_s > 0 for g in got)
 
 
+@pytest.mark.slow  # the real 30-layer SmolLM2: 64 tokens against Hugging Face
 def test_smollm2_with_every_expert_generates_what_the_dense_model_generates() -> None:
     """E = k = 2: every expert on every token with unit weights is the dense FFN; 64 greedy
     tokens for three prompts of different lengths, batched, equal Hugging Face's."""

@@ -157,6 +157,7 @@ def test_cached_model_is_the_built_model(
     assert not torch.equal(other_seed.routers[0].linear.weight, minilm.routers[0].linear.weight)
 
 
+@pytest.mark.slow  # the real 30-layer SmolLM2 from its GGUF file
 def test_smollm2_gguf_stages_equal_monolithic(tmp_path: Path) -> None:
     """The decoder default: GGUF weights, tied LM head exported as its own tensor, 30 layers."""
     model = load_model(

@@ -57,6 +57,7 @@ def _run_local(plan: Path) -> dict[str, Any]:
     return summary
 
 
+@pytest.mark.slow  # MiniLM at 16 experts, every method
 def test_minilm_with_16_experts_packed_four_per_function(tmp_path: Path) -> None:
     """Every method, on 4 functions of 4 experts per layer, equals the monolithic model."""
     model = ["--model", "minilm", "--experts", "16"]

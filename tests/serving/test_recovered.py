@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from moe import load_corpus
 from predictor import RoutingTrace
@@ -31,6 +32,7 @@ RECOVERED = [
 ]
 
 
+@pytest.mark.slow  # every recovery option converted, every method run
 def test_recovered_minilm_runs_every_method_as_planned(tmp_path: Path) -> None:
     plan = _packed_plan(RECOVERED, tmp_path, "1", "s3", "pipelined", "direct")
     trace = RoutingTrace.load(tmp_path / "traces")

@@ -109,6 +109,7 @@ def test_run_local_with_faults_reports_every_request(mixed_plan: Path) -> None:
     assert bad.exit_code == 2 and "unknown fault 'meteor'" in bad.output
 
 
+@pytest.mark.slow  # a load test: 16 at once
 def test_concurrent_requests_all_succeed_with_their_own_keys(
     minilm: MoEModel, weights: Path, template: dict[str, Any]
 ) -> None:

@@ -55,6 +55,7 @@ def one_layer_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return plan
 
 
+@pytest.mark.slow  # real environment processes
 def test_a_short_replay_reports_measured_beside_simulated(one_layer_plan: Path) -> None:
     out = _cli("run-local", "--plan", str(one_layer_plan), *TRACE, "--start-concurrency", "2")
     expected = load_arrivals("azure-conv", scale=0.1, hours=0.8 / 60)
@@ -108,6 +109,7 @@ def test_a_short_replay_reports_measured_beside_simulated(one_layer_plan: Path) 
     assert out["wall_s"] >= out["trace_wall_s"] >= arrivals["time_s"][-1]
 
 
+@pytest.mark.slow  # real environment processes
 def test_a_traffic_plan_s_warmers_are_replayed(one_layer_plan: Path, tmp_path: Path) -> None:
     """The same plan served for traffic: its front door's rule (no wait: only simultaneous
     requests share) and a warmer on the tail, two pings a minute (5 s compressed 12 times).
