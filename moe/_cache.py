@@ -48,6 +48,7 @@ import filelock
 import torch
 
 from ground import __version__
+from ground.errors import UsageError
 from ground.manifest import MANIFEST_VERSION
 from moe._experts import ExpertBank
 from moe._export import export_model
@@ -400,7 +401,9 @@ def load_model(
         )
         try:
             export_model(built, entry, force=True)
-        except OSError as err:  # a full or read-only disk must not fail the command
+        # A full or read-only disk must not fail the command (the export names it as a
+        # UsageError: `ground.files.write_atomically`).
+        except (OSError, UsageError) as err:
             warnings.warn(f"could not cache the MoEfied model in {entry}: {err}", stacklevel=2)
         else:
             shutil.rmtree(checkpoint, ignore_errors=True)

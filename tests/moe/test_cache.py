@@ -413,3 +413,18 @@ def test_a_model_another_process_is_converting_is_waited_for_not_converted_again
     assert builds == [] and any("from the cache" in m for m in messages), messages
     (model,) = loaded
     assert model.routers[0].linear.weight.equal(built.routers[0].linear.weight)  # type: ignore[attr-defined]
+
+
+def test_a_cache_that_cannot_hold_a_lock_still_converts(
+    tiny_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache path that is not a directory (a read-only or mistaken setting): no lock, no
+    entry, a warning, and the converted model all the same."""
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    monkeypatch.setenv(_cache.CACHE_ENV, str(blocked))
+    with pytest.warns(UserWarning, match="could not cache the MoEfied model"):
+        model = load_model(
+            str(tiny_dirs["llama"]), experts=4, top_k=1, fit_tokens=256, quality_tokens=0
+        )
+    assert model.experts == 4 and blocked.is_file()
