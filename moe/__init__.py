@@ -19,6 +19,7 @@ from moe._corpus import (
     partition,
     training_windows,
 )
+from moe._decode_context import DecodeContext
 from moe._experts import (
     ExpertBank,
     Router,
@@ -29,7 +30,6 @@ from moe._experts import (
 )
 from moe._export import describe_model, export_model
 from moe._generate import (
-    DecodeContext,
     Generated,
     GenerationConfig,
     Step,
@@ -37,7 +37,8 @@ from moe._generate import (
     generate_tokens,
     generation_request,
 )
-from moe._model import LayerRouting, MoEModel, build_model, moefy_options
+from moe._model import build_model, moefy_options
+from moe._moe_model import LayerRouting, MoEModel
 from moe._moefy import LayerFit
 from moe._options import EXPERT_CHOICES, MoefyOptions, TopK, parse_top_k
 from moe._quality import (

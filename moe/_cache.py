@@ -53,7 +53,8 @@ from ground.manifest import MANIFEST_VERSION
 from moe._experts import ExpertBank
 from moe._export import export_model
 from moe._families import NATIVE_MOE_TYPES
-from moe._model import MoEModel, build_model, fit_text, moefy_options
+from moe._model import build_model, fit_text, moefy_options
+from moe._moe_model import MoEModel
 from moe._moefy import LayerFit
 from moe._options import MoefyOptions
 from moe._quality import QUALITY_TOKENS
@@ -72,8 +73,10 @@ CONVERSION_MODULES = (
     "_export.py",
     "_experts.py",
     "_families.py",
+    "_hf.py",
     "_local.py",
     "_model.py",
+    "_moe_model.py",
     "_moefy.py",
     "_options.py",
     "_quality.py",

@@ -37,7 +37,7 @@ from torch import nn
 from moe._quality import DenseRunner
 
 if TYPE_CHECKING:
-    from moe._model import MoEModel
+    from moe._moe_model import MoEModel
 
 __all__ = ["RECIPE", "VALIDATION_WINDOWS", "Distillation", "distil", "distil_exposure"]
 

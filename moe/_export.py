@@ -33,7 +33,7 @@ from ground.manifest import (
     expert_key,
     layer_key,
 )
-from moe._model import MoEModel
+from moe._moe_model import MoEModel
 
 __all__ = ["describe_model", "export_model"]
 

@@ -153,7 +153,7 @@ class DecoderBlock(nn.Module):
 
     def forward(self, hidden: torch.Tensor, context: Any = None) -> BlockOutput:
         """Full windows (`context` None: causal mask, positions from 0), or one generation step
-        (`moe._generate.DecodeContext`: its positions, mask and KV cache)."""
+        (`moe._decode_context.DecodeContext`: its positions, mask and KV cache)."""
         if context is None:
             length = hidden.shape[1]
             positions = torch.arange(length)[None]

@@ -28,10 +28,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ground.errors import UsageError
+from moe._decode_context import DecodeContext
 from moe._stages import ExpertCall, LayerOutput, Stages, run_stages
 
 __all__ = [
-    "DecodeContext",
     "Generated",
     "GenerationConfig",
     "Step",
@@ -94,22 +94,6 @@ def eos_ids(config: Any) -> list[int]:
     if eos is None:
         return []
     return [int(e) for e in (eos if isinstance(eos, list | tuple) else [eos])]
-
-
-@dataclass
-class DecodeContext:
-    """What a decoder block needs beyond the hidden states when it runs with a cache.
-
-    `cache` holds every layer's keys and values (a Hugging Face `DynamicCache`, indexed by the
-    attention's layer index); `positions` are the new tokens' position ids (B, T); `mask` is the
-    additive attention mask (B, 1, T, S) over the S cached plus new keys; `rows` marks the
-    (B*T,) new tokens that are real (routed to experts); the others are holes.
-    """
-
-    cache: Any
-    positions: torch.Tensor
-    mask: torch.Tensor
-    rows: torch.Tensor
 
 
 @dataclass

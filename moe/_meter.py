@@ -8,76 +8,25 @@ Before an option is converted its cost is estimated (`estimate_convert_s`) from 
 on this project's 2-core machine, so `moelambda choose --max-convert-minutes` can skip what would
 not convert in time; once converted, the measured cost is what counts (`conversion_cost`).
 
-Peak memory is sampled (`SAMPLE_S`) from the process's resident set, not read from
-``ru_maxrss``: that is the peak of the whole process's life, and a command that converts several
-options in turn (`choose`, `bench quality`) would report the largest so far for each.
+Both are measured by `ConversionMeter` (`moe._conversion_meter`), re-exported here for the
+script that measures the rates.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
-import psutil
-
+from moe._conversion_meter import ConversionMeter
 from moe._options import MoefyOptions
 from moe._registry import ModelSource, resolve_model
 
 __all__ = ["ConversionCost", "ConversionMeter", "conversion_cost", "estimate_convert_s"]
 
-SAMPLE_S = 0.2
 # Conversion rates measured on this project's 2-core machine (docs/model.md says how).
 RATES_FILE = Path(__file__).parent / "data" / "convert_rates.json"
-
-
-class ConversionMeter:
-    """Meter a block: `seconds` (plus `earlier_s`, time spent before a resume) and
-    `peak_rss_mib`, the largest resident set sampled while it ran."""
-
-    def __init__(self, earlier_s: float = 0.0) -> None:
-        self.earlier_s = earlier_s
-        self.seconds = 0.0
-        self.peak_rss_mib = 0.0
-        self._started = 0.0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._process = psutil.Process()
-
-    def _sample(self) -> None:
-        rss = self._process.memory_info().rss / 2**20
-        self.peak_rss_mib = max(self.peak_rss_mib, rss)
-
-    def _watch(self) -> None:
-        while not self._stop.wait(SAMPLE_S):
-            self._sample()
-
-    def __enter__(self) -> ConversionMeter:
-        self._started = time.perf_counter()
-        self._sample()
-        self._thread = threading.Thread(target=self._watch, name="conversion-meter", daemon=True)
-        self._thread.start()
-        return self
-
-    def elapsed(self) -> float:
-        """Seconds so far, the time before a resume included."""
-        return self.earlier_s + time.perf_counter() - self._started
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self._sample()
-        self.seconds = self.elapsed()
 
 
 @dataclass(frozen=True)

@@ -1,205 +1,46 @@
-"""The MoE model: load a Hugging Face model, MoEfy it (or take its native experts), run it.
+"""Building the MoE model: load a Hugging Face model, MoEfy it (or take its native experts).
 
-`MoEModel.forward` is the monolithic forward the profiler runs (each token through its top-k
-experts only). `reference=True` runs every expert on every token and masks by the routing: slower,
-but it shares no gather/scatter code with the fast path or with the staged serving path, so tests
-compare both against it.
+A dense model is converted (routers fitted, layers corrected and trained, experts distilled) and
+metered, and its quality against the dense model is measured; a native MoE model keeps its own
+experts and router. The model itself, and how it runs, is `moe._moe_model`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from ground.errors import CorpusError, ModelError, UsageError
+from ground.errors import CorpusError, UsageError
+from moe._conversion_meter import ConversionMeter
+from moe._distil import VALIDATION_WINDOWS, Distillation, distil, distil_exposure
 from moe._experts import ExpertBank, Router, SharedExpert, expert_ffn
 from moe._families import NATIVE_MOE_TYPES, Family, family_for
-from moe._generate import Generated, GenerationConfig, Step, eos_ids, generate_tokens
+from moe._hf import load_hf, load_tokenizer
+from moe._moe_model import MoEModel
 from moe._moefy import LayerFit, MoefiedLayer, moefy_layer
 from moe._options import EXPERT_CHOICES, MAX_SHARED, MoefyOptions, TopK, parse_top_k
-from moe._quality import QUALITY_TOKENS, QUALITY_WINDOW
+from moe._quality import (
+    QUALITY_TOKENS,
+    QUALITY_WINDOW,
+    DenseRunner,
+    check_held_out,
+    measure_quality,
+)
 from moe._registry import ModelSource, resolve_model
-from moe._stages import ExpertCall, HeadStage, LayerOutput, LayerStage, TailStage
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from moe._corpus import Corpus
-    from moe._distil import Distillation
-    from moe._meter import ConversionMeter
 
-__all__ = [
-    "EXPERT_CHOICES",
-    "LayerRouting",
-    "MoEModel",
-    "build_model",
-    "load_hf",
-    "moefy_options",
-]
+__all__ = ["EXPERT_CHOICES", "build_model", "load_hf", "moefy_options"]
 
 FIT_WINDOW = 128
-
-
-@dataclass(frozen=True)
-class LayerRouting:
-    """Routing of one MoE layer for n tokens: what the profiler records."""
-
-    experts: torch.Tensor  # (n, k) expert indices
-    probs: torch.Tensor  # (n, k) gate probabilities of those experts
-    attention_ids: torch.Tensor  # (n,) token ID of the most-attended key
-
-
-@dataclass
-class MoEModel:
-    """A Mixture-of-Experts transformer split into the stages the functions run.
-
-    Attributes:
-        name: The model's name in reports ("minilm", "smollm2" or its directory).
-        family: Architecture family with the config and the classes to rebuild stages.
-        experts: Experts per MoE layer (E).
-        top_k: Experts per token (k).
-        moefied: True when the experts were made from a dense FFN, False for native MoE weights.
-        seed: Seed of the MoEfication (clustering and router fit).
-        head, blocks, routers, banks, combines, tail: The stage modules.
-        tokenizer: The model's tokenizer.
-        fits: Per-layer quality of the fitted routers (empty for native MoE models).
-        shared: Per layer, the always-on part run in the layer function (shared expert and
-            correction bias), or None; empty when no layer has one.
-        options: The MoEfication that made the experts (None for native MoE models).
-        quality: The served model against the dense one on held-out text (`moe.Quality` as a
-            dict), measured when the model was MoEfied; None if never measured.
-    """
-
-    name: str
-    family: Family
-    experts: int
-    top_k: int
-    moefied: bool
-    seed: int
-    head: nn.Module
-    blocks: list[nn.Module]
-    routers: list[Router]
-    banks: list[ExpertBank]
-    combines: list[nn.Module]
-    tail: nn.Module
-    tokenizer: Any
-    fits: list[LayerFit] = field(default_factory=list)
-    shared: list[SharedExpert | None] = field(default_factory=list)
-    options: MoefyOptions | None = None
-    quality: dict[str, Any] | None = None
-
-    def shared_expert(self, layer: int) -> SharedExpert | None:
-        return self.shared[layer] if self.shared else None
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.blocks)
-
-    @property
-    def hidden_size(self) -> int:
-        return self.family.hidden_size
-
-    @torch.inference_mode()
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        *,
-        reference: bool = False,
-        routing: list[LayerRouting] | None = None,
-        tail: bool = True,
-    ) -> torch.Tensor:
-        """Run (B, T) windows through the model; append per-layer routing to `routing` if given.
-
-        Returns the tail's output: sentence embeddings (B, h) for BERT, logits (B, T, V) for
-        decoders; with `tail=False` the last hidden states instead, which is all the profiler
-        needs (a decoder's LM head can cost as much as its MoE layers).
-        """
-        batch, length = input_ids.shape
-        hidden = self.head(input_ids)
-        for layer, (block, router, bank, combine) in enumerate(
-            zip(self.blocks, self.routers, self.banks, self.combines, strict=True)
-        ):
-            out = block(hidden)
-            x = out.ffn_in.reshape(batch * length, -1)
-            idx, weights, probs = router(x)
-            y = bank.dense_masked(x, idx, weights) if reference else bank.sparse(x, idx, weights)
-            shared = self.shared_expert(layer)
-            if shared is not None:
-                y = y + shared(x)
-            hidden = combine(out.residual, y.view(batch, length, -1))
-            if routing is not None:
-                most_attended = out.attention.sum(dim=1).argmax(dim=-1)
-                routing.append(
-                    LayerRouting(idx, probs, input_ids.gather(1, most_attended).reshape(-1))
-                )
-        return self.tail(hidden) if tail else hidden
-
-    def generate(
-        self,
-        prompts: list[list[int]],
-        config: GenerationConfig,
-        *,
-        on_step: Callable[[Step], None] | None = None,
-    ) -> list[Generated]:
-        """Generate in this process, every expert local: what a monolithic function does, and
-        the reference a deployment's generation is held to (`moe.generate_tokens`)."""
-        if self.family.name != "decoder":
-            raise UsageError(
-                f"{self.name} is an encoder: it has no next token to generate.",
-                "generate with a decoder model (SmolLM2, Mixtral, OLMoE).",
-            )
-        cfg = self.family.config
-        return generate_tokens(
-            self.stages(),
-            self.num_layers,
-            prompts,
-            self.expert_call(),
-            config,
-            pad_id=0,
-            eos_ids=eos_ids(cfg),
-            sliding_window=getattr(cfg, "sliding_window", None),
-            tokenizer=self.tokenizer,
-            on_step=on_step,
-        )
-
-    def stages(self) -> _ModelStages:
-        """This model as serving stages (`moe.Stages`) sharing its tensors: what a monolithic
-        function runs, in process, for `moe.generate_tokens`."""
-        return _ModelStages(self)
-
-    def expert_call(self) -> ExpertCall:
-        """Every routed expert of a layer in this process (the `ExpertCall` of one function)."""
-
-        def call(layer: int, out: LayerOutput) -> torch.Tensor:
-            return self.banks[layer].sparse(out.ffn_in, out.experts, out.weights)
-
-        return call
-
-
-class _ModelStages:
-    """`MoEModel`'s modules as the stages of `moe.run_stages`."""
-
-    def __init__(self, model: MoEModel) -> None:
-        self.model = model
-
-    def head(self) -> HeadStage:
-        return HeadStage(self.model.head)
-
-    def layer(self, layer: int) -> LayerStage:
-        m = self.model
-        combine = m.combines[layer - 1] if layer > 0 else None
-        return LayerStage(combine, m.blocks[layer], m.routers[layer], m.shared_expert(layer))
-
-    def tail(self) -> TailStage:
-        return TailStage(self.model.combines[-1], self.model.tail)
 
 
 def moefy_options(
@@ -253,60 +94,6 @@ def moefy_options(
             f"--ridge {recovery['ridge']:g} is not positive.", "pass e.g. --ridge 0.1."
         )
     return MoefyOptions(experts=experts, top_k=rule, seed=seed, fit_tokens=fit_tokens, **recovery)
-
-
-def _hf_kwargs(source: ModelSource) -> dict[str, Any]:
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    return {"gguf_file": source.gguf_file} if source.gguf_file else {}
-
-
-def _loading(source: ModelSource) -> contextlib.AbstractContextManager[Any]:
-    """Turn a load failure into a `ModelError`; drop the GGUF reader's own tqdm bar, which
-    transformers' switch does not reach and which would garble our progress display."""
-
-    @contextlib.contextmanager
-    def guard() -> Any:
-        try:
-            with contextlib.redirect_stderr(io.StringIO()):
-                yield
-        except (OSError, ValueError, KeyError, ImportError) as err:
-            raise ModelError(
-                f"cannot load the model in {source.path}: {err}",
-                "check that the directory holds a complete Hugging Face model (config, weights, "
-                "tokenizer) and that its architecture is supported.",
-            ) from err
-
-    return guard()
-
-
-def load_tokenizer(source: ModelSource) -> Any:
-    """The model's tokenizer alone: enough to check the text before the weights are loaded."""
-    import transformers
-
-    with _loading(source):
-        return transformers.AutoTokenizer.from_pretrained(source.path, **_hf_kwargs(source))
-
-
-def load_hf(source: ModelSource, tokenizer: Any = None) -> tuple[nn.Module, Any]:
-    """Load a Hugging Face model (fp32, eager attention so weights are returned) and tokenizer
-    (unless given)."""
-    import transformers
-
-    kwargs = _hf_kwargs(source)
-    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(source)
-    auto = (
-        transformers.AutoModel
-        if source.model_type == "bert"
-        else transformers.AutoModelForCausalLM
-    )
-    with _loading(source):
-        hf = auto.from_pretrained(
-            source.path, attn_implementation="eager", dtype=torch.float32, **kwargs
-        )
-    return hf.eval(), tokenizer
 
 
 def _native_parts(
@@ -531,7 +318,6 @@ def build_model(
         return _native_model(source, family, parts, hf, tokenizer, experts, top_k, seed)
     assert options is not None
     from moe._corpus import check_fit_text, make_windows
-    from moe._quality import DenseRunner, check_held_out, measure_quality
 
     if quality_tokens:
         check_held_out(options.fit_corpus, quality_tokens, QUALITY_WINDOW)
@@ -563,7 +349,6 @@ def build_model(
             split="test",
         )
     from moe._checkpoint import checkpoint_seconds
-    from moe._meter import ConversionMeter
 
     earlier = 0.0 if checkpoint is None else checkpoint_seconds(checkpoint, options)
     with ConversionMeter(earlier) as meter:
@@ -634,7 +419,6 @@ def _convert(
     seen: dict[str, int | float] | None = None
     if options.distil_steps:
         from moe._corpus import training_windows
-        from moe._distil import VALIDATION_WINDOWS, distil, distil_exposure
 
         say("reading the text to distil on")
         text = training_windows(corpus, tokenizer, window=FIT_WINDOW, seed=options.seed)

@@ -36,7 +36,7 @@ from moe._experts import expert_ffn
 if TYPE_CHECKING:
     from moe._corpus import Corpus
     from moe._families import Family
-    from moe._model import LayerRouting, MoEModel
+    from moe._moe_model import LayerRouting, MoEModel
 
 __all__ = [
     "QUALITY_TOKENS",
@@ -163,7 +163,7 @@ class DenseRunner:
 def dense_reference(model: str) -> DenseRunner:
     """Load the dense model `model` names (the source a MoEfied model was made from)."""
     from moe._families import family_for
-    from moe._model import load_hf
+    from moe._hf import load_hf
     from moe._registry import resolve_model
 
     hf, _ = load_hf(resolve_model(model))

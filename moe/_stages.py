@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 from pydantic import ValidationError
@@ -21,12 +21,10 @@ from torch import nn
 
 from ground.errors import ModelError
 from ground.manifest import HEAD_KEY, MANIFEST_VERSION, TAIL_KEY, Manifest, expert_key, layer_key
+from moe._decode_context import DecodeContext
 from moe._experts import Router, SharedExpert, expert_ffn, gather_shards, routing_shards
 from moe._families import Family
 from moe._options import TopK, parse_top_k
-
-if TYPE_CHECKING:
-    from moe._generate import DecodeContext
 
 __all__ = [
     "ExpertCall",

@@ -5,15 +5,7 @@ from __future__ import annotations
 
 from predictor._bench import bench_profiler, bench_tables
 from predictor._counts import COUNTS_VERSION, PredictedCounts
-from predictor._evaluate import (
-    Evaluation,
-    MethodScore,
-    Split,
-    evaluate_methods,
-    sample_batches,
-    score,
-    split_windows,
-)
+from predictor._evaluate import Evaluation, MethodScore, evaluate_methods, score
 from predictor._methods import (
     DEFAULT_METHOD,
     METHODS,
@@ -29,6 +21,7 @@ from predictor._methods import (
 )
 from predictor._plot import plot_counts
 from predictor._profile import ProfileResult, profile_windows
+from predictor._splits import Split, sample_batches, split_windows
 from predictor._tables import TABLE_FILE, TABLE_VERSION, CountTable, LayerTable, build_tables
 from predictor._trace import TRACE_FILE, TRACE_VERSION, RoutingTrace
 

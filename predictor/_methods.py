@@ -41,7 +41,8 @@ from typing import Any
 import numpy as np
 
 from ground.errors import UsageError, did_you_mean
-from predictor._tables import CountTable, LayerTable
+from predictor._splits import split_windows
+from predictor._tables import CountTable, LayerTable, build_tables
 from predictor._trace import RoutingTrace
 
 __all__ = [
@@ -409,9 +410,6 @@ def predict_batch(trace: RoutingTrace, tokens: int, *, seed: int = 0) -> tuple[n
     What `moelambda plan --traces` plans for: the predictor fitted on the trace's other windows
     predicts a held-out batch of the planned size, scaled to exactly `tokens`.
     """
-    from predictor._evaluate import split_windows
-    from predictor._tables import build_tables
-
     window = int(trace.meta.get("window", 128))
     batch = max(window, tokens // window * window)
     if batch >= trace.num_tokens:
