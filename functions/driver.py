@@ -2,8 +2,9 @@
 
 The driver (`ground.driver`) runs the non-MoE stack of every layer (head, attention blocks,
 norms, gates, combines, tail) and its local experts in process, through the one layer loop
-(`moe.run_stages`); each layer's other experts it invokes, all at once, carrying their rows
-inline or, past the Invoke payload limit, through S3 (`pipeline.transports.call_remote`). A
+(`moe.run_stages`); each layer's other experts it invokes, all at once, while its local experts
+compute (the layer lasts the longer of the two, `ground.driver.layer_seconds`), carrying their
+rows inline or, past the Invoke payload limit, through S3 (`pipeline.transports.call_remote`). A
 monolithic function is the driver with every expert local. A warm driver keeps every stage it
 built (`functions.weights`).
 
@@ -15,6 +16,8 @@ the state machine's definition, not by the caller).
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -75,7 +78,9 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     runs a prefill and its decode steps here, with every sequence's KV cache in this process
     (`moe.generate_tokens`); its output is the new token ids (-1 past a sequence's end) and the
     seconds since the start at which each arrived, and it writes each step's tokens where the
-    routing metrics go (stdout on Lambda), so a client can stream them.
+    routing metrics go (stdout on Lambda), so a client can stream them. Each layer with remote
+    experts writes there too its local experts' seconds, its remote calls' and its own
+    (`driver_layer`): run-local sets them against `ground.driver.layer_seconds`.
 
     Intermediates exist only for shards that went through S3; they are deleted before the
     driver returns, whether it succeeds or fails (the workflow's cleanup is the fallback for
@@ -105,6 +110,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
             arrays = (result,)
         transports.write_tensors(s3, cfg.bucket, key, *arrays)
     finally:
+        call.close()
         if call.overflowed:
             transports.delete_request(s3, cfg.bucket, request_id)
     return {"request_id": request_id, "output_key": key}
@@ -133,6 +139,12 @@ class _RemoteExperts:
         self.manifest, self.local, self.remote, self.stages = manifest, local, remote, stages
         self.overflowed = 0
         self.decoding = False
+        # One thread that carries a layer's remote calls while this one runs the local experts.
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="remote-experts")
+
+    def close(self) -> None:
+        """Ends the remote calls' thread (every call has joined it by then)."""
+        self._pool.shutdown(wait=True)
 
     def __call__(self, layer: int, out: LayerOutput) -> torch.Tensor:
         m, cfg = self.manifest, self.cfg
@@ -141,14 +153,15 @@ class _RemoteExperts:
         record = metrics.expert_counts_record(layer, counts, self.request_id)
         metrics.emit(record, cfg.metrics_file)
         shards_of = routing_shards(out.experts, out.weights, m.experts)
-        parts = {
-            e: (shards_of[e][0], shards_of[e][1], self.stages.expert(layer, e).run(out.ffn_in[t]))
-            for e in self.local[layer]
-            if (t := shards_of[e][0]).numel()
-        }
         functions = self.remote[layer]
         shards = _shards(layer, functions, shards_of, decoding=self.decoding)
-        got, over = transports.call_remote(
+        # The remote experts' Invokes start first and wait on the network while the local
+        # experts compute: a layer takes max(local, slowest remote), as every model prices it
+        # (`ground.driver.layer_seconds`).
+        started = time.perf_counter()
+        remote = self._pool.submit(
+            _timed,
+            transports.call_remote,
             self.s3,
             cfg.bucket,
             self.request_id,
@@ -159,7 +172,29 @@ class _RemoteExperts:
             cfg.invoke,
             cfg.payload_limit,
         )
+        try:
+            parts = {
+                e: (shards_of[e][0], shards_of[e][1], self.stages.expert(layer, e).run(x))
+                for e in self.local[layer]
+                if (x := out.ffn_in[shards_of[e][0]]).numel()
+            }
+        except BaseException:
+            if remote.exception() is None:  # joined: its shards through S3 are cleaned up
+                self.overflowed += remote.result()[0][1]
+            raise
+        local_s = time.perf_counter() - started
+        (got, over), remote_s = remote.result()
         self.overflowed += over
+        if functions:
+            timing = {
+                "kind": "driver_layer",
+                "request_id": self.request_id,
+                "layer": layer,
+                "local_s": round(local_s, 6),
+                "remote_s": round(remote_s, 6),
+                "layer_s": round(time.perf_counter() - started, 6),
+            }
+            metrics.emit(timing, cfg.metrics_file)
         for slot, f in enumerate(functions):
             tokens, w = shards_of[f.expert]
             pieces = [got[key] for key in sorted(got) if key[0] == slot]
@@ -168,6 +203,12 @@ class _RemoteExperts:
         # expert by expert, as the monolithic forward adds them
         ordered = [parts[e] for e in sorted(parts)]
         return gather_shards(out.ffn_in.shape[0], m.hidden_size, ordered)
+
+
+def _timed(call: Any, *args: Any) -> tuple[Any, float]:
+    """`call(*args)` and the seconds it took."""
+    started = time.perf_counter()
+    return call(*args), time.perf_counter() - started
 
 
 def _generate(

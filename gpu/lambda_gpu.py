@@ -34,8 +34,9 @@ measured: `scripts/gpu-lambda-timing.py` times them on a GPU where one is presen
 A request's latency (warm, seconds), as the CPU driver model counts it (`planner.driver`):
 T^str, the input's read, per layer the layer stage on the GPU then the slowest of the local
 experts (in turn, on the GPU) and the remote calls (all at once; a call's rows are split over
-replicas so that each event fits the Invoke payload limit, each replica a round trip
-`invoke_round_trip_s`, its rows in and out at B^f and its compute), then the tail and the
+replicas so that each event fits the Invoke payload limit, each replica timed by the one rule
+`ground.driver.remote_call_s`: the round trip `invoke_round_trip_s`, its rows in and out at
+B^f and its compute), then the tail and the
 output's write. Transfers use the calibration's Lambda bandwidths for GPU functions too.
 
 The pool. Every request is the same size, so the driver is a c-server FCFS queue with a constant
@@ -60,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ground.driver import layer_seconds, remote_call_s
 from ground.errors import InfeasibleError, UsageError
 from ground.semantics import direct_event_bytes
 
@@ -256,7 +258,7 @@ def _smallest_size(sizes: Sequence[int], gib: float) -> int | None:
 def activations_gib(model: _Model, tokens: int, cal: Calibration) -> float:
     """A batch's float32 tensors at their peak in a GPU function: the calibration's
     `driver_activation_states` hidden-state-sized tensors per token, as in a CPU driver."""
-    states = cal.driver_activation_states or 24.0
+    states = cal.required("driver_activation_states", "sizing a GPU function's activations")
     return tokens * model.hidden * 4 * states / 2**30
 
 
@@ -351,7 +353,7 @@ def _request(
 ) -> _Request:
     n = float(tokens)
     bf = cal.invoke_bandwidth_bytes_per_s
-    trip = cal.invoke_round_trip_s or 0.03
+    trip = cal.required("invoke_round_trip_s", "pricing a GPU driver's remote calls")
     rows = n * model.share  # (L, E)
     nonmoe = speed.seconds(model.layer_params, np.full_like(model.layer_params, n))
     local = np.where(layout.local, speed.seconds(model.expert_params, rows), 0.0).sum(axis=1)
@@ -370,8 +372,9 @@ def _request(
             for layer in range(rows.shape[0])
         ]
     )
-    wire = 2 * per_rep * model.token_bytes / bf
-    group_s = np.where(group_rows > 0, trip + wire + group_compute, 0.0)
+    group_s = np.where(
+        group_rows > 0, remote_call_s(trip, per_rep, 2 * model.token_bytes, bf, group_compute), 0.0
+    )
     # CPU functions: each expert its own, at Lambda's largest memory (the fastest)
     from planner.compute import compute_s_at
 
@@ -383,8 +386,12 @@ def _request(
     cpu_run = np.where(
         cpu_rows > 0, cal.warm_start_s + per_cpu * (float(per_token) + model.token_bytes / bf), 0.0
     )
-    cpu_s = np.where(cpu_rows > 0, trip + per_cpu * model.token_bytes / bf + cpu_run, 0.0)
-    layer_s = nonmoe + np.maximum(local, np.maximum(group_s, cpu_s.max(axis=1)))
+    cpu_s = np.where(
+        cpu_rows > 0,
+        remote_call_s(trip, per_cpu, 2 * model.token_bytes, bf, per_cpu * per_token),
+        0.0,
+    )
+    layer_s = nonmoe + layer_seconds(local, np.maximum(group_s, cpu_s.max(axis=1)))
     tail = float(speed.seconds(np.array(model.tail_params), np.array(n)))
     io = 2 * cal.s3_access_delay_s + n * (8 + model.token_bytes_out) / cal.s3_bandwidth_bytes_per_s
     latency = cal.warm_start_s + io + float(layer_s.sum()) + tail

@@ -13,9 +13,9 @@ same requests where they happen):
     Step Functions: one Task state invokes the driver (the front door's batcher and a client
       start the one-state workflow as they start the fan-out one);
     driver: GET inputs/<execution>.bin (unless the ids came inline), then per layer:
-      layer stage on every token -> local experts in process -> remote experts, each non-empty
-      shard (the gate's split over the expert's replicas, `ground.semantics.shard_sizes`) one
-      Invoke:
+      layer stage on every token -> remote experts started, each non-empty shard (the gate's
+      split over the expert's replicas, `ground.semantics.shard_sizes`) one Invoke, while the
+      local experts run in process -> joined (`layer_seconds`: the longer of the two):
         inline:   the rows travel base64 in the Invoke's JSON event and response, when the
                   event fits the Invoke payload limit (`direct_event_bytes`);
         overflow: past it, through S3 under the request's prefix, as the s3 method does: the
@@ -33,7 +33,9 @@ read the same rules.
 
 from __future__ import annotations
 
+import json
 import math
+from typing import Any
 
 import numpy as np
 
@@ -46,7 +48,11 @@ __all__ = [
     "decode_local",
     "encode_local",
     "driver_request_counts",
+    "layer_seconds",
     "overflows",
+    "remote_call_s",
+    "remote_table",
+    "remote_table_bytes",
     "shard_counts",
 ]
 
@@ -55,6 +61,37 @@ DEPLOYMENTS = ("workflow", "driver", "monolithic")
 experts, one function with every expert."""
 
 DRIVER_TRANSITIONS = 1  # the one Task state a successful execution enters
+# What a driver invokes for a remote expert: a function name (at most 64 characters on Lambda)
+# or, where the plan provisions the expert, its `live` alias.
+INVOKED_NAME_MAX = 64 + len(":live")
+
+
+def remote_table(plan: Any, names: list[list[str]]) -> list[list[list[Any]]]:
+    """The remote-expert table the driver's Task carries in its parameters (the state machine's
+    definition sets it: hundreds of names would pass Lambda's 4 KB of environment): per layer,
+    per expert function, [its first hosted expert, the name invoked, planned replicas, cap,
+    max tokens per replica]. `plan` is a `ground.plan.Plan`; `names[layer][slot]` what its
+    functions are invoked as."""
+    return [
+        [
+            [e.hosted[0], name, e.replicas, e.max_replicas, e.max_tokens_per_replica]
+            for e, name in zip(layer.experts, layer_names, strict=True)
+        ]
+        for layer, layer_names in zip(plan.layers, names, strict=True)
+    ]
+
+
+def remote_table_bytes(plan: Any) -> int:
+    """At most the bytes `remote_table` adds to a driver Task's payload (0 for the fan-out
+    workflow, whose Tasks carry no table): every name at its longest, JSON's spaced separators.
+
+    The table rides beside the execution's input, under Step Functions' payload limit: the
+    front door's batcher leaves it this room (`ground.frontdoor.inline_input_limit`).
+    """
+    if plan.driver is None:
+        return 0
+    names = [["x" * INVOKED_NAME_MAX] * len(layer.experts) for layer in plan.layers]
+    return len(json.dumps({"remote": remote_table(plan, names)}).encode())
 
 
 def overflows(rows: int | np.ndarray, token_bytes: int, limit: int) -> bool | np.ndarray:
@@ -63,6 +100,41 @@ def overflows(rows: int | np.ndarray, token_bytes: int, limit: int) -> bool | np
     width, so an event that fits has a response that fits."""
     out = np.asarray(direct_event_bytes(np.asarray(rows), token_bytes)) > limit
     return bool(out) if out.ndim == 0 else out
+
+
+def remote_call_s(
+    round_trip_s: float,
+    rows: float | np.ndarray,
+    row_bytes: float,
+    bandwidth: float,
+    compute_s: float | np.ndarray,
+    *,
+    through_s3: bool | np.ndarray = False,
+    s3_delay_s: float = 0.0,
+    s3_bandwidth: float = 1.0,
+) -> float | np.ndarray:
+    """The one rule for a remote expert call's wall time, as its caller waits on it.
+
+    A synchronous Invoke costs its round trip (`invoke_round_trip_s`: the callee's warm start
+    and the Lambda front end's request), the `rows` rows' bytes in and out (`row_bytes`, both
+    directions) at the Invoke `bandwidth`, and the callee's `compute_s` for them. A shard past
+    the payload limit goes through S3 instead (`through_s3`): the caller PUTs it and GETs the
+    output, the callee GETs it and PUTs its output (four request delays, each row's bytes
+    twice at S3's bandwidth). Every model that prices a remote call (the driver's workload,
+    generation's decode step, GPU groups) calls this, so they cannot disagree.
+    """
+    inline = round_trip_s + rows * row_bytes / bandwidth + compute_s
+    if through_s3 is False:
+        return inline
+    stored = round_trip_s + 4 * s3_delay_s + 2 * rows * row_bytes / s3_bandwidth + compute_s
+    return np.where(through_s3, stored, inline)
+
+
+def layer_seconds(local_s: float | np.ndarray, remote_s: float | np.ndarray) -> float | np.ndarray:
+    """A driver layer's expert phase: the handler starts its remote calls, runs its local
+    experts meanwhile and then joins (`functions.driver`), so the phase lasts the longer of
+    the two. The planner's models and the handler's measured layer line both use this."""
+    return np.maximum(local_s, remote_s)
 
 
 def shard_counts(tokens: int, replicas: int, token_bytes: int, limit: int) -> tuple[int, int, int]:

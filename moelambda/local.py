@@ -8,6 +8,7 @@ batch and renders.
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from collections.abc import Callable
@@ -103,6 +104,7 @@ def run_plan_locally(
         predicted = planned_seconds(document, manifest, counts, int(ids.size))
         planned = planned_usage(document, manifest, counts, int(ids.size))
         say(f"running {requests} execution(s) on moto")
+        records = metrics_file or root / "metrics.jsonl"
         started = time.perf_counter()
         result = run_workflow(
             template,
@@ -110,9 +112,11 @@ def run_plan_locally(
             [ids] * requests,
             metered=metered,
             faults=injected,
-            metrics_file=metrics_file,
+            metrics_file=records,
         )
         wall_s = time.perf_counter() - started
+        ids_run = {r["request_id"] for r in result["requests"]}
+        layers = _driver_layers(records, ids_run)
     runs = result["requests"]
     diffs = [float(abs(r["output"] - reference).max()) for r in runs if "output" in r]
     failed = [r for r in runs if r["status"] != "SUCCEEDED"]
@@ -132,6 +136,7 @@ def run_plan_locally(
             for r in failed
         ],
         "wall_s": round(wall_s, 3),
+        "driver_layers": layers,
         "faults_injected": result["faults"],
         "tokens": int(ids.size),
         "intermediates_left": sum(r.get("intermediates_left", 0) for r in runs),
@@ -286,6 +291,33 @@ def _reference(model: Any, ids: np.ndarray, experts: int) -> tuple[np.ndarray, n
             [np.bincount(r.experts.reshape(-1), minlength=experts + 1)[:experts] for r in routing]
         )
     return np.concatenate(outputs), np.sum(counts, axis=0)
+
+
+def _driver_layers(records: Path, request_ids: set[str]) -> dict[str, Any] | None:
+    """The driver's layers with remote experts in this run's requests, as measured against how
+    the model prices a layer (`ground.driver.layer_seconds`: the longer of its local experts and
+    its remote calls, which run at once) and against running the two one after the other; None
+    without any."""
+    import numpy as np
+
+    from ground.driver import layer_seconds
+
+    rows = [
+        (r["local_s"], r["remote_s"], r["layer_s"])
+        for line in (records.read_text(encoding="utf-8").splitlines() if records.exists() else [])
+        if (r := json.loads(line)).get("kind") == "driver_layer" and r["request_id"] in request_ids
+    ]
+    if not rows:
+        return None
+    local, remote, measured = (np.array(column) for column in zip(*rows, strict=True))
+    priced = float(np.sum(layer_seconds(local, remote)))
+    return {
+        "layers": len(rows),
+        "measured_s": round(float(measured.sum()), 4),
+        "priced_s": round(priced, 4),
+        "sequential_s": round(float((local + remote).sum()), 4),
+        "measured_over_priced": round(float(measured.sum()) / priced, 3) if priced else None,
+    }
 
 
 def _predicted_vs_measured(

@@ -14,7 +14,7 @@ from datetime import date
 from importlib import resources
 from itertools import pairwise
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -532,6 +532,25 @@ class Calibration(BaseModel):
                 f"parameters.lambda_prices in {self.source_path or 'the calibration file'}.",
             )
         return self.lambda_prices[arch]
+
+    def required(self, name: str, needed_for: str) -> Any:
+        """The entry `name`, which `needed_for` cannot do without.
+
+        Entries added after the first schema are optional in the file (a plan carries the
+        calibration it was made with), but no model may make one up: this is the one place a
+        missing entry is refused.
+
+        Raises:
+            CalibrationError: The calibration has no `name`; names the entry and the fix.
+        """
+        value = getattr(self, name)
+        if value is None:
+            raise CalibrationError(
+                f"{self.source_path or 'the calibration'} lacks {name}, which {needed_for} needs.",
+                f"copy {name} from the packaged calibration file (planner/data/calibration.json)"
+                " into it, or make the plan again with the current moelambda.",
+            )
+        return value
 
     def vcpus_at(self, memory_mb: float) -> float:
         """The CPU share, in vCPUs, that Lambda grants a function of `memory_mb`.

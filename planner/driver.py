@@ -4,14 +4,17 @@ A driver function (`ground.driver`) runs the non-MoE stack and its local experts
 invokes the remote experts' functions. What the model says, per request (times in seconds):
 
 * driver: T^str, reading the token ids (T^dl + 8 N / B^s), per layer the layer stage on all N
-  tokens (N u_layer at the driver's memory), then the layer's experts: local ones one after
-  another (u_expert per routed row), remote ones all at once; the layer ends when both are
-  done (t_e = N u_layer + max(local, slowest remote)); then the tail (N u_tail) and the output
+  tokens (N u_layer at the driver's memory), then the layer's experts: remote ones all at once,
+  local ones meanwhile one after another (u_expert per routed row); the layer ends when both
+  are done (t_e = N u_layer + max(local, slowest remote), `ground.driver.layer_seconds`, as
+  the handler runs it); then the tail (N u_tail) and the output
   (T^dl + N D^o / B^s), and a listing and delete (2 T^dl) if any shard went through S3;
 * a remote expert's replica with r = ceil(d / g) rows, inline (its event fits the payload
-  limit): sent at B^f, billed T^str + r (D^o / B^f + U_j), done at r D^in / B^f + that; through
-  S3 past the limit: billed T^str + 2 T^dl + r ((D^in + D^o) / B^s + U_j), done after the
-  driver's PUT before it and its GET after it (T^dl + r D / B^s each);
+  limit): sent at B^f, billed T^str + r (D^o / B^f + U_j), done after RT + r ((D^in + D^o) /
+  B^f + U_j), RT the Invoke's round trip (`invoke_round_trip_s`); through S3 past the limit:
+  billed T^str + 2 T^dl + r ((D^in + D^o) / B^s + U_j), done after RT + 4 T^dl + 2 r (D^in +
+  D^o) / B^s + r U_j (the driver's PUT before it and its GET after it): one rule,
+  `ground.driver.remote_call_s`, for every model's remote call;
 * the bill: the driver's GB-s for the whole request (memory x latency), every remote replica's
   GB-s, one Lambda request per function started, the S3 requests of the overflowing shards, the
   input GET and output PUT, and the one-state workflow (an Express execution's request and
@@ -46,7 +49,14 @@ from typing import Any
 
 import numpy as np
 
-from ground.driver import DEPLOYMENTS, activation_bytes, driver_request_counts, overflows
+from ground.driver import (
+    DEPLOYMENTS,
+    activation_bytes,
+    driver_request_counts,
+    layer_seconds,
+    overflows,
+    remote_call_s,
+)
 from ground.errors import CalibrationError, InfeasibleError
 from ground.manifest import Manifest
 from planner.calibration import Calibration
@@ -109,6 +119,7 @@ class DriverInstance:
     activations_mb: float  # a batch's tensors with remote experts (`activation_bytes`)
     activations_local_mb: float  # the same with every expert local
     payload_limit: int  # an inline Invoke's event (and response)
+    round_trip_s: float  # a warm synchronous Invoke's round trip (`ground.driver.remote_call_s`)
     max_memory_mb: float
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -217,6 +228,7 @@ def driver_instance(
         activations_mb=acts(True) / MB,
         activations_local_mb=acts(False) / MB,
         payload_limit=calibration.invoke_payload_bytes,
+        round_trip_s=calibration.invoke_round_trip_s,
         max_memory_mb=float(calibration.lambda_max_memory_mb),
         meta={"model": manifest.model},
     )
@@ -254,8 +266,15 @@ def remote_options(dinst: DriverInstance, layer: int) -> RemoteOptions:
     inline_time = start + r * (d_out / bf + u)
     s3_time = start + 2 * dl + r * ((d_in + d_out) / bs + u)
     time_ = np.where(over, s3_time, inline_time)
-    finish = np.where(
-        over, 2 * dl + r * (d_in + d_out) / bs + s3_time, r * d_in / bf + inline_time
+    finish = remote_call_s(
+        dinst.round_trip_s,
+        r,
+        d_in + d_out,
+        bf,
+        r * u,
+        through_s3=over,
+        s3_delay_s=dl,
+        s3_bandwidth=bs,
     )
     busy = np.minimum(d, g)
     q = np.floor(d / g)
@@ -339,7 +358,7 @@ def evaluate_driver(
             violations.append(f"layer {e} expert {i}: memory or timeout limit")
         local_s = float(dinst.u_expert[d]) * float(np.ceil(dinst.base.counts[e])[local[e]].sum())
         remote_s = float(np.where(remote, opts.finish[idx, j, g], 0.0).max(initial=0.0))
-        layer_t[e] = max(local_s, remote_s)
+        layer_t[e] = float(layer_seconds(local_s, remote_s))
     latency = dinst.fixed_s(d, overflow) + float(layer_t.sum())
     need = (
         dinst.runtime_mb

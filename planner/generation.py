@@ -53,8 +53,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ground.driver import overflows
-from ground.errors import CalibrationError, InfeasibleError, UsageError
+from ground.driver import layer_seconds, overflows, remote_call_s
+from ground.errors import InfeasibleError, UsageError
 from ground.generation import (
     decode_steps,
     expected_remote_hits,
@@ -173,7 +173,8 @@ def generation_instance(
 
     Raises:
         UsageError: An encoder, or a batch or length below 1.
-        CalibrationError: The calibration has no `invoke_round_trip_s`.
+        CalibrationError: The calibration has no `invoke_round_trip_s` or
+            `decode_layer_floor_s`.
     """
     if manifest.family not in DECODER_FAMILIES:
         raise UsageError(
@@ -191,12 +192,6 @@ def generation_instance(
     ):
         if value < 1:
             raise UsageError(f"{flag} {value} is not positive.", f"pass {flag} 1 or more.")
-    if calibration.invoke_round_trip_s is None:
-        raise CalibrationError(
-            f"{calibration.source_path or 'the calibration'} lacks invoke_round_trip_s, which "
-            "planning generation needs.",
-            "copy the entry from the packaged calibration file (planner/data).",
-        )
     tokens = sequences * prompt_tokens
     share = np.asarray(share, dtype=float)
     base = instance_for(
@@ -211,8 +206,8 @@ def generation_instance(
         sequences=sequences,
         prompt_tokens=prompt_tokens,
         new_tokens=new_tokens,
-        round_trip_s=float(calibration.invoke_round_trip_s),
-        layer_floor_s=float(calibration.decode_layer_floor_s or 0.0),
+        round_trip_s=float(calibration.required("invoke_round_trip_s", "planning generation")),
+        layer_floor_s=float(calibration.required("decode_layer_floor_s", "planning generation")),
         kv_bytes_per_token=float(kv),
     )
 
@@ -274,9 +269,13 @@ def decode_step(
     for layer in range(ginst.layers):
         local_s = float(dinst.u_expert[memory]) * B * float(q[layer][local[layer]].sum())
         called = remote[layer] & (q[layer] > 0)
-        finish = ginst.round_trip_s + rows[layer] * (width / b.invoke_bandwidth + u_j)
+        finish = np.asarray(
+            remote_call_s(
+                ginst.round_trip_s, rows[layer], width, b.invoke_bandwidth, rows[layer] * u_j
+            )
+        )
         remote_s = float(finish[called].max(initial=0.0))
-        tpot += B * float(dinst.u_layer[memory, layer]) + max(local_s, remote_s)
+        tpot += B * float(dinst.u_layer[memory, layer]) + float(layer_seconds(local_s, remote_s))
         billed = hit[layer] * b.warm_start_s + B * q[layer] * (
             b.token_bytes_out / b.invoke_bandwidth + u_j
         )
@@ -402,12 +401,14 @@ class GenerationGrid:
         hit, rows = hit_probability(q, B), rows_per_hit(q, B)
         u_j, m_j = b.compute_s[None, None, :], b.memory_mb[None, None, :]
         width = b.token_bytes_in + b.token_bytes_out
-        call = ginst.round_trip_s + rows[..., None] * (width / b.invoke_bandwidth + u_j)
+        call = remote_call_s(
+            ginst.round_trip_s, rows[..., None], width, b.invoke_bandwidth, rows[..., None] * u_j
+        )
         call = np.where(q[..., None] > 0, call, 0.0)
         remote_s = _suffix(call, np.maximum, 0.0)  # (L, K, J)
         local_dec = dinst.u_expert[:, None, None] * B * _prefix(q)[None]  # (D, L, K)
         stage = B * dinst.u_layer[:, :, None, None]  # (D, L, 1, 1)
-        step = np.maximum(local_dec[..., None], remote_s[None]) + stage
+        step = layer_seconds(local_dec[..., None], remote_s[None]) + stage
         floor = L * ginst.layer_floor_s
         tpot = step.sum(axis=1) + B * dinst.u_tail[:, None, None] + floor  # (D, K, J)
         billed = hit[..., None] * b.warm_start_s + B * q[..., None] * (
@@ -647,14 +648,15 @@ def _plan_instance(
     share = counts / max(float(plan.totals.tokens), 1.0)
     batch = sequences * prompt_tokens
     dinst, choice = driver_of(plan, manifest, share * batch, batch)
+    cal = calibration_of(plan)
     ginst = GenerationInstance(
         prefill=dinst,
         share=share,
         sequences=sequences,
         prompt_tokens=prompt_tokens,
         new_tokens=new_tokens,
-        round_trip_s=float(calibration_of(plan).invoke_round_trip_s or 0.0),
-        layer_floor_s=float(calibration_of(plan).decode_layer_floor_s or 0.0),
+        round_trip_s=float(cal.required("invoke_round_trip_s", "pricing generation")),
+        layer_floor_s=float(cal.required("decode_layer_floor_s", "pricing generation")),
         kv_bytes_per_token=2.0 * manifest.num_layers * manifest.token_bytes_in,
     )
     remote = ~choice.local

@@ -40,3 +40,19 @@ def metering(console: Console, summary: dict[str, Any]) -> None:
         return
     for line in block["lines"]:
         console.print(f"{line}.", highlight=False)
+
+
+def driver_layers(console: Console, summary: dict[str, Any]) -> None:
+    """The driver's layers with remote experts: measured against the model's rule (local
+    experts while the remote calls run: the longer of the two), and the two run in turn."""
+    block = summary.get("driver_layers")
+    if block is None:
+        return
+    ratio = block["measured_over_priced"]
+    console.print(
+        f"driver layers with remote experts ({block['layers']}): measured "
+        f"{block['measured_s']:.3f} s against {block['priced_s']:.3f} s as the model prices "
+        f"them (local experts while the remote calls run); {block['sequential_s']:.3f} s one "
+        f"after the other; measured / priced {'-' if ratio is None else f'{ratio:.2f}'}.",
+        highlight=False,
+    )

@@ -112,6 +112,7 @@ def run_local(console: Console, summary: dict[str, Any]) -> None:
     from moelambda.cli import _render_local
 
     console.print(_render_local.seconds_table(summary))
+    _render_local.driver_layers(console, summary)
     if summary["metered"] is not None:
         # Polls and GB-seconds depend on timing (handlers here run slower than on Lambda); the
         # requests and transitions of a successful run do not.

@@ -54,6 +54,7 @@ def small_driver(seed: int, *, layers: int = 2, experts: int = 3) -> DriverInsta
         activations_mb=float(rng.uniform(50, 400)),
         activations_local_mb=float(rng.uniform(20, 50)),
         payload_limit=int(rng.choice([60_000, 200_000, 6_291_456])),
+        round_trip_s=0.03,
         max_memory_mb=10240.0,
     )
 

@@ -121,10 +121,14 @@ def test_a_shape_equals_the_monolithic_model_and_bills_what_it_planned(
     assert {k: metered[k] for k in EXACT} == {k: planned[k] for k in EXACT}
     assert metered["transitions"] == 1  # one Task: no fan-out
     functions = summary["predicted_vs_measured"]["functions"]
+    layers = summary["driver_layers"]
     if shape == "monolithic":
         assert set(functions) == {"driver"} and metered["lambda_requests"] == 1
         assert metered["s3_put"] == 1 and metered["s3_list"] == 0  # the output alone
+        assert layers is None  # no layer calls a remote expert
     else:
+        # the three layers with remote experts, timed as the model prices them
+        assert layers["layers"] == 3 and layers["measured_s"] >= layers["priced_s"] > 0
         assert {"driver", "layer00/expert00", "layer01/expert03"} <= functions.keys()
         # some shards went through S3 (2 PUT + 2 GET each) and were cleaned up
         assert metered["s3_put"] > 1 and metered["s3_delete"] >= 1
