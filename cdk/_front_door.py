@@ -28,6 +28,7 @@ from constructs import Construct
 
 from cdk._functions import ServingFunctions
 from ground import frontdoor
+from ground.driver import remote_table_bytes
 from ground.errors import UsageError
 from ground.plan import Plan
 
@@ -106,7 +107,9 @@ class FrontDoor(Construct):
                 "MOELAMBDA_MAX_BATCH_TOKENS": str(traffic.max_batch_tokens),
                 # A batch's ids travel in the execution's input when it fits this.
                 "MOELAMBDA_INPUT_LIMIT": str(
-                    frontdoor.inline_input_limit(int(cal["step_functions_payload_bytes"]))
+                    frontdoor.inline_input_limit(
+                        int(cal["step_functions_payload_bytes"]), remote_table_bytes(plan)
+                    )
                 ),
                 "MOELAMBDA_STATE_MACHINE_ARN": state_machine.state_machine_arn,
             },

@@ -39,6 +39,7 @@ from constructs import Construct
 
 from cdk._functions import ServingFunctions
 from ground.coldstart import THROTTLE_RETRY
+from ground.driver import remote_table
 from ground.errors import UsageError
 from ground.plan import LayerPlan, Plan
 
@@ -170,19 +171,8 @@ class ServingStateMachine(Construct):
         shards it had written through S3)."""
         functions = self._functions
         assert functions.driver is not None
-        remote = [
-            [
-                [
-                    e.hosted[0],
-                    functions.target(fn).function_name,
-                    e.replicas,
-                    e.max_replicas,
-                    e.max_tokens_per_replica,
-                ]
-                for e, fn in zip(layer.experts, experts, strict=True)
-            ]
-            for layer, experts in zip(plan.layers, functions.experts, strict=True)
-        ]
+        names = [[functions.target(fn).function_name for fn in fns] for fns in functions.experts]
+        remote = remote_table(plan, names)
         driver = self._task(
             "Driver", functions.driver, {}, static=self._request() | {"remote": remote}
         )

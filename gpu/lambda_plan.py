@@ -49,7 +49,7 @@ def front_door(cal: Calibration, stream: Stream) -> tuple[float, float]:
     execution per request (see the module docstring)."""
     from planner.traffic.platform import BATCHER_MEMORY_MB, front_door_for
 
-    door = front_door_for(cal)
+    door = front_door_for(cal, 0)  # one execution per request: the table is not priced here
     if door is None:
         return 0.0, 0.0
     n = int(stream.arrivals_s.size)

@@ -57,6 +57,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ground.errors import InfeasibleError
+
 __all__ = [
     "BATCHER_MEMORY_MB",
     "MESSAGE_ENVELOPE_BYTES",
@@ -98,9 +100,23 @@ TAIL_PAYLOAD_MARGIN_BYTES = 8192
 RESULT_WRITERS = 16
 
 
-def inline_input_limit(payload_limit: int) -> int:
-    """The largest execution input whose token ids travel inline."""
-    return int(payload_limit) - TAIL_PAYLOAD_MARGIN_BYTES
+def inline_input_limit(payload_limit: int, static_bytes: int) -> int:
+    """The largest execution input whose token ids travel inline: Step Functions' payload
+    limit less the tail's margin and what the definition adds beside the input in every Task
+    (`static_bytes`: a driver's remote-expert table, `ground.driver.remote_table_bytes`).
+
+    Raises:
+        InfeasibleError: The definition's own parameters leave no room for an input.
+    """
+    limit = int(payload_limit) - TAIL_PAYLOAD_MARGIN_BYTES - int(static_bytes)
+    if limit <= 0:
+        raise InfeasibleError(
+            f"the driver's remote-expert table ({static_bytes:,} bytes) leaves no room for a "
+            f"request under Step Functions' payload limit ({payload_limit:,} bytes).",
+            "plan with fewer remote experts (more driver memory, or --deployment monolithic), "
+            "or as the fan-out workflow (--deployment workflow).",
+        )
+    return limit
 
 
 def result_write_s(requests: Any, put_s: float) -> Any:

@@ -104,6 +104,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ground.driver import remote_table_bytes
 from ground.errors import UsageError
 from moelambda.environments import POLL_S, ColdStart, EnvironmentPool, FunctionSpec, Throttled
 
@@ -825,7 +826,13 @@ def replay_traffic(
 
         # What the simulator is fed (below) fixes the trace's shift after the prewarm, `lead`,
         # and with it when the warmers' later rounds fall in the trace.
-        base = platform_for(cal, wf.functions, document.arch, idle_s=idle_c)
+        base = platform_for(
+            cal,
+            wf.functions,
+            document.arch,
+            static_bytes=remote_table_bytes(document),
+            idle_s=idle_c,
+        )
         door = base.front_door
         if door is not None:  # the replay dispatches without a batching function
             door = dataclasses.replace(door, batcher_init_s=0.0, start_s=0.0, put_s=0.0)

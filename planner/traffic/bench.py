@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ground.driver import remote_table_bytes
 from ground.errors import InfeasibleError
 from ground.plan import Plan
 from planner.calibration import Calibration
@@ -49,7 +50,7 @@ def _judge(
     policy, capacity, _ = policies_of(plan)
     largest = int(arrivals.tokens.max()) if arrivals.requests else 1
     model = workflow_model(plan, max(policy.max_tokens, largest))
-    platform = platform_for(cal, model.functions, plan.arch)
+    platform = platform_for(cal, model.functions, plan.arch, static_bytes=remote_table_bytes(plan))
     return simulate(model, arrivals, policy, platform, capacity, reserve=reserve)
 
 

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ground.coldstart import retry_waits
+from ground.driver import remote_table_bytes
 from ground.errors import UsageError
 from ground.plan import Plan
 from planner.generation import plan_decode
@@ -203,7 +204,9 @@ def simulate_generation(
     steps = generated - 1
     model = workflow_model(plan, int(context.max()) if context.size else 1)
     cal, where = traffic_calibration(plan, calibration)
-    platform = platform_for(cal, model.functions, plan.arch, idle_s=idle_s)
+    platform = platform_for(
+        cal, model.functions, plan.arch, static_bytes=remote_table_bytes(plan), idle_s=idle_s
+    )
     tpot, step_usd, _ = plan_decode(plan, manifest_of_plan(plan))
     ttft_warm = model.at(model.latency_s, context)
     refused, limit = _refusals(plan, model, context, generated, ttft_warm + steps * tpot)

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from ground.driver import remote_table_bytes
 from ground.errors import InfeasibleError
 from ground.managed import environment_memory_mb
 from ground.plan import FunctionCapacity, Plan, TrafficPlan
@@ -226,7 +227,13 @@ def plan_for_traffic(
                 model = workflow_model(plan, max(cap, largest))
                 models[key] = (
                     model,
-                    platform_for(calibration, model.functions, arch, idle_s=idle_s),
+                    platform_for(
+                        calibration,
+                        model.functions,
+                        arch,
+                        static_bytes=remote_table_bytes(plan),
+                        idle_s=idle_s,
+                    ),
                 )
             model, platform = models[key]
             policy = BatchPolicy(cap, wait)

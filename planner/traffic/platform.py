@@ -121,8 +121,10 @@ def init_model(calibration: Calibration) -> InitModel:
     )
 
 
-def front_door_for(calibration: Calibration) -> FrontDoor | None:
-    """The front door's limits and prices, and its batcher's INIT (None: not calibrated)."""
+def front_door_for(calibration: Calibration, static_bytes: int) -> FrontDoor | None:
+    """The front door's limits and prices, and its batcher's INIT (None: not calibrated);
+    `static_bytes` is what the plan's Tasks carry beside the input
+    (`ground.driver.remote_table_bytes`)."""
     c = calibration
     if any(getattr(c, n) is None for n in FRONT_DOOR_FIELDS) or c.init_image_start_s is None:
         return None
@@ -140,18 +142,26 @@ def front_door_for(calibration: Calibration) -> FrontDoor | None:
         batcher_init_s=c.init_image_start_s + c.batcher_import_s,
         start_s=c.start_execution_s,
         put_s=c.s3_access_delay_s,
-        input_limit_bytes=frontdoor.inline_input_limit(c.step_functions_payload_bytes),
+        input_limit_bytes=frontdoor.inline_input_limit(
+            c.step_functions_payload_bytes, static_bytes
+        ),
         s3_put_usd=c.s3_put_request_usd,
         s3_get_usd=c.s3_get_request_usd,
     )
 
 
 def platform_for(
-    calibration: Calibration, functions: Functions, arch: str, *, idle_s: float | None = None
+    calibration: Calibration,
+    functions: Functions,
+    arch: str,
+    *,
+    static_bytes: int,
+    idle_s: float | None = None,
 ) -> Platform:
     """The `Platform` of a deployment's functions: each one's INIT, the idle time (the
-    calibration's assumption unless `idle_s` is given) and the prices of `arch` (Lambda
-    Managed Instances' with the instance types of `arch`)."""
+    calibration's assumption unless `idle_s` is given), the prices of `arch` (Lambda
+    Managed Instances' with the instance types of `arch`) and the front door, whose inline
+    input leaves `static_bytes` (`ground.driver.remote_table_bytes` of the plan)."""
     model = init_model(calibration)
     phases = np.array(
         [
@@ -179,7 +189,7 @@ def platform_for(
         billing_mb_per_gb=calibration.billing_mb_per_gb,
         provisioned_allocated_usd=None if pc is None else pc.allocated_gb_second_usd,
         provisioned_duration_usd=None if pc is None else pc.duration_gb_second_usd,
-        front_door=front_door_for(calibration),
+        front_door=front_door_for(calibration, static_bytes),
         managed=managed_prices(calibration, arch),
     )
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ground.driver import remote_table_bytes
 from ground.errors import CalibrationError, UsageError
 from ground.plan import Plan
 from planner.calibration import Calibration
@@ -109,7 +110,9 @@ def simulate_plan(
     cal, where = traffic_calibration(plan, calibration)
     largest = int(arrivals.tokens.max()) if arrivals.requests else 1
     model = workflow_model(plan, max(policy.max_tokens, largest))
-    platform = platform_for(cal, model.functions, plan.arch, idle_s=idle_s)
+    platform = platform_for(
+        cal, model.functions, plan.arch, static_bytes=remote_table_bytes(plan), idle_s=idle_s
+    )
     if capacity and any(c.kind == "provisioned" for c in capacity):
         if platform.provisioned_allocated_usd is None:
             raise CalibrationError(

@@ -112,7 +112,7 @@ def test_the_batches_are_the_simulator_s(runs) -> None:  # type: ignore[no-untyp
 
     requests, _, through = runs
     tokens = np.array([r.size for r in requests])
-    door = front_door_for(load_calibration())
+    door = front_door_for(load_calibration(), 0)  # a workflow plan: no table
     assert door is not None
     stream = Arrivals(np.array(ARRIVALS), tokens, 10.0)
     first, _, size, delivery = batches_of(stream, BatchPolicy(MAX_TOKENS, WAIT_S), door)

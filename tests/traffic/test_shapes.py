@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ground.driver import remote_table_bytes
 from planner import load_calibration
 from planner.build import instance_for
 from planner.deployments import plan_driver_shape
@@ -65,7 +66,9 @@ def test_a_stream_pays_one_large_init_and_the_driver_waits_on_cold_experts(
 ) -> None:
     model = workflow_model(driver, 4096)
     cal = load_calibration()
-    platform = platform_for(cal, model.functions, "x86_64")
+    platform = platform_for(
+        cal, model.functions, "x86_64", static_bytes=remote_table_bytes(driver)
+    )
     arrivals = load_arrivals("poisson:0.02", hours=2, seed=1)
     result = simulate(model, arrivals, BatchPolicy(4096, 0.0), platform)
     assert result.cold_starts["driver"] >= 1
@@ -82,7 +85,7 @@ def test_a_monolithic_stream_has_one_function() -> None:
     plan = _plan("monolithic")
     model = workflow_model(plan, 4096)
     assert model.functions.names == ["driver"] and model.functions.stages == 1
-    platform = platform_for(load_calibration(), model.functions, "x86_64")
+    platform = platform_for(load_calibration(), model.functions, "x86_64", static_bytes=0)
     result = simulate(
         model, load_arrivals("poisson:0.01", hours=1, seed=2), BatchPolicy(4096, 0.0), platform
     )
