@@ -12,7 +12,7 @@ normally; a stage's file is removed as soon as the stage is built (the built sta
 tensors), so a long-lived process that serves many exports, as the local runner and the tests do,
 never holds more than one stage file on disk. A process ended by a signal cannot remove its
 directory: whoever starts such processes gives each its own TMPDIR and removes it (as Lambda
-reclaims an environment's /tmp, and as `moelambda.environments` does).
+reclaims an environment's /tmp, and as `runtime.environments` does).
 
 The price: weights re-uploaded under the same keys are not seen by warm containers. A new
 export goes under a new weights prefix (`cdk deploy -c weights_prefix=weights-v2/ ...`), and

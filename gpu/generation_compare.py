@@ -5,7 +5,7 @@ Each number has one home, read here, not re-derived: Lambda's bill per token is 
 (`planner.generation` through `planner.api.plan_deployment`), or over a stream the traffic
 simulator's (`planner.traffic.api.plan_generation_traffic`: cold starts, refusals); the GPU's is
 the GPU backend's per-token model (`gpu.generation`, its prices and speeds in
-gpu/data/catalogue.json); the managed API's is the list price in the calibration file
+planner/data/gpu_catalogue.json); the managed API's is the list price in the calibration file
 (`planner.generation.managed_api_quote`, "no list price" where it has none).
 """
 

@@ -29,11 +29,11 @@ from planner.instance import Instance, Method
 from planner.milp import solve_milp, solve_milp_mixed
 from planner.ods import solve_ods
 from planner.replay import (
+    PlanEvaluation,
     choice_of,
+    evaluate_plan,
     function_seconds,
     instance_of,
-    planned_seconds,
-    planned_usage,
     price_usage,
 )
 
@@ -45,6 +45,7 @@ __all__ = [
     "Instance",
     "Method",
     "Plan",
+    "PlanEvaluation",
     "PlanError",
     "PlanOptions",
     "PlannedDeployment",
@@ -55,6 +56,7 @@ __all__ = [
     "counts_for_plan",
     "default_calibration_path",
     "evaluate",
+    "evaluate_plan",
     "expert_options",
     "function_seconds",
     "instance_for",
@@ -63,8 +65,6 @@ __all__ = [
     "load_calibration",
     "make_plan",
     "plan_deployment",
-    "planned_seconds",
-    "planned_usage",
     "price_usage",
     "random_methods",
     "serverless_best",

@@ -20,6 +20,7 @@ Example (counts written by `moelambda predict --counts-out out/counts.json`)::
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,11 +36,20 @@ if TYPE_CHECKING:
     from ground.manifest import Manifest
     from ground.plan import Plan
     from planner.calibration import Calibration
-    from planner.confidence import CountDistribution
     from planner.costmodel import Solution
     from planner.exact import Frontier
     from planner.generation import GenerationSolution
-    from planner.instance import Method
+
+from planner.options import (
+    DEFAULT_CONFIDENCE,
+    SOLVERS,
+    PlanningCounts,
+    PlanOptions,
+    check_plan_options,
+    check_stream_options,
+    plan_confidence,
+    slo_of,
+)
 
 __all__ = [
     "DEFAULT_CONFIDENCE",
@@ -58,31 +68,6 @@ __all__ = [
     "write_pareto",
 ]
 
-SOLVERS = ("exact", "ods", "milp")
-DEFAULT_CONFIDENCE = 0.99  # with a counts file that carries its predictive distribution
-
-
-@dataclass(frozen=True, eq=False)
-class PlanningCounts:
-    """The expert counts a plan is made for, scaled to its batch, and where they came from.
-
-    Attributes:
-        counts: Predicted tokens per (MoE layer, expert) in a batch of `tokens`.
-        tokens: Tokens per batch the counts are scaled to.
-        source: Where the counts came from, as the plan's `counts_source` records it.
-        model: The identity of the model they were predicted for (model, experts, top_k,
-            seed, moefy), to load it; None for a shape (see `manifest`).
-        dist: Their predictive distribution at `tokens`; None when the input holds none.
-        manifest: A shape's synthetic manifest (a model known by its architecture alone).
-    """
-
-    counts: np.ndarray
-    tokens: int
-    source: dict[str, Any]
-    model: dict[str, Any] | None = None
-    dist: CountDistribution | None = None
-    manifest: Manifest | None = None
-
 
 @dataclass(frozen=True, eq=False)
 class PlannedDeployment:
@@ -95,127 +80,6 @@ class PlannedDeployment:
     solution: Solution | None
     frontier: Frontier | None
     shapes: dict[str, Plan] = field(default_factory=dict)  # every feasible shape's plan
-
-
-@dataclass(frozen=True)
-class PlanOptions:
-    """How a batch is planned: `moelambda plan`'s options, with its defaults.
-
-    Attributes:
-        solver: One of `SOLVERS`.
-        method: Force one method on every layer (pipelined, s3, direct); None: any.
-        arch: Lambda architecture, x86_64 or arm64.
-        workflow: express or standard; None: express when the plan's latency fits.
-        objective: "full" (the whole bill) or "experts" (the paper's objective).
-        confidence: See `plan_confidence`; None: its default.
-        pack: Experts per function: "auto" (the cheapest of every divisor) or a number.
-        concurrency_quota: Refuse a plan whose reserved concurrency does not fit this account
-            quota; None: no check.
-        deployment: "auto" (every shape, the cheapest kept), "monolithic", "driver" or
-            "workflow" (`planner.deployments`).
-        slo_ttft_s: Plan generation (`planner.generation`): time to first token, seconds;
-            None: no bound. Setting any of it, `slo_tpot_s`, `batch_sequences`,
-            `prompt_tokens` or `new_tokens` plans a decoder's generation instead of a batch.
-        slo_tpot_s: Time per output token, seconds; None: no bound.
-        batch_sequences: Sequences decoded together; None: `DEFAULT_SEQUENCES`.
-        prompt_tokens: Prompt tokens per sequence; None: `DEFAULT_PROMPT_TOKENS`.
-        new_tokens: Tokens generated per sequence; None: `DEFAULT_NEW_TOKENS`.
-    """
-
-    solver: str = "exact"
-    method: str | None = None
-    arch: str = "x86_64"
-    workflow: str | None = None
-    objective: str = "full"
-    confidence: float | None = None
-    pack: str = "auto"
-    concurrency_quota: int | None = 1000
-    deployment: str = "auto"
-    slo_ttft_s: float | None = None
-    slo_tpot_s: float | None = None
-    batch_sequences: int | None = None
-    prompt_tokens: int | None = None
-    new_tokens: int | None = None
-
-    @property
-    def generating(self) -> bool:
-        """Whether to plan a decoder's generation (TTFT, TPOT) rather than one batch."""
-        return any(
-            value is not None
-            for value in (
-                self.slo_ttft_s,
-                self.slo_tpot_s,
-                self.batch_sequences,
-                self.prompt_tokens,
-                self.new_tokens,
-            )
-        )
-
-    def shapes(self) -> list[str]:
-        """The deployment shapes to plan, cheapest-first on ties: one function, a driver, the
-        workflow; only the workflow under the experts objective, a forced --method or packing
-        of K > 1 experts per function, choices only it has; one function and a driver when
-        generating (the workflow does not decode)."""
-        if self.deployment != "auto":
-            return [self.deployment]
-        if self.generating:
-            return ["monolithic", "driver"]
-        if (
-            self.objective == "experts"
-            or self.method is not None
-            or self.pack not in ("auto", "1")
-        ):
-            return ["workflow"]
-        return ["monolithic", "driver", "workflow"]
-
-    def check(self, counts: PlanningCounts) -> tuple[tuple[Method, ...], float]:
-        """The methods the layers may use and the confidence level to plan `counts` at.
-
-        Raises:
-            UsageError: An unknown workflow type, objective, solver or architecture, an
-                empty batch, or a confidence level `plan_confidence` refuses.
-        """
-        if self.workflow not in (None, "express", "standard"):
-            raise UsageError(f"unknown --workflow '{self.workflow}'.", "use express or standard.")
-        if self.objective not in ("full", "experts"):
-            raise UsageError(f"unknown --objective '{self.objective}'.", "use full or experts.")
-        from planner.deployments import check_deployment
-
-        check_deployment(
-            self.deployment, objective=self.objective, method=self.method, pack=self.pack
-        )
-        methods = check_plan_options(
-            solver=self.solver, arch=self.arch, tokens=counts.tokens, method=self.method
-        )
-        if self.generating:
-            self._check_generation()
-        return methods, plan_confidence(self.confidence, counts)
-
-    def _check_generation(self) -> None:
-        """Refuse options that a generation plan cannot honour.
-
-        Raises:
-            UsageError: The workflow shape, a workflow-only option, a confidence level, or a
-                non-positive SLO.
-        """
-        from planner.deployments import check_deployment
-
-        if self.deployment == "workflow":
-            raise UsageError(
-                "the fan-out workflow does not generate: a decode step would pay a Step "
-                "Functions transition and S3 round trips per layer and per token.",
-                "pass --deployment driver, monolithic or auto with --slo-ttft/--slo-tpot.",
-            )
-        check_deployment("driver", objective=self.objective, method=self.method, pack=self.pack)
-        if self.confidence:
-            raise UsageError(
-                "--confidence is not planned for generation: it is planned for the predicted "
-                "routing shares.",
-                "drop --confidence (or pass 0).",
-            )
-        for flag, value in (("--slo-ttft", self.slo_ttft_s), ("--slo-tpot", self.slo_tpot_s)):
-            if value is not None and not value > 0:
-                raise UsageError(f"{flag} {value} is not positive.", f"pass a positive {flag}.")
 
 
 def counts_for_plan(
@@ -317,136 +181,6 @@ def shape_counts_for_plan(
     return PlanningCounts(predicted, tokens, source, manifest=described.manifest())
 
 
-def check_plan_options(
-    *,
-    solver: str = "exact",
-    arch: str = "x86_64",
-    tokens: int = 1,
-    method: str | None = None,
-) -> tuple[Method, ...]:
-    """Refuse an unknown solver or architecture or an empty batch, before any loading.
-
-    Returns:
-        The methods the layers may use: every one, or the one `method` names.
-    """
-    from planner.instance import Method
-
-    if solver not in SOLVERS:
-        raise UsageError(f"unknown --solver '{solver}'.", f"use one of: {', '.join(SOLVERS)}.")
-    if arch not in ("x86_64", "arm64"):
-        raise UsageError(f"unknown --arch '{arch}'.", "use x86_64 or arm64.")
-    if tokens < 1:
-        raise UsageError(f"--tokens {tokens} is not positive.", "pass --tokens 1 or more.")
-    return tuple(Method) if method is None else (Method.parse(method),)
-
-
-def check_stream_options(
-    options: PlanOptions, *, hardware: str, traffic: str | None, tokens: int | None
-) -> None:
-    """Refuse `moelambda plan` options that the hardware or the stream would drop unsaid,
-    before any loading: what `plan_traffic_on_hardware` (GPU-backed functions, `--hardware
-    gpu|auto` with `--traffic`) and `planner.traffic.api.plan_traffic` would not honour.
-
-    Args:
-        options: The plan's options (`deployment`, the generation options).
-        hardware: cpu, gpu or auto.
-        traffic: The request stream, None without one.
-        tokens: `--tokens` when given, None when left at its default.
-
-    Raises:
-        UsageError: An unknown hardware; GPU-backed functions without a stream or for a
-            decoder's generation; a --deployment the GPU-backed candidates would not keep;
-            --tokens with a stream (its batching decides the batch size).
-    """
-    if hardware not in ("cpu", "gpu", "auto"):
-        raise UsageError(f"--hardware {hardware!r} is not cpu, gpu or auto.", "pass one of them.")
-    generation = [
-        flag
-        for flag, value in (
-            ("--slo-ttft", options.slo_ttft_s),
-            ("--slo-tpot", options.slo_tpot_s),
-            ("--batch-sequences", options.batch_sequences),
-            ("--prompt-tokens", options.prompt_tokens),
-            ("--new-tokens", options.new_tokens),
-        )
-        if value is not None
-    ]
-    if hardware == "gpu" and generation:
-        raise UsageError(
-            "--hardware gpu plans GPU-backed functions for a stream of batches, not yet a "
-            f"decoder's generation ({', '.join(generation)}).",
-            "pass --hardware cpu to plan the generation on CPU functions, or drop "
-            f"{', '.join(generation)} and pass --traffic SPEC --slo-p99 SECONDS to plan "
-            "GPU-backed functions for the stream's batches.",
-        )
-    if hardware == "gpu" and traffic is None:
-        raise UsageError(
-            "--hardware gpu plans GPU-backed functions for a request stream (their pool is "
-            "billed by the hour).",
-            "pass --traffic SPEC --slo-p99 SECONDS, or --hardware cpu.",
-        )
-    if (
-        traffic is not None
-        and not generation
-        and hardware != "cpu"
-        and options.deployment != "auto"
-    ):
-        default = " (the default)" if hardware == "auto" else ""
-        raise UsageError(
-            f"--deployment {options.deployment} with --hardware {hardware}{default}: the "
-            "GPU-backed candidates have shapes of their own (one GPU function holding the "
-            "model, layer stages, or a GPU driver with CPU experts), so the plan written "
-            f"could be another shape than {options.deployment}.",
-            f"pass --hardware cpu to plan the {options.deployment} deployment for the "
-            "stream, or drop --deployment to weigh every shape.",
-        )
-    if traffic is not None and tokens is not None:
-        raise UsageError(
-            f"--tokens {tokens} with --traffic: the stream's batching decides the batch size "
-            "(`plan --traffic` chooses the batch policy, the most tokens per batch and the "
-            "longest wait, from the stream; a generation plans each request's own prompt).",
-            "drop --tokens; the plan says the batch size it chose (max_batch_tokens).",
-        )
-
-
-def slo_of(slo: float | None, throughput: float | None, tokens: int) -> float | None:
-    """The batch SLO in seconds: `slo`, or `tokens / throughput` (None: no SLO)."""
-    if slo is not None and throughput is not None:
-        raise UsageError("--slo and --throughput both set the SLO.", "pass only one of them.")
-    for name, value in (("--slo", slo), ("--throughput", throughput)):
-        if value is not None and not value > 0:
-            raise UsageError(f"{name} {value} is not positive.", f"pass a positive {name}.")
-    return tokens / throughput if throughput is not None else slo
-
-
-def plan_confidence(confidence: float | None, counts: PlanningCounts) -> float:
-    """The confidence level to plan at: `confidence`, by default `DEFAULT_CONFIDENCE` when the
-    counts carry a distribution, else 0 (plan the predicted counts alone).
-
-    Raises:
-        UsageError: A level outside [0, 1), or above 0 for counts without a distribution.
-    """
-    if confidence is None:
-        confidence = DEFAULT_CONFIDENCE if counts.dist is not None else 0.0
-    if not 0.0 <= confidence < 1.0:
-        raise UsageError(
-            f"--confidence {confidence:g} is not in [0, 1).",
-            "pass e.g. 0.99, or 0 for a plan of the predicted counts alone.",
-        )
-    if confidence > 0 and counts.dist is None:
-        raise UsageError(
-            "--confidence needs the predicted counts' distribution, which "
-            + (
-                "--traces does not measure."
-                if "counts" not in counts.source
-                else f"{counts.source['counts']} does not hold."
-            ),
-            "write the counts with `moelambda predict --counts-out FILE` (it measures the "
-            "model error on held-out batches) and plan --counts FILE, or pass --confidence 0.",
-        )
-    return confidence
-
-
 def plan_deployment(
     manifest: Manifest,
     counts: PlanningCounts,
@@ -489,15 +223,18 @@ def plan_deployment(
         progress: Called with a message per step. Defaults to None.
 
     Raises:
-        UsageError: A bad option (see `PlanOptions.check`); generation options for an encoder,
+        UsageError: A bad option (see `PlanOptions.check`, `planner.batch_shapes.check_shape`);
+            generation options for an encoder,
             or with `slo_s` or `whole_curve`.
         InfeasibleError: No plan; the message names the binding constraint (of every shape).
         ground.plan.PlanError: The plan's reservations exceed the concurrency quota.
     """
+    from planner.batch_shapes import SHAPES, ShapePlanned, ShapeRequest, check_shape, shapes_for
     from planner.deployments import Candidate, infeasible_everywhere
 
     o = options or PlanOptions()
     methods, confidence = o.check(counts)
+    check_shape(o)
     if o.generating:
         if slo_s is not None or whole_curve:
             raise UsageError(
@@ -507,46 +244,36 @@ def plan_deployment(
             )
         return _plan_generating(manifest, counts, calibration, o, progress)
     started = time.perf_counter()
-    shapes = o.shapes()
+    shapes = shapes_for(o)
+    request = ShapeRequest(
+        manifest, counts, calibration, o, methods, confidence, slo_s, whole_curve, progress
+    )
     candidates: list[Candidate] = []
-    workflow: tuple[Plan, dict[str, Any], Solution, Frontier] | None = None
+    planned: dict[str, ShapePlanned] = {}
     errors: dict[str, Exception] = {}
     for shape in shapes:
         if progress is not None:
             progress(f"planning the {shape} deployment")
         try:
-            if shape == "workflow":
-                workflow = _plan_workflow(
-                    manifest,
-                    counts,
-                    calibration,
-                    o,
-                    methods,
-                    confidence,
-                    slo_s,
-                    whole_curve,
-                    progress,
-                )
-                plan, solution = workflow[0], workflow[2]
-                smallest = workflow[3].min_latency()
-            else:
-                plan, solution = _plan_shape(shape, manifest, counts, calibration, o, slo_s)
-                smallest = solution.min_latency
+            done = SHAPES[shape].plan(request)
             if o.concurrency_quota is not None:
-                plan = plan.within_concurrency_quota(o.concurrency_quota)
+                done = dataclasses.replace(
+                    done, plan=done.plan.within_concurrency_quota(o.concurrency_quota)
+                )
         except (InfeasibleError, PlanError) as error:
             errors[shape] = error
             smallest_slo = _smallest_slo(error)
             candidates.append(Candidate(shape, None, _reason(error), smallest_slo_s=smallest_slo))
             continue
+        planned[shape] = done
         candidates.append(
             Candidate(
                 shape,
-                plan,
+                done.plan,
                 None,
-                latency_s=plan.totals.latency_s,
-                bill_usd=plan.totals.bill_usd["total_usd"],
-                smallest_slo_s=smallest,
+                latency_s=done.plan.totals.latency_s,
+                bill_usd=done.plan.totals.bill_usd["total_usd"],
+                smallest_slo_s=done.smallest_slo_s,
             )
         )
     feasible = [c for c in candidates if c.plan is not None]
@@ -555,26 +282,19 @@ def plan_deployment(
             raise errors[shapes[0]]
         raise infeasible_everywhere(candidates, slo_s)
     chosen = min(feasible, key=lambda c: (c.bill_usd, shapes.index(c.deployment)))
-    assert chosen.plan is not None
     listed = [c.describe() for c in candidates]
-    if chosen.deployment == "workflow":
-        assert workflow is not None
-        _, summary, solution, frontier = workflow
-        document = chosen.plan  # with the concurrency quota it was checked against
-    else:
-        document = chosen.plan
-        solution = None
-        frontier = None if workflow is None else workflow[3]
-        summary = _driver_summary(document, manifest, counts, chosen)
-    document = document.model_copy(update={"candidates": listed})
-    summary = summary | {
+    won = planned[chosen.deployment]
+    # the workflow's cost-vs-SLO curve whichever shape won (`write_pareto` draws it)
+    frontier = next((p.frontier for p in planned.values() if p.frontier is not None), None)
+    document = won.plan.model_copy(update={"candidates": listed})
+    summary = won.summary | {
         "seconds": round(time.perf_counter() - started, 4),
         "deployment": chosen.deployment,
         "candidates": listed,
     }
-    shaped = {c.deployment: c.plan for c in feasible if c.plan is not None}
+    shaped = {name: p.plan for name, p in planned.items()}
     shaped[chosen.deployment] = document
-    return PlannedDeployment(document, summary, solution, frontier, shaped)
+    return PlannedDeployment(document, summary, won.solution, frontier, shaped)
 
 
 def _reason(error: Exception) -> str:
@@ -587,166 +307,6 @@ def _smallest_slo(error: Exception) -> float | None:
     return getattr(error, "smallest_slo_s", None)
 
 
-def _plan_workflow(
-    manifest: Manifest,
-    counts: PlanningCounts,
-    calibration: Calibration,
-    o: PlanOptions,
-    methods: tuple[Method, ...],
-    confidence: float,
-    slo_s: float | None,
-    whole_curve: bool,
-    progress: Callable[[str], None] | None,
-) -> tuple[Plan, dict[str, Any], Solution, Frontier]:
-    """The fan-out workflow's plan, its summary, solution and cost-vs-SLO curve."""
-    from planner.build import instance_for, make_plan
-    from planner.deploy import pack_sizes, plan_packed
-
-    inst = instance_for(
-        manifest,
-        counts.counts,
-        calibration,
-        tokens=counts.tokens,
-        arch=o.arch,
-        workflow=o.workflow or "express",
-        objective=o.objective,
-    )
-    sizes = pack_sizes(o.pack, inst.experts)
-    inst, confident, solution, frontier, packings = plan_packed(
-        inst,
-        sizes,
-        counts.dist,
-        confidence,
-        slo_s,
-        o.solver,
-        methods,
-        whole_curve,
-        o.workflow is None,
-        calibration,
-        progress=progress,
-    )
-    source = counts.source
-    if confident is not None:
-        source = source | {"confidence": confident.describe()}
-    if inst.workflow == "express" and solution.latency > calibration.express_max_duration_s:
-        raise InfeasibleError(
-            f"the plan takes {solution.latency:.1f} s, over an Express workflow's "
-            f"{calibration.express_max_duration_s:.0f} s.",
-            "pass --workflow standard, or plan for fewer --tokens.",
-        )
-    document = make_plan(inst, solution, manifest, calibration, slo_s=slo_s, counts_source=source)
-    summary: dict[str, Any] = {
-        "solver": solution.solver,
-        "workflow": inst.workflow,
-        "objective": o.objective,
-        "optimal": solution.optimal,
-        "note": solution.note,
-        "model": manifest.model,
-        "tokens": counts.tokens,
-        "slo_s": slo_s,
-        "latency_s": round(solution.latency, 6),
-        "objective_usd": solution.cost,
-        "moe_cost_usd": solution.evaluation.experts_usd,
-        "bill_usd": document.totals.bill_usd,
-        "smallest_slo_s": round(frontier.min_latency(), 6),
-        "experts_per_function": inst.hosted,
-        "functions": sum(len(layer.experts) for layer in document.layers),
-        "packing": packings,
-        "confidence": None if confident is None else confident.describe(),
-        "moefy": manifest.moefy,
-        "quality": manifest.quality,
-        "driver": None,
-        "layers": [
-            {
-                "method": layer.method,
-                "beta": layer.beta,
-                "memory_mb": [e.memory_mb for e in layer.experts],
-                "replicas": [e.replicas for e in layer.experts],
-            }
-            for layer in document.layers
-        ],
-    }
-    return document, summary, solution, frontier
-
-
-def _plan_shape(
-    shape: str,
-    manifest: Manifest,
-    counts: PlanningCounts,
-    calibration: Calibration,
-    o: PlanOptions,
-    slo_s: float | None,
-) -> tuple[Plan, Any]:
-    """A monolithic or driver plan of the predicted counts (`planner.deployments`)."""
-    from planner.build import instance_for
-    from planner.deployments import plan_driver_shape
-
-    base = instance_for(
-        manifest,
-        counts.counts,
-        calibration,
-        tokens=counts.tokens,
-        arch=o.arch,
-        workflow=o.workflow or "express",
-    )
-    return plan_driver_shape(
-        shape,
-        base,
-        manifest,
-        calibration,
-        slo_s,
-        counts.source,
-        choose_workflow=o.workflow is None,
-    )
-
-
-def _driver_summary(
-    plan: Plan, manifest: Manifest, counts: PlanningCounts, chosen: Any
-) -> dict[str, Any]:
-    """`plan --json`'s summary of a monolithic or driver plan (the workflow's keys)."""
-    assert plan.driver is not None
-    bill = plan.totals.bill_usd
-    return {
-        "solver": plan.solver,
-        "workflow": plan.workflow,
-        "objective": plan.objective,
-        "optimal": plan.optimal,
-        "note": "",
-        "model": manifest.model,
-        "tokens": counts.tokens,
-        "slo_s": plan.totals.slo_s,
-        "latency_s": round(plan.totals.latency_s, 6),
-        "objective_usd": bill["total_usd"],
-        "moe_cost_usd": plan.totals.moe_cost_usd,
-        "bill_usd": bill,
-        "smallest_slo_s": None if chosen is None else chosen.smallest_slo_s,
-        "experts_per_function": 1,
-        "functions": sum(len(layer.experts) for layer in plan.layers),
-        "packing": [],
-        "confidence": None,
-        "moefy": manifest.moefy,
-        "quality": manifest.quality,
-        "driver": {
-            "memory_mb": plan.nonmoe_memory_mb,
-            "local_experts": sum(len(x) for x in plan.driver.local),
-            "local": plan.driver.local,
-            "weights_mb": plan.driver.weights_mb,
-            "activations_mb": plan.driver.activations_mb,
-        },
-        "layers": [
-            {
-                "method": "driver",
-                "beta": 1,
-                "local": plan.driver.local[layer.layer],
-                "remote": [e.hosted[0] for e in layer.experts],
-                "memory_mb": [e.memory_mb for e in layer.experts],
-                "replicas": [e.replicas for e in layer.experts],
-            }
-            for layer in plan.layers
-        ],
-    }
-
-
 def _plan_generating(
     manifest: Manifest,
     counts: PlanningCounts,
@@ -757,6 +317,7 @@ def _plan_generating(
     """The cheapest generating plan of every shape `o` allows (`planner.generation`), with
     each shape's TTFT, TPOT and bills, or why it is infeasible, as `candidates`."""
     from planner import generation as gen
+    from planner.batch_shapes import driver_summary, shapes_for
     from planner.deployments import generation_plan
     from planner.shapes import load_shape
 
@@ -766,7 +327,7 @@ def _plan_generating(
     listed: list[dict[str, Any]] = []
     planned: dict[str, tuple[Plan, GenerationSolution]] = {}
     errors: dict[str, Exception] = {}
-    for deployment in o.shapes():
+    for deployment in shapes_for(o):
         if progress is not None:
             progress(f"planning the generating {deployment}")
         try:
@@ -807,7 +368,7 @@ def _plan_generating(
     plan, solution = planned[name]
     plan = plan.model_copy(update={"candidates": listed})
     chosen = next(c for c in listed if c["deployment"] == name)
-    summary = _driver_summary(plan, manifest, counts, None) | {
+    summary = driver_summary(plan, manifest, counts, None) | {
         "seconds": round(time.perf_counter() - started, 4),
         "deployment": name,
         "candidates": listed,

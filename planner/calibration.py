@@ -310,7 +310,7 @@ class Ec2InstancePrice(BaseModel):
     Linux price per hour, before the management fee.
 
     A GPU instance type also has `gpus` GPUs of `gpu_memory_gib` each, of the GPU type `gpu`
-    names (a key of the GPU backend's gpu/data/catalogue.json, whose speeds a GPU-backed
+    names (a key of the GPU backend's planner/data/gpu_catalogue.json, whose speeds a GPU-backed
     function's compute is modelled with; that the key exists is checked by the tests, as the
     planner does not import the GPU backend). Lambda takes `AcceleratorConfig` only on x86_64,
     so a GPU type must be x86_64.
@@ -335,7 +335,7 @@ class Ec2InstancePrice(BaseModel):
         if self.gpu_memory_gib <= 0 or self.gpu is None:
             raise ValueError(
                 f"{self.gpus} GPUs need their memory (gpu_memory_gib > 0, per GPU) and their "
-                "type (gpu: a key of gpu/data/catalogue.json)"
+                "type (gpu: a key of planner/data/gpu_catalogue.json)"
             )
         if self.arch != "x86_64":
             raise ValueError("a GPU instance type must be x86_64: Lambda accelerators are x86_64")

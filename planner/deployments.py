@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ground.errors import InfeasibleError, UsageError
+from ground.errors import InfeasibleError
 from ground.manifest import Manifest
 from ground.plan import DriverPlan, ExpertPlan, GenerationPlan, LayerPlan, ModelRef, Plan, Totals
 from planner.calibration import Calibration
@@ -33,15 +33,11 @@ from planner.generation import GenerationInstance, GenerationSolution
 from planner.instance import Instance
 
 __all__ = [
-    "CHOICES",
     "Candidate",
-    "check_deployment",
     "driver_plan",
     "generation_plan",
     "plan_driver_shape",
 ]
-
-CHOICES = ("auto", "monolithic", "driver", "workflow")
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,30 +77,6 @@ class Candidate:
             "memory_mb": None if plan is None else plan.nonmoe_memory_mb,
             "reason": self.reason,
         }
-
-
-def check_deployment(deployment: str, *, objective: str, method: str | None, pack: str) -> None:
-    """Refuse a shape that contradicts the other options, before any loading.
-
-    Raises:
-        UsageError: An unknown shape, or driver/monolithic with --objective experts, --method
-            or a --pack other than auto or 1 (all three are the workflow's).
-    """
-    if deployment not in CHOICES:
-        raise UsageError(
-            f"unknown --deployment '{deployment}'.", f"use one of: {', '.join(CHOICES)}."
-        )
-    if deployment in ("monolithic", "driver"):
-        for flag, clash in (
-            ("--objective experts", objective == "experts"),
-            ("--method", method is not None),
-            (f"--pack {pack}", pack not in ("auto", "1")),
-        ):
-            if clash:
-                raise UsageError(
-                    f"{flag} is an option of the fan-out workflow, not of a {deployment} plan.",
-                    f"drop {flag.split()[0]}, or pass --deployment workflow.",
-                )
 
 
 def plan_driver_shape(

@@ -4,7 +4,7 @@ The gates emit each batch's tokens per expert as CloudWatch embedded-metric reco
 (`functions.metrics`; `run-local --metrics-out` writes the same lines). `read_metrics` sums them
 per layer; `replan` compares the observed shares with the plan's (total-variation distance per
 layer), prices today's plan on the observed routing (its gates, or its driver, adapt replicas to
-the real counts, `planner.replay.planned_usage`; a batch its caps cannot take is refused), makes
+the real counts, `planner.replay.evaluate_plan`; a batch its caps cannot take is refused), makes
 the plan of the same deployment shape the
 planner would make for the observed routing at the same batch, SLO, arch, workflow and objective,
 and says whether, and by how much, the new plan saves money or restores the SLO.
@@ -26,7 +26,7 @@ import numpy as np
 from ground.errors import InfeasibleError, UsageError
 from ground.plan import Plan, PlanError
 from ground.routing_metrics import NAMESPACE, metric_name, metric_value
-from planner.replay import calibration_of, planned_usage
+from planner.replay import calibration_of, evaluate_plan
 from planner.traffic.workflow import _per_expert_counts, manifest_of_plan
 
 __all__ = ["REFIT_DRIFT", "REFIT_MIN_ROUTED", "SAVING_THRESHOLD", "read_metrics", "replan"]
@@ -140,15 +140,15 @@ def _shares(counts: np.ndarray) -> np.ndarray:
 def _priced(plan: Plan, manifest: Any, counts: np.ndarray) -> dict[str, Any]:
     """Today's plan on a batch routed as `counts` (the plan's batch size), any shape."""
     try:
-        used = planned_usage(plan, manifest, counts, plan.totals.tokens)
+        used = evaluate_plan(plan, manifest, counts, plan.totals.tokens)
     except PlanError as error:
         return {"refused": True, "reason": error.problem}
-    latency = float(used["latency_s"])
+    latency = float(used.latency_s)
     slo = plan.totals.slo_s
     return {
         "refused": False,
         "latency_s": latency,
-        "cost_usd": float(used["bill"]["total_usd"]),
+        "cost_usd": float(used.bill["total_usd"]),
         "meets_slo": slo is None or latency <= slo * (1 + 1e-9),
     }
 

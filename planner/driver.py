@@ -57,7 +57,7 @@ from ground.driver import (
     overflows,
     remote_call_s,
 )
-from ground.errors import CalibrationError, InfeasibleError
+from ground.errors import InfeasibleError
 from ground.manifest import Manifest
 from planner.calibration import Calibration
 from planner.compute import compute_s_at, flops_per_token
@@ -187,14 +187,8 @@ def driver_instance(
     layer_bytes = np.array([sizes[("layer", e, None)] for e in range(base.layers)], float)
     nonmoe = sizes[("head", None, None)] + sizes[("tail", None, None)] + layer_bytes.sum()
     experts_mb = np.asarray(base.expert_bytes, float) / MB
-    runtime, states = calibration.driver_runtime_mb, calibration.driver_activation_states
-    if runtime is None or states is None:
-        raise CalibrationError(
-            f"{calibration.source_path or 'the calibration'} lacks driver_runtime_mb or "
-            "driver_activation_states, which driver and monolithic plans need.",
-            "copy both entries from the packaged calibration file (planner/data), or plan "
-            "with --deployment workflow.",
-        )
+    runtime = calibration.required("driver_runtime_mb", "a driver or monolithic plan")
+    states = calibration.required("driver_activation_states", "a driver or monolithic plan")
     memory = driver_options_mb(calibration)
     token_bytes = int(max(base.token_bytes_in, base.token_bytes_out))
 
@@ -228,7 +222,7 @@ def driver_instance(
         activations_mb=acts(True) / MB,
         activations_local_mb=acts(False) / MB,
         payload_limit=calibration.invoke_payload_bytes,
-        round_trip_s=calibration.invoke_round_trip_s,
+        round_trip_s=calibration.required("invoke_round_trip_s", "a driver's remote calls"),
         max_memory_mb=float(calibration.lambda_max_memory_mb),
         meta={"model": manifest.model},
     )

@@ -8,7 +8,6 @@ numbers `moelambda run-local` sets against the measured ones.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
@@ -18,7 +17,7 @@ from ground.plan import Plan, PlanError
 from ground.semantics import adapts, runtime_replicas
 from planner.build import instance_for
 from planner.calibration import Calibration
-from planner.costmodel import Choice, evaluate, price, usage
+from planner.costmodel import Choice, Evaluation, evaluate, price, usage
 from planner.driver import (
     DriverChoice,
     DriverInstance,
@@ -30,13 +29,13 @@ from planner.instance import Instance, Method
 from planner.packing import pack
 
 __all__ = [
+    "PlanEvaluation",
     "calibration_of",
     "choice_of",
     "driver_of",
+    "evaluate_plan",
     "function_seconds",
     "instance_of",
-    "planned_seconds",
-    "planned_usage",
     "price_usage",
     "runtime_choice",
 ]
@@ -189,52 +188,48 @@ def driver_of(
     return dinst, DriverChoice(0, local, memory, replicas)
 
 
-def planned_seconds(
+@dataclasses.dataclass(frozen=True)
+class PlanEvaluation:
+    """What the model says one execution of a plan does on a batch: its latency, each
+    function's seconds per call (named as run-local reports them: `function_seconds` for the
+    workflow; the driver's whole run and each busy remote expert's replica for a driver), what
+    the meter counts (`usage`) and USD by item (`bill`)."""
+
+    latency_s: float
+    seconds: dict[str, float]
+    usage: dict[str, float]
+    bill: dict[str, float]
+
+
+def evaluate_plan(
     plan: Plan, manifest: Manifest, counts: np.ndarray, tokens: int
-) -> dict[str, float]:
-    """Predicted seconds of one call of every function of `plan` on a batch of `counts`,
-    named as run-local reports them (`function_seconds` for the workflow; the driver's whole
-    run and each busy remote expert's replica for a driver)."""
-    if plan.driver is None:
-        inst = instance_of(plan, manifest, np.asarray(counts, dtype=float), tokens)
-        return function_seconds(inst, runtime_choice(plan, inst))
-    dinst, choice = driver_of(plan, manifest, counts, tokens)
-    ev = evaluate_driver(dinst, choice)
-    seconds = {"driver": ev.latency}
-    busy = (np.ceil(dinst.base.counts) > 0) & ~choice.local
-    for layer in plan.layers:
-        for e in layer.experts:
-            if busy[layer.layer, e.hosted[0]]:
-                name = f"layer{layer.layer:02d}/expert{e.expert:02d}"
-                seconds[name] = float(ev.expert_time[layer.layer, e.hosted[0]])
-    return seconds
+) -> PlanEvaluation:
+    """The one re-scorer: `plan`'s decisions on a batch of `tokens` routed as `counts`, by the
+    model its shape was planned with, built once (run-local, generate, replan and the traffic
+    model read it).
 
-
-def planned_usage(
-    plan: Plan, manifest: Manifest, counts: np.ndarray, tokens: int
-) -> dict[str, Any]:
-    """What the model says one execution of `plan` on a batch with `counts` uses and costs.
-
-    Returns {"usage": the meter's keys, "bill": USD by item, "latency_s": the model's latency}.
+    Raises:
+        PlanError: A batch the plan's caps cannot take (`runtime_choice`, `driver_of`).
     """
     if plan.driver is not None:
         dinst, choice = driver_of(plan, manifest, counts, tokens)
         ev = evaluate_driver(dinst, choice)
         used = driver_usage(dinst, choice, ev)
-        return {
-            "usage": used,
-            "bill": price(dinst.base, used, ev.latency),
-            "latency_s": ev.latency,
-        }
+        seconds = {"driver": ev.latency}
+        busy = (np.ceil(dinst.base.counts) > 0) & ~choice.local
+        for layer in plan.layers:
+            for e in layer.experts:
+                if busy[layer.layer, e.hosted[0]]:
+                    name = f"layer{layer.layer:02d}/expert{e.expert:02d}"
+                    seconds[name] = float(ev.expert_time[layer.layer, e.hosted[0]])
+        return PlanEvaluation(ev.latency, seconds, used, price(dinst.base, used, ev.latency))
     inst = instance_of(plan, manifest, np.asarray(counts, dtype=float), tokens)
     choice = runtime_choice(plan, inst)
-    ev = evaluate(inst, choice)
-    used = usage(inst, choice, ev)
-    return {
-        "usage": used,
-        "bill": price(inst, used, ev.latency),
-        "latency_s": ev.latency,
-    }
+    wf = evaluate(inst, choice)
+    used = usage(inst, choice, wf)
+    return PlanEvaluation(
+        wf.latency, function_seconds(inst, choice, wf), used, price(inst, used, wf.latency)
+    )
 
 
 def price_usage(plan: Plan, used: dict[str, float], seconds: float) -> dict[str, float]:
@@ -256,13 +251,16 @@ def price_usage(plan: Plan, used: dict[str, float], seconds: float) -> dict[str,
     return price(prices, used, seconds)
 
 
-def function_seconds(inst: Instance, choice: Choice) -> dict[str, float]:
+def function_seconds(
+    inst: Instance, choice: Choice, ev: Evaluation | None = None
+) -> dict[str, float]:
     """Predicted billed seconds of one call of every function, named as run-local reports them.
 
     Experts: one busy replica's billed time (idle s3/direct experts are not invoked and are left
     out). Gates: their `layer_s` plus the upload (s3, pipelined) or the whole layer (direct).
+    `ev` is the choice's evaluation where the caller has it.
     """
-    ev = evaluate(inst, choice)
+    ev = evaluate(inst, choice) if ev is None else ev
     seconds = {"head": float(inst.head_s)}
     for layer in range(inst.layers):
         name = f"layer{layer:02d}"

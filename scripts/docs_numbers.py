@@ -30,7 +30,7 @@ RESULTS = ROOT / "docs" / "measured"
 PAGES = ("README.md", "docs/*.md")
 BLOCK = re.compile(r"(<!-- numbers: ([a-z0-9-]+) -->\n)(.*?)(<!-- /numbers -->)", re.S)
 SOURCES = {
-    "bench-gpu-lambda.json": "moelambda bench gpu-lambda --json (2026-11-28)",
+    "bench-gpu-lambda.json": "moelambda bench gpu-lambda --json (2026-12-06)",
     "bench-quality.json": (
         "moelambda bench quality --models minilm --seeds 1,0 --cached-only --json "
         "(2026-11-28; the options it names as not converted were not in the model cache)"
@@ -189,15 +189,17 @@ def gpu_lambda() -> str:
     its bill per million prompt tokens, beside the managed API's list price."""
     report = _load("bench-gpu-lambda.json")
     lines = [
-        "| model | rate | CPU only | GPU only | mixed | cheapest | managed API |",
-        "|---|---|---|---|---|---|---|",
+        "| model | rate | CPU only | GPU only | GPU driver, CPU experts (gpu+cpu) "
+        "| cheapest that runs | cheapest as priced | managed API |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for model in report["models"]:
         api = model["managed_api"]["per_million_input_usd"]
         for run in model["runs"]:
             cells = [model["label"], _rate(run["rate_per_s"])]
-            cells += [_hardware_cell(run["plans"][h]) for h in ("cpu", "gpu", "mixed")]
+            cells += [_hardware_cell(run["plans"][h]) for h in ("cpu", "gpu", "gpu+cpu")]
             cells.append(run["cheapest"] or "none")
+            cells.append(run["cheapest_priced"] or "none")
             cells.append("no list price" if api is None else f"{api:g}")
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

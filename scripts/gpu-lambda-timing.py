@@ -1,5 +1,5 @@
-"""Time a GPU-backed driver's layer stage and one expert on this machine's GPU, beside the GPU
-backend's prediction (`gpu.lambda_gpu.GpuSpeed`) that `moelambda bench gpu-lambda` plans with.
+"""Time a GPU-backed driver's layer stage and one expert on this machine's GPU, beside the
+prediction (`planner.hardware.gpu_model.GpuSpeed`) that `moelambda bench gpu-lambda` plans with.
 
     PYTHONPATH=. python scripts/gpu-lambda-timing.py [--shape mixtral] [--tokens 1000] [--gpu l4]
 
@@ -45,8 +45,8 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device here: nothing to time (CPU timings: moelambda calibrate).")
         return 1
-    from gpu.cluster import load_catalogue
-    from gpu.lambda_gpu import GpuSpeed
+    from planner.hardware.catalogue import load_catalogue
+    from planner.hardware.gpu_model import GpuSpeed
     from planner.shapes import load_shape
 
     shape = load_shape(args.shape)

@@ -262,19 +262,22 @@ def bench_gpu(out: Console, summary: dict[str, Any]) -> None:
 
 
 def bench_gpu_lambda(out: Console, report: dict[str, Any]) -> None:
-    """`moelambda bench gpu-lambda`: per model and rate, each hardware's cheapest plan."""
+    """`moelambda bench gpu-lambda`: per model and rate, each hardware's cheapest plan, the
+    cheapest that can run and the cheapest as priced."""
+    from planner.hardware.gpu_candidates import HARDWARE, MIXED
+
     rows = []
     for model in report["models"]:
         api = model["managed_api"]["per_million_input_usd"]
         for run in model["runs"]:
             cells = []
-            for hardware in ("cpu", "gpu", "mixed"):
+            for hardware in HARDWARE:
                 plan = run["plans"][hardware]
                 if plan["feasible"]:
                     cells.append(f"{plan['per_million_tokens_usd']:.3f}")
                 else:
                     cells.append(f"infeasible ({plan['latency_s']:.0f} s warm)")
-            gpu = run["plans"]["gpu"] if run["plans"]["gpu"]["feasible"] else run["plans"]["mixed"]
+            gpu = run["plans"]["gpu"] if run["plans"]["gpu"]["feasible"] else run["plans"][MIXED]
             pool = f"{gpu['instances']} x {gpu['instance_type']}" if gpu.get("instances") else "-"
             rows.append(
                 (
@@ -283,6 +286,7 @@ def bench_gpu_lambda(out: Console, report: dict[str, Any]) -> None:
                     *cells,
                     pool,
                     run["cheapest"] or "none",
+                    run["cheapest_priced"] or "none",
                     "no list price" if api is None else f"{api:.2f}",
                 )
             )
@@ -290,7 +294,8 @@ def bench_gpu_lambda(out: Console, report: dict[str, Any]) -> None:
         table(
             f"USD per million prompt tokens, p99 SLO {report['slo_p99_s']:g} s for "
             f"{report['prompt_tokens']:,}-token prompts (Azure conversation trace)",
-            ("model", "req/s", "CPU", "GPU", "mixed", "GPU pool", "cheapest", "managed API"),
+            ("model", "req/s", "CPU", "GPU", MIXED, "GPU pool", "cheapest that runs")
+            + ("cheapest as priced", "managed API"),
             rows,
         )
     )

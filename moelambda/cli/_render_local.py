@@ -1,6 +1,6 @@
 """Readable parts of `moelambda run-local`'s summary that say what its numbers are: the seconds
 of each function, this machine's against the plan's for Lambda, and what the metered run's
-requests, GB-seconds and bill mean (`moelambda.local.metering`)."""
+requests, GB-seconds and bill mean (`runtime.local.metering`)."""
 
 from __future__ import annotations
 

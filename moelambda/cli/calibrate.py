@@ -95,7 +95,7 @@ def calibrate(
     Times the default model's expert FFN with torch on 1 and 2 threads, scales by the CPU share
     Lambda gives each memory option, and writes expert_token_compute_s and
     expert_compute_reference into the calibration file. Run it on an idle machine. With
-    --cold, measures the handlers' INIT instead (`moelambda.coldstart.calibrate_cold`).
+    --cold, measures the handlers' INIT instead (`runtime.coldstart.calibrate_cold`).
     """
     from planner import default_calibration_path
 

@@ -66,7 +66,7 @@ def generate(
             f"'{plan}' plans the model shape {ref.model}, which has no weights to run.",
             "plan a model you have (--traces or --counts) to generate with it.",
         )
-    from moelambda.generate import check_generation, check_request, generate_locally
+    from runtime.generate import check_generation, check_request, generate_locally
 
     check_request(document, texts, settings)  # before the model loads
     model = load_with_status(ref.model, ref.experts, ref.top_k, ref.seed, True, ref.moefy)

@@ -28,7 +28,7 @@ ClusterOpt = Annotated[
     Path | None,
     typer.Option(
         help='Cluster JSON, e.g. {"gpus": [{"type": "a100", "count": 8}]} (types from '
-        'gpu/data/catalogue.json or the file\'s own "types"). Default: --gpus of the '
+        'planner/data/gpu_catalogue.json or the file\'s own "types"). Default: --gpus of the '
         "catalogue's default type."
     ),
 ]
@@ -396,7 +396,7 @@ def bench_gpu_lambda(
     a minute, one a second and ten a second, each the cheapest meeting the p99 SLO, with its
     bill per million prompt tokens beside the managed API's list price (GPU timings predicted
     by the GPU backend's model)."""
-    from gpu.lambda_gpu_bench import bench_gpu_lambda as bench
+    from planner.hardware.gpu_bench import bench_gpu_lambda as bench
 
     names = [m.strip() for m in models.split(",") if m.strip()]
     if not names:

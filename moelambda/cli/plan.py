@@ -130,9 +130,10 @@ def plan(
         typer.Option(
             help="Where functions run: cpu (Lambda's CPU functions only), gpu (GPU-backed "
             "functions on Lambda Managed Instances with accelerators: a GPU function holding "
-            "the model, or a GPU driver with CPU experts), or auto (both, side by side; the "
-            "cheapest deployable one meeting --slo-p99 is written). A GPU pool is billed by the "
-            "hour, so GPU candidates are planned with --traffic."
+            "the model, or a GPU driver with CPU experts, gpu+cpu), or auto (both, side by "
+            "side; the cheapest one meeting --slo-p99 that can run is written). A GPU pool is "
+            "billed by the hour, so GPU candidates are planned with --traffic. GPU-backed "
+            "candidates are priced and reported but not chosen until their handlers run."
         ),
     ] = "auto",
     traffic: Annotated[
@@ -210,7 +211,7 @@ def plan(
         slo_of,
         write_pareto,
     )
-    from planner.deployments import check_deployment
+    from planner.batch_shapes import check_deployment
 
     given_tokens, tokens = tokens, DEFAULT_TOKENS if tokens is None else tokens
     check_plan_options(solver=solver, arch=arch, tokens=tokens, method=method)

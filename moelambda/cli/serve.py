@@ -160,7 +160,7 @@ def run_local(
     With --traffic, a compressed request stream runs through the same workflow with every
     Lambda execution environment a real process (real imports, weights loaded from moto S3,
     reclaimed after the compressed idle time), and its measured cold starts and latencies are
-    set beside the traffic simulator's for the same arrivals (`moelambda.traffic_replay`).
+    set beside the traffic simulator's for the same arrivals (`runtime.traffic_replay`).
     """
     from ground.plan import Plan
     from pipeline.faults import Faults
@@ -250,7 +250,7 @@ def run_local(
             "`moelambda synth` works for shapes.",
         )
     # Every argument is checked: only now start the model, moto and (through the CDK) Node.
-    from moelambda.local import run_plan_locally
+    from runtime.local import run_plan_locally
 
     model = load_with_status(ref.model, ref.experts, ref.top_k, ref.seed, True, ref.moefy)
     ids = _batch(model.tokenizer, text, tokens or document.totals.tokens, corpus, seed, max_tokens)
@@ -302,7 +302,7 @@ def _front_door(
     """`run-local --front-door N`: check the arguments, cut the batch into N requests, run."""
     import numpy as np
 
-    from moelambda.front_door_local import front_door_plan, run_front_door_locally
+    from runtime.front_door import front_door_plan, run_front_door_locally
 
     _refuse_clash(
         given,
@@ -362,7 +362,7 @@ def _replay(
 ) -> None:
     """`run-local --traffic`: check every argument, then replay (see `replay_traffic`)."""
     from ground.plan import Plan
-    from moelambda.traffic_replay import replay_arrivals
+    from runtime.traffic_replay import replay_arrivals
 
     _refuse_clash(
         given, "--traffic", "--traffic replays a request stream; {flags} shape one batch."
@@ -387,7 +387,7 @@ def _replay(
             "run-local runs real weights: plan a model you have (--traces or --counts).",
         )
     # Every argument is checked: only now start the model, moto, the CDK and the processes.
-    from moelambda.traffic_replay import replay_traffic
+    from runtime.traffic_replay import replay_traffic
 
     model = load_with_status(ref.model, ref.experts, ref.top_k, ref.seed, True, ref.moefy)
     with err.status("replaying the traffic") as status:

@@ -2,7 +2,7 @@
 
 `moelambda traffic` replays a traffic spec through a plan (`planner.traffic.simulate_plan`);
 `moelambda calibrate --cold` (`calibrate_cold` here) measures the handlers' INIT
-(`moelambda.coldstart.calibrate_cold`); `moelambda plan --traffic` (`plan_with_traffic` here)
+(`runtime.coldstart.calibrate_cold`); `moelambda plan --traffic` (`plan_with_traffic` here)
 plans for a stream (`planner.traffic.api.plan_traffic`; a decoder's generation,
 `planner.traffic.api.plan_generation_traffic`); `moelambda bench
 traffic` compares the steady-state plan with the traffic-aware one
@@ -53,8 +53,8 @@ SeedOpt = Annotated[int, typer.Option(help="Seeds synthetic arrivals.")]
 
 
 def calibrate_cold(source: Path, target: Path, repeats: int, as_json: bool) -> None:
-    """`moelambda calibrate --cold`: `moelambda.coldstart.calibrate_cold`, rendered."""
-    from moelambda.coldstart import calibrate_cold as measure
+    """`moelambda calibrate --cold`: `runtime.coldstart.calibrate_cold`, rendered."""
+    from runtime.coldstart import calibrate_cold as measure
 
     summary = measure(source, target, repeats, status=err.status)
     busy = summary["background_cpus"]
@@ -194,9 +194,9 @@ def plan_with_hardware(
     as_json: bool,
     **stream: Any,
 ) -> None:
-    """`moelambda plan --traffic --hardware gpu|auto`: `gpu.lambda_plan
+    """`moelambda plan --traffic --hardware gpu|auto`: `planner.hardware.gpu_plan
     .plan_traffic_on_hardware`, saved and rendered with every candidate."""
-    from gpu.lambda_plan import plan_traffic_on_hardware
+    from planner.hardware.gpu_plan import plan_traffic_on_hardware
 
     plan, summary = plan_traffic_on_hardware(
         manifest, counts, calibration, hardware=hardware, options=options, status=err.status,

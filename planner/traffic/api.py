@@ -96,12 +96,14 @@ def plan_traffic(
         InfeasibleError: No candidate meets the SLO.
     """
     from planner.api import PlanOptions
+    from planner.batch_shapes import check_shape, shapes_for
     from planner.traffic import load_arrivals
     from planner.traffic.planning import moe_plan_at, plan_for_traffic
     from planner.traffic.platform import init_model
 
     o = options or PlanOptions()
     methods, confidence = o.check(counts)
+    check_shape(o)
     if not slo_p99_s > 0:
         raise UsageError(f"--slo-p99 {slo_p99_s} is not positive.", "pass e.g. --slo-p99 10.")
     init_model(calibration)  # fail on missing traffic parameters before any planning
@@ -111,7 +113,7 @@ def plan_traffic(
             f"--traffic {traffic} gives no request in the period.",
             "raise --scale or --hours.",
         )
-    shapes = o.shapes()
+    shapes = shapes_for(o)
     choices: dict[str, TrafficChoice] = {}
     reasons: dict[str, str] = {}
     with status("planning for traffic") as shown:

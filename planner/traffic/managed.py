@@ -70,7 +70,7 @@ class InstanceType(NamedTuple):
     hourly_usd: float  # one instance, before the management fee
     gpus: int = 0
     gpu_memory_gib: float = 0.0  # each GPU's
-    gpu: str | None = None  # the GPU's key in gpu/data/catalogue.json
+    gpu: str | None = None  # the GPU's key in planner/data/gpu_catalogue.json
 
 
 @dataclass(frozen=True)

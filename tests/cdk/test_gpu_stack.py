@@ -241,8 +241,9 @@ def test_a_gpu_plan_lambda_cannot_run_is_refused(
 
 
 def test_a_planned_gpu_function_synthesises_with_its_accelerator(tmp_path: Path) -> None:
-    """`gpu.lambda_plan.plan_document`'s OLMoE in one GPU function, end to end to the template."""
-    from tests.gpu.test_lambda_plan import _planned
+    """`planner.hardware.gpu_plan.plan_document`'s OLMoE in one GPU function, end to end to the
+    template."""
+    from tests.planner.test_gpu_plan import _planned
 
     plan, candidate = _planned("olmoe", "gpu")
     assert plan is not None

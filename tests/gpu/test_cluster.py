@@ -94,7 +94,7 @@ def test_a_bad_cluster_file_names_its_first_error_only(tmp_path: Path) -> None:
 
 
 def _catalogue_file() -> dict:
-    return json.loads((Path(__file__).parents[2] / "gpu/data/catalogue.json").read_text())
+    return json.loads((Path(__file__).parents[2] / "planner/data/gpu_catalogue.json").read_text())
 
 
 def test_a_price_the_calibration_holds_is_not_repeated_in_the_catalogue() -> None:

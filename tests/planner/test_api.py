@@ -96,7 +96,7 @@ def test_a_shape_plans_from_python_as_at_the_command_line(tmp_path: Path) -> Non
 def test_plan_traffic_is_plan_with_traffic(counts: Path, minilm: MoEModel, tmp_path: Path) -> None:
     from planner.traffic.api import plan_traffic
 
-    # CPU functions only: `--hardware auto` (the default) is `gpu.lambda_plan
+    # CPU functions only: `--hardware auto` (the default) is `planner.hardware.gpu_plan
     # .plan_traffic_on_hardware`, which adds the GPU-backed candidates to this plan
     stream = ("--traffic", "poisson:0.05", "--hours", "1", "--slo-p99", "30", "--hardware", "cpu")
     printed = _cli("plan", "--counts", str(counts), *stream, "--out",
@@ -152,7 +152,7 @@ def test_backtest_and_bo_from_python(tmp_path_factory: pytest.TempPathFactory) -
 
 
 def test_calibrate_cold_from_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import moelambda.coldstart as cold
+    import runtime.coldstart as cold
     from planner import default_calibration_path
     from tests.traffic.test_coldstart import _samples
 

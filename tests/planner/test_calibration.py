@@ -368,9 +368,9 @@ def test_gpu_backed_lambda_entries(calibration: Calibration) -> None:
 
 
 def test_every_gpu_type_names_a_gpu_of_the_gpu_catalogue(calibration: Calibration) -> None:
-    # The planner does not import the GPU backend, so the calibration cannot check this key
-    # itself: a GPU instance type's GPU is a type of gpu/data/catalogue.json, of the same memory.
-    from gpu.cluster import load_catalogue
+    # A GPU instance type's GPU is a type of the GPU catalogue (planner/data/gpu_catalogue.json),
+    # of the same memory.
+    from planner.hardware.catalogue import load_catalogue
 
     catalogue = load_catalogue()
     types = calibration.ec2_instance_prices
@@ -393,3 +393,40 @@ def test_managed_instances_scaling_is_sourced_or_assumed(calibration: Calibratio
     # The floor of instances lives in one place: managed_instances_prices.default_instances.
     assert "default_instances" not in type(scaling).model_fields
     assert "default_instances" in (calibration.provenance["managed_instances_scaling"].note or "")
+
+
+@pytest.mark.parametrize(
+    ("name", "args"),
+    [
+        ("invoke_round_trip_s", ["--deployment", "driver"]),
+        ("driver_activation_states", ["--deployment", "monolithic"]),
+        ("decode_layer_floor_s", ["--deployment", "driver", "--slo-tpot", "5"]),
+    ],
+)
+def test_a_model_needing_a_missing_entry_names_it_and_plans_nothing(
+    tmp_path: Path, default_raw: Raw, name: str, args: list[str]
+) -> None:
+    """No model makes up an entry a plan's calibration lacks (`Calibration.required`)."""
+    from typer.testing import CliRunner
+
+    from moelambda.cli import app
+
+    raw = copy.deepcopy(default_raw)
+    _drop(name)(raw)
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            "plan",
+            "--shape",
+            "mixtral",
+            "--tokens",
+            "256",
+            "--calibration",
+            str(_write(tmp_path, raw)),
+        ]
+        + ["--out", str(out), *args],
+    )
+    assert result.exit_code == 2, result.output
+    assert f"lacks {name}" in result.output and "packaged calibration file" in result.output
+    assert not out.exists()

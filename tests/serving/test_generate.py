@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from ground.plan import Plan
 from moe import GenerationConfig, load_model
 from moelambda.cli import app
-from moelambda.generate import generate_locally
 from predictor import PredictedCounts
+from runtime.generate import generate_locally
 
 runner = CliRunner()
 PROMPTS = ["the experts of a driver", "a second prompt, longer than the first one is"]
@@ -171,7 +171,7 @@ def test_a_decoder_refuses_an_empty_prompt_a_long_one_and_the_fan_out(
     tiny_dirs: dict[str, Path], tmp_path: Path
 ) -> None:
     from ground.errors import UsageError
-    from moelambda.generate import check_generation
+    from runtime.generate import check_generation
 
     path = str(tiny_dirs["mixtral"])
     model = load_model(path, experts=None, top_k=None)
@@ -185,12 +185,13 @@ def test_a_decoder_refuses_an_empty_prompt_a_long_one_and_the_fan_out(
         check_generation(driver, model, ["hello"], GenerationConfig(max_new_tokens=256))
     with pytest.raises(UsageError, match="fan-out"):
         check_generation(workflow, model, ["hello"], ok)
-    # At a 10 s Invoke round trip every step waits 10 s on layer 0's remote expert: 128 tokens
-    # would outlast Lambda's 900 s, and the fix names how many fit (1 + 89 steps of 10 s).
+    # At a 10 s Invoke round trip every step waits 10 s on layer 0's remote expert (10.006 s
+    # with its rows both ways and its compute): 128 tokens would outlast Lambda's 900 s, and
+    # the fix names how many fit (1 + 88 steps).
     slow = _plan(tmp_path / "slow", path, 4, 2, "driver")
     slow["calibration"]["invoke_round_trip_s"] = 10.0
     slow["workflow"] = "standard"  # an Express plan is held to 300 s instead (test_bad_inputs)
     slow_plan = Plan.load(_write(tmp_path, "slow", slow))
     assert check_generation(slow_plan, model, ["hello"], GenerationConfig(max_new_tokens=64))
-    with pytest.raises(UsageError, match=r"900 s timeout[\s\S]*--max-new-tokens 90 or fewer"):
+    with pytest.raises(UsageError, match=r"900 s timeout[\s\S]*--max-new-tokens 89 or fewer"):
         check_generation(slow_plan, model, ["hello"], GenerationConfig(max_new_tokens=128))

@@ -1,7 +1,7 @@
 """A metered run of a 2,560-token batch makes exactly the billed requests the plan predicts.
 
 Each test runs the synthesised workflow once on moto with warm functions (`run_workflow(...,
-metered=True)`) and sets the meter against `planner.planned_usage` for the batch's real routing.
+metered=True)`) and sets the meter against `planner.evaluate_plan` for the batch's real routing.
 Requests and transitions of a successful run do not depend on timing, so they must be equal;
 polls and GB-seconds do, and are only checked for being there.
 """
@@ -31,7 +31,7 @@ from moelambda.cli import app
 from pipeline.local import atomic_s3
 from pipeline.meter import Meter
 from pipeline.stacks import flat_template
-from planner import planned_usage
+from planner import evaluate_plan
 from predictor import PredictedCounts
 
 runner = CliRunner()
@@ -147,7 +147,7 @@ def test_a_metered_batch_makes_the_planned_requests(
     (run,) = result["requests"]
     assert float(np.abs(run["output"] - output).max()) <= TOL
     metered = result["usage"]
-    planned = planned_usage(Plan.load(plan), exported[1], counts, TOKENS)["usage"]
+    planned = evaluate_plan(Plan.load(plan), exported[1], counts, TOKENS).usage
     assert {k: metered[k] for k in EXACT} == {k: planned[k] for k in EXACT}
     assert 0 < metered["experts_gb_s"] < metered["gb_s"]
     if method == "pipelined":  # each replica reads its done.bin at least once
@@ -181,8 +181,8 @@ def test_run_local_meters_and_prices_a_mixed_plan(
     metered, planned = summary["metered"], summary["planned"]
     assert set(metered) == set(planned) == set(USAGE_KEYS)
     assert {k: metered[k] for k in EXACT} == {k: planned[k] for k in EXACT}
-    expected = planned_usage(Plan.load(plan), exported[1], monolithic[1], TOKENS)
-    assert planned == pytest.approx(expected["usage"])
+    expected = evaluate_plan(Plan.load(plan), exported[1], monolithic[1], TOKENS)
+    assert planned == pytest.approx(expected.usage)
     bill = summary["bill"]
     assert set(bill["planned"]) == set(bill["metered"]) and "total_usd" in bill["metered"]
     for side in bill.values():
@@ -241,7 +241,7 @@ def test_an_expert_busier_than_its_replicas_take_gets_more_of_them(
     metered = result["usage"]
     as_planned = request_counts([Method.S3] * 6, [1] * 6, counts, replicas)
     assert metered["lambda_requests"] == as_planned.lambda_requests + spread[busy] - 1
-    planned = planned_usage(document, exported[1], counts, TOKENS)["usage"]
+    planned = evaluate_plan(document, exported[1], counts, TOKENS).usage
     assert {k: metered[k] for k in EXACT} == {k: planned[k] for k in EXACT}
 
 
@@ -310,5 +310,5 @@ def test_a_plan_split_into_nested_stacks_runs_as_one_and_meters_as_planned(
     assert run["intermediates_left"] == 0 and result["denied"] == []
     output, counts = monolithic
     assert float(np.abs(run["output"] - output).max()) <= TOL
-    planned = planned_usage(Plan.load(plan), exported[1], counts, TOKENS)["usage"]
+    planned = evaluate_plan(Plan.load(plan), exported[1], counts, TOKENS).usage
     assert {k: result["usage"][k] for k in EXACT} == {k: planned[k] for k in EXACT}

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from ground.semantics import USAGE_KEYS
 from moelambda.cli import _render_local
-from moelambda.local import _predicted_vs_measured, metering
+from runtime.local import _predicted_vs_measured, metering
 
 
 def _usage(**values: float) -> dict[str, float]:

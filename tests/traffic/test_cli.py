@@ -121,7 +121,7 @@ def test_calibrate_cold_writes_the_measured_init(
 ) -> None:
     """The command's plumbing, with the fresh processes replaced by fixed samples (the real
     measurement imports torch in 12 processes: minutes on this machine)."""
-    import moelambda.coldstart as cold
+    import runtime.coldstart as cold
     from tests.traffic.test_coldstart import _samples
 
     monkeypatch.setattr(cold, "reference_export", lambda out, progress=None: out)

@@ -11,10 +11,10 @@ import pytest
 
 from ground.coldstart import THROTTLE_RETRY, InitModel, init_phase, retry_waits, stage_objects
 from ground.errors import CalibrationError
-from moelambda.coldstart import summarise
 from planner import load_calibration
 from planner.calibration import ColdStartReference
 from planner.traffic.platform import calibrated_cold_document, init_model
+from runtime.coldstart import summarise
 
 MODEL = InitModel(
     image_start_s=0.05,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from moelambda.environments import EnvironmentPool, FunctionSpec, Throttled, _Environment
+from runtime.environments import EnvironmentPool, FunctionSpec, Throttled, _Environment
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 60.0  # generous: a shared machine can take seconds to start or end a process

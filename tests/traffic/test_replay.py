@@ -1,5 +1,5 @@
 """`run-local --traffic`: a short compressed trace through real environment processes, beside
-the simulator's prediction for the same arrivals (`moelambda.traffic_replay`).
+the simulator's prediction for the same arrivals (`runtime.traffic_replay`).
 
 A benchmark-style test: one replay of the Azure conversation trace's first 4 requests over 12 s
 (three of them within half a second, so environments scale out), on a one-layer tiny Mixtral
@@ -24,9 +24,9 @@ import pytest
 from typer.testing import CliRunner
 
 from moelambda.cli import app
-from moelambda.environments import ColdStart
-from moelambda.traffic_replay import host_bound, within_host
 from planner.traffic import load_arrivals
+from runtime.environments import ColdStart
+from runtime.traffic_replay import host_bound, within_host
 from tests.traffic.mixtral import save_one_layer_mixtral
 
 runner = CliRunner()

@@ -108,11 +108,11 @@ def test_a_driver_plan_replays_with_its_verdict(shapes: dict[str, Path]) -> None
 def test_the_function_that_ends_a_request_follows_the_shape() -> None:
     """The tail in the fan-out workflow, the driver in a driver or one-function plan: read from
     the simulator's functions (stages, and who waits on the later ones), not from a name."""
-    from moelambda.traffic_replay import _end_function
     from planner import load_calibration
     from planner.build import instance_for
     from planner.deployments import plan_driver_shape
     from planner.traffic.workflow import workflow_model
+    from runtime.traffic_replay import _end_function
     from tests.traffic.plans import counts_of, tiny_manifest, tiny_plan
 
     manifest, cal = tiny_manifest(), load_calibration()

@@ -10,7 +10,7 @@ from ground.driver import remote_table_bytes
 from planner import load_calibration
 from planner.build import instance_for
 from planner.deployments import plan_driver_shape
-from planner.replay import planned_usage
+from planner.replay import evaluate_plan
 from planner.traffic import load_arrivals
 from planner.traffic.platform import platform_for
 from planner.traffic.simulate import BatchPolicy, simulate
@@ -54,7 +54,7 @@ def test_a_driver_s_functions_and_timeline(driver) -> None:  # type: ignore[no-u
     manifest = manifest_of_plan(driver)
     counts = counts_of(driver.model.num_layers, driver.model.experts, TOKENS)
     assert _per_expert_counts(driver) == pytest.approx(counts)  # local experts' too
-    expected = planned_usage(driver, manifest, counts * n / TOKENS, n)["latency_s"]
+    expected = evaluate_plan(driver, manifest, counts * n / TOKENS, n).latency_s
     assert model.latency_s[i] == pytest.approx(expected, rel=1e-6)
     assert model.duration_s[i, 0] == pytest.approx(model.latency_s[i])
     ends = model.offset_s[i, 1:] + model.duration_s[i, 1:]

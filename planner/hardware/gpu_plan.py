@@ -12,8 +12,8 @@ each expert its own function, as `planner.deployments.driver_plan` writes them).
 (and nothing else) is managed: its environments, host memory and `accelerator_memory_gib` in
 the plan's traffic block, on the provider's GPU instance type, at the pool's busy share as the
 scaling target. Expert groups on GPUs and layer stages are planned and priced
-(`gpu.lambda_gpu`, `gpu.lambda_stages`) but not deployable: the driver invokes one expert per
-function, and no handler runs a range of layers.
+(`planner.hardware.gpu_candidates`, `planner.hardware.gpu_stages`) but not deployable: the
+driver invokes one expert per function, and no handler runs a range of layers.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ground import frontdoor
 from ground.managed import environment_memory_mb
 from ground.plan import (
     DriverPlan,
@@ -36,41 +35,12 @@ from ground.plan import (
 )
 
 if TYPE_CHECKING:
-    from gpu.lambda_gpu import HardwarePlan, Stream
     from ground.manifest import Manifest
     from planner.api import PlanningCounts
     from planner.calibration import Calibration
+    from planner.hardware.gpu_model import HardwarePlan, Stream
 
-__all__ = ["front_door", "plan_document"]
-
-
-def front_door(cal: Calibration, stream: Stream) -> tuple[float, float]:
-    """(USD over the period, seconds each request waits) of the front door for `stream`, one
-    execution per request (see the module docstring)."""
-    from planner.traffic.platform import BATCHER_MEMORY_MB, front_door_for
-
-    door = front_door_for(cal, 0)  # one execution per request: the table is not priced here
-    if door is None:
-        return 0.0, 0.0
-    n = int(stream.arrivals_s.size)
-    usage = frontdoor.planned(
-        [frontdoor.message_bytes(stream.prompt_tokens)] * n,
-        [1] * n,
-        n,
-        0,
-        chunk_bytes=door.chunk_bytes,
-        receive_max=door.receive_max,
-    )
-    idle_polls = door.idle_pollers * stream.period_s / door.long_poll_s
-    price = cal.lambda_prices["x86_64"]
-    gb_s = n * door.start_s * BATCHER_MEMORY_MB / cal.billing_mb_per_gb
-    usd = (
-        (usage.sqs_requests + idle_polls) * door.sqs_request_usd
-        + usage.batcher_invocations * price.request_usd
-        + gb_s * price.gb_second_usd
-        + usage.results * door.s3_put_usd
-    )
-    return usd, door.start_s
+__all__ = ["plan_document", "plan_traffic_on_hardware"]
 
 
 def plan_document(
@@ -221,9 +191,11 @@ def plan_traffic_on_hardware(
     status: Any = None,
 ) -> tuple[Plan, dict[str, Any]]:
     """`plan --traffic --hardware gpu|auto`: the CPU traffic plan (`planner.traffic.api
-    .plan_traffic`, with auto) beside the GPU-backed candidates (`gpu.lambda_gpu.plan_hardware`,
-    gpu and mixed) for the same stream and p99 SLO; the cheapest deployable one meeting it is
-    returned with the summary `plan --traffic` prints, plus `hardware`, every candidate.
+    .plan_traffic`, with auto) beside the GPU-backed candidates (`planner.hardware
+    .gpu_candidates.plan_hardware`, gpu and gpu+cpu) for the same stream and p99 SLO; the
+    cheapest meeting it that can run (`planner.hardware.runnable`: a plan document, on kinds
+    whose handlers exist) is returned with the summary `plan --traffic` prints, plus
+    `hardware`, every candidate with why it was not chosen.
 
     The GPU candidates serve every request as a prompt of the stream's p99 prompt length (their
     queue has one service time), which overstates what the shorter ones cost them.
@@ -235,18 +207,20 @@ def plan_traffic_on_hardware(
     import math
     import time
 
-    from gpu.cluster import load_catalogue
-    from gpu.lambda_gpu import Stream, plan_hardware
     from ground.errors import InfeasibleError, UsageError
+    from planner.hardware import AUTO, why_not
+    from planner.hardware.catalogue import load_catalogue
+    from planner.hardware.gpu_candidates import MIXED, plan_hardware
+    from planner.hardware.gpu_model import Stream
     from planner.traffic import load_arrivals
     from planner.traffic.api import plan_traffic
 
     started = time.perf_counter()
-    if hardware not in ("gpu", "auto"):
+    if hardware not in ("gpu", AUTO):
         raise UsageError(f"--hardware {hardware!r} is not gpu or auto.", "pass cpu, gpu or auto.")
     rows: dict[str, dict[str, Any]] = {}
     cpu: tuple[Plan, dict[str, Any]] | None = None
-    if hardware == "auto":
+    if hardware == AUTO:
         try:
             choice, summary = plan_traffic(
                 manifest, counts, calibration, traffic=traffic, slo_p99_s=slo_p99_s,
@@ -270,7 +244,7 @@ def plan_traffic_on_hardware(
     stream = Stream(arrivals.times_s, arrivals.period_s, prompt, arrivals.describe())
     gpu = plan_hardware(
         manifest, counts, calibration, load_catalogue(), stream, slo_s=slo_p99_s,
-        hardware=("gpu", "mixed"),
+        hardware=("gpu", MIXED),
     )  # fmt: skip
     tokens = arrivals.total_tokens  # the stream's own, not the p99 prompts it was sized for
     documents = {
@@ -278,7 +252,8 @@ def plan_traffic_on_hardware(
         for h, c in gpu.items()
     }
     for h, c in gpu.items():
-        rows[h] = c.describe() | {"deployable": documents[h] is not None}
+        blocked = why_not(h) or (None if documents[h] is not None else "planned, not deployable")
+        rows[h] = c.describe() | {"deployable": blocked is None, "not_chosen_because": blocked}
         if c.feasible:
             rows[h]["per_million_tokens_usd"] = round(c.bill_usd / max(tokens, 1) * 1e6, 4)
     deployable = {
@@ -288,10 +263,13 @@ def plan_traffic_on_hardware(
         raise InfeasibleError(
             f"no deployable CPU or GPU-backed plan meets the p99 SLO of {slo_p99_s:g} s ("
             + "; ".join(
-                f"{h}: {r.get('reason') or 'planned, not deployable'}" for h, r in rows.items()
+                f"{h}: {r.get('reason') or r.get('not_chosen_because')}" for h, r in rows.items()
             )
             + ").",
-            "raise --slo-p99.",
+            "raise --slo-p99"
+            + (
+                ", or pass --hardware auto (CPU functions run today)." if hardware != AUTO else "."
+            ),
         )
     chosen = min(deployable, key=deployable.__getitem__)
     if chosen == "cpu":

@@ -20,7 +20,7 @@ plan's own workflow through it:
   invocation at a time (a JSON line in, a JSON line out); the handler loads its weights from
   moto S3 on its first call, as on Lambda. A direct gate invokes its experts through moto's
   Lambda API, which routes them to the pool like the state machine's calls.
-- **The pool manager** (`moelambda.environments`) keeps per function a stack of idle
+- **The pool manager** (`runtime.environments`) keeps per function a stack of idle
   environments: an invocation takes the most recently used idle one, or starts a new one
   and waits for it (a cold start); an environment idle longer than the idle time is
   reclaimed (its process ended), by a reaper thread every 0.2 s and at every invocation.
@@ -106,7 +106,7 @@ import numpy as np
 
 from ground.driver import remote_table_bytes
 from ground.errors import UsageError
-from moelambda.environments import POLL_S, ColdStart, EnvironmentPool, FunctionSpec, Throttled
+from runtime.environments import POLL_S, ColdStart, EnvironmentPool, FunctionSpec, Throttled
 
 if TYPE_CHECKING:
     from moe import MoEModel

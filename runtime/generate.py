@@ -258,14 +258,14 @@ def planned_requests(
 ) -> dict[str, int]:
     """The requests the plan's semantics give for a generation whose routing was `counts`.
 
-    The prefill (`counts[0]`) is a driver request (`planner.planned_usage`) whose ids came
+    The prefill (`counts[0]`) is a driver request (`planner.evaluate_plan`) whose ids came
     inline, so without its input GET; each decode step adds one Invoke per remote expert hit
     per layer (`ground.generation.decode_invokes`).
     """
     from ground.generation import decode_invokes
-    from planner import planned_usage
+    from planner import evaluate_plan
 
-    prefill = planned_usage(document, manifest, counts[0], prompt_tokens)["usage"]
+    prefill = evaluate_plan(document, manifest, counts[0], prompt_tokens).usage
     planned = {k: int(round(prefill[k])) for k in EXACT}
     planned["s3_get"] -= 1  # the prompts travel in the execution input
     local = np.zeros((manifest.num_layers, manifest.experts), dtype=bool)

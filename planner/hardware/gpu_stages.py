@@ -1,13 +1,13 @@
 """A chain of GPU-backed Lambda functions, each running a range of whole layers: `stages`.
 
 A model larger than Lambda's largest accelerator (48 GiB) cannot sit in one GPU function, and
-splitting it by experts (`gpu.lambda_gpu`'s driver and expert groups) sends every routed row of
-every remote expert across the network at each layer: at Lambda's bandwidths that is most of a
-request's time. Splitting it by layers sends one hidden state per boundary instead. Stage s
-holds layers [a_s, b_s) whole (their attention blocks, routers and every expert; the first also
+splitting it by experts (`planner.hardware.gpu_model`'s driver and expert groups) sends every
+routed row of every remote expert across the network at each layer: at Lambda's bandwidths that is
+most of a request's time. Splitting it by layers sends one hidden state per boundary instead. Stage
+s holds layers [a_s, b_s) whole (their attention blocks, routers and every expert; the first also
 the embeddings, the last the final norm and LM head), filled greedily in layer order up to the
-largest accelerator size the GPU type offers (the fewest contiguous stages that fit), and asks
-for the smallest size that holds it.
+largest accelerator size the GPU type offers (the fewest contiguous stages that fit), and asks for
+the smallest size that holds it.
 
 One request, n tokens (seconds): each stage starts warm (T^str), reads its input from S3 (the
 token ids, 8 n bytes, for the first; the hidden states, n x hidden x 4 bytes, for the others:
@@ -15,8 +15,8 @@ T^dl + bytes / B^s), computes its layers on the GPU (`GpuSpeed`: every expert lo
 on its routed rows), and writes its output (T^dl + bytes / B^s). The state machine runs the
 stages one after another (an Express workflow of one Task per stage). Each stage is a c_s-server
 FCFS queue of constant service time; the departures of one are the arrivals of the next
-(a tandem queue, `gpu.lambda_gpu.driver_servers` per stage). Servers are added to the stage
-whose queue waits longest until the request's p99 meets the SLO.
+(a tandem queue, `planner.hardware.gpu_model.driver_servers` per stage). Servers are added to
+the stage whose queue waits longest until the request's p99 meets the SLO.
 
 The bill of the period: the stages' environments (one GPU each) packed onto the cheapest GPU
 instance type (`ManagedPrices`, at least its default instances) for the whole period, one
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpu.lambda_gpu import (
+from planner.hardware.gpu_model import (
     BF16,
     DRIVER_VCPUS,
     GpuSpeed,
@@ -44,6 +44,7 @@ from gpu.lambda_gpu import (
     activations_gib,
     driver_servers,
     express_usd,
+    front_door,
     runtime_gib,
 )
 
@@ -129,7 +130,6 @@ def stages_candidate(
     sizes: list[int],
 ) -> HardwarePlan:
     """The cheapest chain of layer stages on `pool`'s GPU type meeting the p99 SLO."""
-    from gpu.lambda_plan import front_door
 
     largest = max(sizes)
     runtime = runtime_gib(cal)

@@ -2,7 +2,7 @@
 plan's SQS queue and batcher on moto, each request's output checked against the monolithic
 model, and the front door's billed requests against the planned ones.
 
-`run_plan_locally` (moelambda/local.py) starts one execution itself; a deployment fed by the
+`run_plan_locally` (runtime/local.py) starts one execution itself; a deployment fed by the
 front door never does: requests go to the queue and the batcher groups them into executions
 by the plan's batch policy (`ground.frontdoor`). This runs that path with the same handlers.
 """
@@ -80,8 +80,8 @@ def run_front_door_locally(
     from functions.local import run_front_door
     from ground.plan import FunctionCapacity
     from moe import export_model
-    from moelambda.local import _reference
     from pipeline.stacks import flat_template
+    from runtime.local import _reference
 
     say = progress or (lambda _: None)
     document = front_door_plan(plan)

@@ -13,18 +13,19 @@ for a stream of prompts of `prompt_tokens` tokens under a p99 latency SLO:
   experts that fit (Lina's popularity-based placement, `gpu.lina`: the hot experts where the
   tokens are); each layer's other experts share one GPU expert-group function of the smallest
   size that holds them (one function hosting several experts of a layer).
-* **mixed**: the same GPU driver; of each layer's remote experts the most popular fraction `q`
+* **gpu+cpu**: the same GPU driver; of each layer's remote experts the most popular fraction `q`
   in a GPU group, the long tail on CPU Lambda functions that bill nothing idle (Remoe's split).
 * **cpu**: the CPU planner's cheapest deployment of one prompt (`planner.api.plan_deployment`:
   one function, a driver, the fan-out workflow), planned for the stream as `plan --traffic`
   plans it (no capacity policy, warmers, provisioned concurrency or CPU Managed Instances).
 
-The gpu hardware also weighs a chain of layer stages (`gpu.lambda_stages`), for models larger
-than one accelerator. Expert groups and stages are planned and priced, not deployable yet
-(`gpu.lambda_plan` writes the rest as a Plan).
+The gpu hardware also weighs a chain of layer stages (`planner.hardware.gpu_stages`), for models
+larger than one accelerator. Expert groups and stages are planned and priced, not deployable yet
+(`planner.hardware.gpu_plan` writes the rest as a Plan); the candidates are weighed in
+`planner.hardware.gpu_candidates`.
 
-Compute on a GPU is the GPU backend's per-token model (`gpu.estimate`, its speeds in
-gpu/data/catalogue.json): a stage of p parameters on n tokens takes
+Compute on a GPU is the GPU backend's per-token model (as `gpu.estimate` has it, the speeds in
+planner/data/gpu_catalogue.json): a stage of p parameters on n tokens takes
 max(2 p n / (peak x mfu), 2 p / memory bandwidth) + kernel_s (bf16 weights, read once per call).
 An environment holds one whole GPU (`planner.traffic.managed`: AWS exposes accelerator devices
 to an environment, not shares of one), so it computes at the whole GPU's speed and asks for
@@ -54,42 +55,37 @@ at B^s before it serves (`load_s`, its cold start): the fixed pool is started be
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ground import frontdoor
 from ground.driver import layer_seconds, remote_call_s
-from ground.errors import InfeasibleError, UsageError
+from ground.errors import UsageError
 from ground.semantics import direct_event_bytes
 
 if TYPE_CHECKING:
-    from gpu.cluster import Catalogue
     from ground.manifest import Manifest
-    from ground.plan import Plan
     from planner.api import PlanningCounts
     from planner.calibration import Calibration
-    from planner.traffic.managed import InstanceChoice, ManagedPrices
+    from planner.hardware.catalogue import Catalogue
 
 __all__ = [
-    "HARDWARE",
     "GpuSpeed",
     "HardwarePlan",
     "Stream",
     "activations_gib",
-    "cpu_plan",
     "driver_servers",
     "express_usd",
-    "plan_hardware",
+    "front_door",
     "runtime_gib",
 ]
 
-HARDWARE = ("cpu", "gpu", "mixed")
 BF16 = 2  # bytes per weight on a GPU
 GROUP_BUSY = 0.5  # a group's environments are sized to be busy at most half the time
-# The popular share of each layer's remote experts a mixed plan puts on a GPU group.
+# The popular share of each layer's remote experts a gpu+cpu plan puts on a GPU group.
 MIXED_SHARES = (0.0, 0.25, 0.5, 0.75)
 DRIVER_VCPUS = 2  # a GPU driver's host side: tokenising, S3 and Invoke I/O
 GROUP_VCPUS = 1
@@ -110,7 +106,7 @@ class GpuSpeed:
         if gpu.memory_gbps is None:
             raise UsageError(
                 f"the GPU catalogue gives {name} no memory bandwidth.",
-                "add memory_gbps to its entry in gpu/data/catalogue.json.",
+                "add memory_gbps to its entry in planner/data/gpu_catalogue.json.",
             )
         return cls(name, gpu.flops(catalogue.mfu), gpu.memory_gbps * 1e9, catalogue.kernel_s)
 
@@ -195,7 +191,7 @@ class HardwarePlan:
     bill_usd: float  # over the period
     per_million_usd: float
     detail: dict[str, Any]
-    # what `gpu.lambda_plan.plan_document` writes a deployable one from (not reported)
+    # what `planner.hardware.gpu_plan.plan_document` writes a deployable one from (not reported)
     parts: dict[str, Any] | None = None
 
     def describe(self) -> dict[str, Any]:
@@ -413,108 +409,6 @@ def _request(
     )
 
 
-def _gpu_candidate(
-    model: _Model,
-    layout: _Layout,
-    speed: GpuSpeed,
-    prices: ManagedPrices,
-    cal: Calibration,
-    stream: Stream,
-    slo_s: float,
-    hardware: str,
-) -> HardwarePlan:
-    from gpu.lambda_plan import front_door
-
-    req = _request(model, layout, speed, cal, stream.prompt_tokens)
-    door_usd, door_s = front_door(cal, stream)
-    served = _fewest_servers(stream, req.latency_s, slo_s - door_s)
-    monolithic = bool(layout.local.all())
-    detail: dict[str, Any] = {
-        "shape": "monolithic" if monolithic else "driver",
-        # the driver invokes one expert per remote function (groups would need packing there),
-        # each with at most the calibration's G replicas
-        "deployable": not layout.on_gpu_group.any()
-        and bool((req.cpu_replicas <= cal.max_replicas).all()),
-        "driver_accelerator_gib": layout.driver_gib,
-        "local_experts": int(layout.local.sum()),
-        "gpu_group_experts": int(layout.on_gpu_group.sum()),
-        "cpu_experts": int(layout.on_cpu.sum()),
-        "group_accelerator_gib": sorted({int(g) for g in layout.group_gib if g}),
-        "load_s": {
-            "driver": round(req.load_s["driver"], 1),
-            "slowest_group": round(
-                max((v for k, v in req.load_s.items() if k != "driver"), default=0.0), 1
-            ),
-        },
-    }
-    if served is None:
-        return HardwarePlan(
-            hardware,
-            False,
-            f"a warm request takes {req.latency_s:.1f} s, over the SLO",
-            req.latency_s,
-            None,
-            math.inf,
-            math.inf,
-            detail,
-        )
-    servers, p99 = served[0], served[1] + door_s
-    rate = stream.rate
-    group_envs = np.where(
-        req.group_replicas > 0,
-        req.group_replicas
-        * np.minimum(servers, np.maximum(1, np.ceil(rate * req.group_busy_s / GROUP_BUSY))),
-        0,
-    ).astype(np.int64)
-    used = np.flatnonzero(group_envs)
-    memory_mb = np.array(
-        [DRIVER_VCPUS * cal.mb_per_vcpu] + [GROUP_VCPUS * cal.mb_per_vcpu] * used.size
-    )
-    environments = np.array([servers, *group_envs[used]], dtype=np.int64)
-    accelerator = np.array([layout.driver_gib, *layout.group_gib[used]], dtype=np.int64)
-    choice: InstanceChoice | None = prices.choose(memory_mb, environments, accelerator)
-    if choice is None:
-        return HardwarePlan(
-            hardware,
-            False,
-            "no GPU instance type holds the largest environment",
-            req.latency_s,
-            p99,
-            math.inf,
-            math.inf,
-            detail,
-        )
-    requests = stream.arrivals_s.size
-    invokes = requests * (1 + int(req.group_replicas.sum()))
-    pool = prices.bill_usd(choice, stream.period_s, invokes)
-    express = requests * (cal.express_request_usd + express_usd(cal, req.latency_s))
-    bill = pool + requests * (req.cpu_usd + req.s3_usd) + express + door_usd
-    tokens = requests * stream.prompt_tokens
-    busy = requests * req.latency_s / (servers * stream.period_s)
-    detail.update(
-        {
-            "instance_type": choice.instance_type,
-            "instances": choice.instances,
-            "driver_environments": servers,
-            "group_environments": int(group_envs.sum()),
-            "scaling_target": round(busy, 4),
-            "pool_usd": round(pool, 6),
-            "cpu_functions_usd": round(requests * req.cpu_usd, 6),
-            "front_door_usd": round(door_usd, 6),
-        }
-    )
-    parts = {
-        "layout": layout,
-        "request": req,
-        "driver_memory_mb": DRIVER_VCPUS * cal.mb_per_vcpu,
-        "weights_mb": req.load_s["driver"] * cal.s3_bandwidth_bytes_per_s / 2**20,
-        "activations_mb": activations_gib(model, stream.prompt_tokens, cal) * 1024,
-    }
-    return HardwarePlan(
-        hardware, True, None, req.latency_s, p99, bill, bill / tokens * 1e6, detail, parts
-    )
-
-
 def express_usd(cal: Calibration, seconds: float) -> float:
     """The duration charge of one Express execution of `seconds` (64 MB, 100-ms steps)."""
     steps = math.ceil(seconds / cal.express_duration_step_s)
@@ -522,206 +416,30 @@ def express_usd(cal: Calibration, seconds: float) -> float:
     return steps * cal.express_duration_step_s * gb * cal.express_gb_second_usd
 
 
-def cpu_plan(
-    manifest: Manifest,
-    counts: PlanningCounts,
-    calibration: Calibration,
-    *,
-    slo_s: float,
-    prompt_tokens: int,
-    concurrency_quota: int = 100_000,
-) -> tuple[Plan, str | None]:
-    """The CPU planner's cheapest deployment of one prompt within the SLO (every shape:
-    `planner.api.plan_deployment`), or, when none meets it warm, its cheapest plan and why.
-    A shape's counts are drawn again for a batch of `prompt_tokens`."""
-    from planner.api import PlanOptions, plan_deployment, shape_counts_for_plan
+def front_door(cal: Calibration, stream: Stream) -> tuple[float, float]:
+    """(USD over the period, seconds each request waits) of the front door for `stream`, one
+    execution per request (see the module docstring)."""
+    from planner.traffic.platform import BATCHER_MEMORY_MB, front_door_for
 
-    shape = counts.source.get("shape")
-    planning = (
-        shape_counts_for_plan(
-            shape, counts.source.get("popularity", "zipf:1.0"), tokens=prompt_tokens
-        )
-        if shape is not None
-        else counts
+    door = front_door_for(cal, 0)  # one execution per request: the table is not priced here
+    if door is None:
+        return 0.0, 0.0
+    n = int(stream.arrivals_s.size)
+    usage = frontdoor.planned(
+        [frontdoor.message_bytes(stream.prompt_tokens)] * n,
+        [1] * n,
+        n,
+        0,
+        chunk_bytes=door.chunk_bytes,
+        receive_max=door.receive_max,
     )
-    options = PlanOptions(concurrency_quota=concurrency_quota, confidence=0.0)
-    try:
-        return plan_deployment(
-            manifest, planning, calibration, slo_s=slo_s, options=options
-        ).plan, None
-    except InfeasibleError as err:
-        reason = str(err).splitlines()[0]
-        planned = plan_deployment(manifest, planning, calibration, slo_s=None, options=options)
-        return planned.plan, reason
-
-
-def _cpu_candidate(
-    plan: Plan, why: str | None, cal: Calibration, stream: Stream, slo_s: float
-) -> HardwarePlan:
-    """The CPU plan over the stream as `plan --traffic` plans it (`planner.traffic.planning
-    .plan_for_traffic`, its batch fixed at one prompt): with no capacity policy, warmers,
-    provisioned concurrency or Managed Instances on CPUs, each simulated over the stream (cold
-    starts, INIT billed, idle reclaim at the assumed time and at the low end of its range), the
-    cheapest meeting the p99 SLO; else the best it found and why none meets it."""
-    from planner.traffic import simulate_plan
-    from planner.traffic.planning import plan_for_traffic
-    from planner.traffic.spec import Arrivals
-
-    n = stream.arrivals_s.size
-    tokens = max(n * stream.prompt_tokens, 1)
-    arrivals = Arrivals(
-        stream.arrivals_s, np.full(n, stream.prompt_tokens), stream.period_s, stream.source
+    idle_polls = door.idle_pollers * stream.period_s / door.long_poll_s
+    price = cal.lambda_prices["x86_64"]
+    gb_s = n * door.start_s * BATCHER_MEMORY_MB / cal.billing_mb_per_gb
+    usd = (
+        (usage.sqs_requests + idle_polls) * door.sqs_request_usd
+        + usage.batcher_invocations * price.request_usd
+        + gb_s * price.gb_second_usd
+        + usage.results * door.s3_put_usd
     )
-    detail: dict[str, Any] = {"shape": plan.deployment, "deployable": True}
-    if why is None:
-
-        def plan_at(_tokens: int, budget_s: float) -> Plan:
-            if plan.totals.latency_s > budget_s:
-                raise InfeasibleError(f"the CPU plan takes {plan.totals.latency_s:.1f} s", "")
-            return plan
-
-        try:
-            choice = plan_for_traffic(
-                plan_at,
-                arrivals,
-                slo_s,
-                cal,
-                plan.arch,
-                caps=(stream.prompt_tokens,),
-                waits=(0.0,),
-            )
-        except InfeasibleError as err:
-            why = str(err).splitlines()[0]
-            best = re.search(r"the best p99 is ([0-9.]+) s", why)  # plan_for_traffic's words
-            detail["best_p99_s"] = float(best.group(1)) if best else None
-        else:
-            result = choice.result
-            bill = float(result.bill_usd["total_usd"])
-            detail |= {
-                "capacity": choice.plan.traffic.simulated["capacity"]
-                if choice.plan.traffic
-                else None,
-                "cold_starts": int(sum(result.cold_starts.values())),
-                "managed_instances": result.managed or None,
-            }
-            return HardwarePlan(
-                "cpu", True, None, plan.totals.latency_s, result.quantiles()["p99"], bill,
-                bill / tokens * 1e6, detail,
-            )  # fmt: skip
-    report = simulate_plan(plan, arrivals, slo_s=slo_s, calibration=cal, reserve=False)
-    p99 = report["latency_s"]["p99"]
-    bill = float(report["bill_usd"]["total_usd"])
-    detail |= {"capacity": "none", "cold_starts": report["cold_starts"]["count"]}
-    return HardwarePlan(
-        "cpu", False, why, plan.totals.latency_s, p99, bill, bill / tokens * 1e6, detail
-    )
-
-
-def plan_hardware(
-    manifest: Manifest,
-    counts: PlanningCounts,
-    calibration: Calibration,
-    catalogue: Catalogue,
-    stream: Stream,
-    *,
-    slo_s: float,
-    hardware: Sequence[str] = HARDWARE,
-    cpu: tuple[Plan, str | None] | None = None,
-    progress: Callable[[str], None] | None = None,
-) -> dict[str, HardwarePlan]:
-    """The cheapest plan meeting the p99 SLO on each hardware (see the module docstring): for
-    gpu and mixed every driver accelerator size, every GPU type the calibration prices, and
-    for mixed every popular share in `MIXED_SHARES`; for gpu also the chain of layer stages
-    (`gpu.lambda_stages`); for cpu `cpu` (from `cpu_plan`, made here when None) simulated over
-    the stream. Infeasible ones say why.
-
-    Raises:
-        UsageError: An unknown hardware, or a calibration without GPU instance types or
-            accelerator sizes (it names the keys to add).
-    """
-    from gpu.lambda_stages import stages_candidate
-    from planner.traffic.managed import managed_prices
-
-    say = progress or (lambda _: None)
-    unknown = sorted(set(hardware) - set(HARDWARE))
-    if unknown:
-        raise UsageError(f"unknown hardware {unknown}.", f"pass one of {', '.join(HARDWARE)}.")
-    sizes = calibration.lambda_accelerator_memory_gib
-    prices = managed_prices(calibration, "x86_64", accelerated=True)
-    if any(h != "cpu" for h in hardware) and (not sizes or prices is None):
-        raise UsageError(
-            "the calibration has no GPU-backed Lambda: it lacks lambda_accelerator_memory_gib "
-            "or GPU instance types in ec2_instance_prices.",
-            "use the packaged calibration, or add both with their sources.",
-        )
-    model = _Model.of(manifest, counts)
-    out: dict[str, HardwarePlan] = {}
-    for kind in hardware:
-        say(f"{manifest.model}: {kind} at {stream.rate:.4g} requests/s")
-        if kind == "cpu":
-            made = cpu or cpu_plan(
-                manifest, counts, calibration, slo_s=slo_s, prompt_tokens=stream.prompt_tokens
-            )
-            out[kind] = _cpu_candidate(*made, calibration, stream, slo_s)
-            continue
-        shares = (1.0,) if kind == "gpu" else MIXED_SHARES
-        best: HardwarePlan | None = None
-        reasons: list[str] = []
-        for gpu_name in sorted({t.gpu for t in prices.gpu_types if t.gpu}):
-            speed = GpuSpeed.of(catalogue, gpu_name)
-            pool = replace(prices, types=tuple(t for t in prices.types if t.gpu == gpu_name))
-            largest = max(t.gpu_memory_gib for t in pool.types)
-            fitting = [size for size in sizes if size <= largest + 1e-9]
-            peak = activations_gib(model, stream.prompt_tokens, calibration)
-            runtime = runtime_gib(calibration)
-            for size in fitting:
-                for share in shares:
-                    layout = _layout(model, fitting, size, share, peak, runtime)
-                    if isinstance(layout, str):
-                        reasons.append(layout)
-                        continue
-                    if kind == "mixed" and not layout.on_cpu.any():
-                        reasons.append(
-                            f"a {size}-GiB GPU driver holds every expert: none is left for CPU "
-                            "functions"
-                        )
-                        continue
-                    plan = _gpu_candidate(
-                        model, layout, speed, pool, calibration, stream, slo_s, kind
-                    )
-                    plan.detail["gpu"] = gpu_name
-                    plan.detail["gpu_share_of_remote"] = share
-                    best = _keep(plan, best, reasons)
-            if kind == "gpu":
-                staged = stages_candidate(model, speed, pool, calibration, stream, slo_s, fitting)
-                staged.detail["gpu"] = gpu_name
-                best = _keep(staged, best, reasons)
-        if best is None:
-            best = HardwarePlan(
-                kind,
-                False,
-                reasons[0] if reasons else "no layout",
-                math.inf,
-                None,
-                math.inf,
-                math.inf,
-                {},
-            )
-        out[kind] = best
-    return out
-
-
-def _keep(plan: HardwarePlan, best: HardwarePlan | None, reasons: list[str]) -> HardwarePlan:
-    """The better of `plan` and `best`, noting why `plan` is infeasible."""
-    if not plan.feasible:
-        reasons.append(plan.reason or "")
-    return plan if best is None or _better(plan, best) else best
-
-
-def _better(plan: HardwarePlan, best: HardwarePlan) -> bool:
-    """Feasible first, then the cheaper; among infeasible ones the faster."""
-    if plan.feasible != best.feasible:
-        return plan.feasible
-    if plan.feasible:
-        return plan.bill_usd < best.bill_usd
-    return plan.latency_s < best.latency_s
+    return usd, door.start_s

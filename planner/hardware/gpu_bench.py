@@ -1,11 +1,13 @@
-"""`moelambda bench gpu-lambda`: CPU-only, GPU-only and mixed Lambda plans of real-scale MoE
+"""`moelambda bench gpu-lambda`: CPU-only, GPU-only and GPU+CPU Lambda plans of real-scale MoE
 shapes on the Azure conversation trace, beside a managed API's list price.
 
 For each model shape (Zipf(1) popularity, labelled synthetic) and each rate, the Azure
 conversation trace's arrivals scaled to that mean rate (`planner.traffic.bench.scale_for`) over
-the period of `RATES`, every request a prompt of `PROMPT_TOKENS` tokens, `gpu.lambda_gpu`
-plans the cheapest deployment meeting a p99 latency of `SLO_S` on each hardware. Each row gives
-the plan's bill per million prompt tokens next to the managed API's list price per million
+the period of `RATES`, every request a prompt of `PROMPT_TOKENS` tokens,
+`planner.hardware.gpu_candidates` plans the cheapest deployment meeting a p99 latency of `SLO_S`
+on each hardware. `cheapest` is the cheapest that can run (`planner.hardware.runnable`: the CPU
+one until GPU-backed handlers exist), `cheapest_priced` the cheapest of all, as priced. Each row
+gives the plan's bill per million prompt tokens next to the managed API's list price per million
 input tokens (`planner.generation.managed_api_quote`; "no list price" where the calibration has
 none). Every GPU timing in it is predicted by the GPU backend's model, not measured.
 """
@@ -35,11 +37,13 @@ def bench_gpu_lambda(
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The JSON of `moelambda bench gpu-lambda` (see the module docstring)."""
-    from gpu.cluster import load_catalogue
-    from gpu.generation_compare import shape_model
-    from gpu.lambda_gpu import HARDWARE, Stream, cpu_plan, plan_hardware
     from planner import load_calibration
+    from planner.api import shape_counts_for_plan
     from planner.generation import managed_api_quote
+    from planner.hardware import runnable
+    from planner.hardware.catalogue import load_catalogue
+    from planner.hardware.gpu_candidates import HARDWARE, cpu_plan, plan_hardware
+    from planner.hardware.gpu_model import Stream
     from planner.traffic import load_arrivals
     from planner.traffic.bench import scale_for
 
@@ -49,11 +53,11 @@ def bench_gpu_lambda(
     catalogue = load_catalogue()
     rows = []
     for name in models:
-        model = shape_model(name, tokens=prompt_tokens)
+        counts = shape_counts_for_plan(name, "zipf:1.0", tokens=prompt_tokens)
+        manifest = counts.manifest
+        assert manifest is not None
         say(f"{name}: the CPU plan")
-        cpu = cpu_plan(
-            model.manifest, model.counts, calibration, slo_s=slo_s, prompt_tokens=prompt_tokens
-        )
+        cpu = cpu_plan(manifest, counts, calibration, slo_s=slo_s, prompt_tokens=prompt_tokens)
         runs = []
         for rate, hours in rates:
             arrivals = load_arrivals("azure-conv", scale=scale_for(rate), hours=hours)
@@ -64,8 +68,8 @@ def bench_gpu_lambda(
                 {"spec": "azure-conv", "rate_per_s": rate, "hours": hours},
             )
             plans = plan_hardware(
-                model.manifest,
-                model.counts,
+                manifest,
+                counts,
                 calibration,
                 catalogue,
                 stream,
@@ -74,14 +78,16 @@ def bench_gpu_lambda(
                 progress=say,
             )
             described = {h: plans[h].describe() for h in HARDWARE}
-            feasible = {h: d for h, d in described.items() if d["feasible"]}
+            feasible = {h: d["bill_usd"] for h, d in described.items() if d["feasible"]}
+            can_run = {h: usd for h, usd in feasible.items() if runnable(h)}
             runs.append(
                 {
                     "rate_per_s": rate,
                     "hours": hours,
                     "requests": int(stream.arrivals_s.size),
                     "plans": described,
-                    "cheapest": min(feasible, key=lambda h: feasible[h]["bill_usd"])
+                    "cheapest": min(can_run, key=can_run.__getitem__) if can_run else None,
+                    "cheapest_priced": min(feasible, key=feasible.__getitem__)
                     if feasible
                     else None,
                 }
@@ -89,9 +95,9 @@ def bench_gpu_lambda(
         rows.append(
             {
                 "model": name,
-                "label": model.label,
-                "counts": model.counts.source,
-                "managed_api": managed_api_quote(calibration, model.manifest.model),
+                "label": manifest.model,
+                "counts": counts.source,
+                "managed_api": managed_api_quote(calibration, manifest.model),
                 "runs": runs,
             }
         )

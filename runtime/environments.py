@@ -1,5 +1,5 @@
 """Lambda execution environments as real processes, for `run-local --traffic`
-(`moelambda.traffic_replay`): the mechanism the traffic simulator models, realised.
+(`runtime.traffic_replay`): the mechanism the traffic simulator models, realised.
 
 An environment is a fresh `python -c` process started for one function with that function's
 environment variables: it imports the function's handler module (Lambda's INIT phase), then

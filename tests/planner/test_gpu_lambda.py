@@ -1,4 +1,4 @@
-"""GPU-backed Lambda planning (`gpu.lambda_gpu`): the driver pool's queue against a brute-force
+"""GPU-backed Lambda planning (`planner.hardware`): the driver pool's queue against a brute-force
 simulation, the roofline of a GPU stage, the popularity placement, and plans whose bill is the
 pool the plan chose."""
 
@@ -10,17 +10,17 @@ from functools import cache
 import numpy as np
 import pytest
 
-from gpu.cluster import load_catalogue
 from gpu.generation_compare import shape_model
-from gpu.lambda_gpu import (
+from planner import load_calibration
+from planner.hardware.catalogue import load_catalogue
+from planner.hardware.gpu_candidates import MIXED, plan_hardware
+from planner.hardware.gpu_model import (
     GpuSpeed,
     Stream,
     _layout,
     _Model,
     driver_servers,
-    plan_hardware,
 )
-from planner import load_calibration
 
 
 def _brute_force(arrivals: np.ndarray, service: float, servers: int) -> np.ndarray:
@@ -133,7 +133,7 @@ def test_more_traffic_needs_more_drivers_and_an_impossible_slo_is_said() -> None
 
 
 def test_layer_stages_cover_the_model_in_the_fewest_contiguous_ranges_that_fit() -> None:
-    from gpu.lambda_stages import stage_ranges
+    from planner.hardware.gpu_stages import stage_ranges
 
     model, _ = _mixtral()
     for largest in (24.0, 48.0):
@@ -152,7 +152,7 @@ def test_layer_stages_cover_the_model_in_the_fewest_contiguous_ranges_that_fit()
 
 
 def test_the_tandem_queue_feeds_each_stage_the_previous_ones_departures() -> None:
-    from gpu.lambda_stages import _tandem
+    from planner.hardware.gpu_stages import _tandem
 
     rng = np.random.default_rng(3)
     arrivals = np.sort(rng.uniform(0, 20, size=300))
@@ -170,9 +170,9 @@ def test_mixtral_needs_more_than_one_gpu_function_and_stages_beat_expert_groups(
     model = shape_model("mixtral", tokens=1000)
     plans = plan_hardware(
         model.manifest, model.counts, cal, load_catalogue(), _stream(1.0), slo_s=30.0,
-        hardware=("gpu", "mixed"),
+        hardware=("gpu", MIXED),
     )  # fmt: skip
-    gpu, mixed = plans["gpu"], plans["mixed"]
+    gpu, mixed = plans["gpu"], plans[MIXED]
     assert gpu.feasible and gpu.detail["shape"] == "stages" and not gpu.detail["deployable"]
     assert len(gpu.detail["stages"]) >= 2  # 87 GiB of weights, 48 GiB at most per function
     assert mixed.feasible and mixed.detail["cpu_experts"] > 0 and mixed.detail["deployable"]
@@ -180,7 +180,7 @@ def test_mixtral_needs_more_than_one_gpu_function_and_stages_beat_expert_groups(
 
 
 def test_the_cpu_plan_is_planned_for_the_stream_with_its_cold_starts() -> None:
-    from gpu.lambda_gpu import cpu_plan
+    from planner.hardware.gpu_candidates import cpu_plan
 
     cal = load_calibration()
     model = shape_model("olmoe", tokens=1000)

@@ -77,7 +77,7 @@ def run_plan_locally(
     from moe import export_model
     from pipeline.faults import Faults
     from pipeline.stacks import flat_template
-    from planner import planned_seconds, planned_usage, price_usage
+    from planner import evaluate_plan, price_usage
 
     say = progress or (lambda _: None)
     document = Plan.load(plan)
@@ -101,8 +101,7 @@ def run_plan_locally(
         template = flat_template(root / "cdk.out", DEFAULT_STACK)
         # Before the run: a batch the plan cannot serve (more tokens than an expert's replicas
         # can take) is refused here, as its gate would refuse it.
-        predicted = planned_seconds(document, manifest, counts, int(ids.size))
-        planned = planned_usage(document, manifest, counts, int(ids.size))
+        planned = evaluate_plan(document, manifest, counts, int(ids.size))
         say(f"running {requests} execution(s) on moto")
         records = metrics_file or root / "metrics.jsonl"
         started = time.perf_counter()
@@ -127,7 +126,7 @@ def run_plan_locally(
             name: round(sum(times), 4) for name, times in sorted(result["seconds"].items())
         },
         "predicted_vs_measured": _predicted_vs_measured(
-            predicted, planned["latency_s"], result["seconds"], runs
+            planned.seconds, planned.latency_s, result["seconds"], runs
         ),
         "requests": len(runs),
         "succeeded": len(runs) - len(failed),
@@ -158,13 +157,13 @@ def run_plan_locally(
         (run,) = runs
         usage = result["usage"]
         summary["metered"] = usage
-        summary["planned"] = planned["usage"]
+        summary["planned"] = planned.usage
         summary["bill"] = {
-            "planned": planned["bill"],
+            "planned": planned.bill,
             "metered": price_usage(document, usage, run.get("seconds", 0.0)),
         }
         summary["metering"] = metering(
-            usage, planned["usage"], summary["bill"], summary["predicted_vs_measured"]
+            usage, planned.usage, summary["bill"], summary["predicted_vs_measured"]
         )
     return summary
 
@@ -172,8 +171,8 @@ def run_plan_locally(
 def _gpu_backed(document: Plan) -> dict[str, Any] | None:
     """A GPU-backed plan's functions and pool (None: CPU functions only). Its handlers ran on
     this machine's CPU like any other, so its GPU timings and its pool's bill stay the GPU
-    model's predictions (`gpu.lambda_plan`); the per-batch bill above is Lambda's CPU pricing
-    of the same requests."""
+    model's predictions (`planner.hardware.gpu_plan`); the per-batch bill above is Lambda's CPU
+    pricing of the same requests."""
     traffic = document.traffic
     if traffic is None or not traffic.accelerated:
         return None

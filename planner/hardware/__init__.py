@@ -1,0 +1,97 @@
+"""The hardware a function runs on: one vocabulary, one registry line per kind.
+
+A deployment's functions each run on one hardware kind; a candidate that uses several (a GPU
+driver calling CPU expert functions) is named by its kinds joined with "+" (`candidate_name`:
+"gpu+cpu"), so the kinds are the only words there are. Each kind says whether a plan on it can
+run today: a kind that cannot is priced and reported, never chosen (`runnable`, `why_not`).
+
+    cpu   CPU Lambda functions (the handlers in functions/, the image Dockerfile.expert)
+    gpu   GPU-backed Lambda functions on Managed Instances (`planner.hardware.gpu_model`:
+          sizes, speeds from the GPU catalogue `planner.hardware.catalogue`, prices)
+
+Adding a kind (another accelerator) is its module beside gpu_model and one line in `KINDS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ground.errors import UsageError
+
+__all__ = [
+    "AUTO",
+    "CHOICES",
+    "KINDS",
+    "HardwareKind",
+    "candidate_name",
+    "check_hardware",
+    "kinds_of",
+    "runnable",
+    "why_not",
+]
+
+
+@dataclass(frozen=True)
+class HardwareKind:
+    """One hardware kind: its name, what it is, and why a plan on it cannot run yet (None:
+    its handlers run, so the planner may choose it)."""
+
+    name: str
+    label: str
+    not_runnable: str | None = None
+
+
+KINDS: dict[str, HardwareKind] = {
+    "cpu": HardwareKind("cpu", "CPU Lambda"),
+    "gpu": HardwareKind(
+        "gpu",
+        "GPU-backed Lambda on Managed Instances",
+        not_runnable="no handler runs on a GPU yet (every function's image is CPU-only torch, "
+        "no handler places a stage on a device, and layer stages and expert groups have no "
+        "handler): GPU-backed candidates are priced and reported, never chosen",
+    ),
+}
+AUTO = "auto"  # every kind weighed; the cheapest runnable candidate chosen
+CHOICES = (*KINDS, AUTO)
+
+
+def check_hardware(value: str, *, flag: str = "--hardware") -> str:
+    """`value` if it is a kind or auto.
+
+    Raises:
+        UsageError: It is neither; names the choices.
+    """
+    if value not in CHOICES:
+        named = f"{', '.join(CHOICES[:-1])} or {CHOICES[-1]}"
+        raise UsageError(f"{flag} {value!r} is not {named}.", "pass one of them.")
+    return value
+
+
+def candidate_name(kinds: Iterable[str]) -> str:
+    """The name of a candidate whose functions run on `kinds` ("gpu", "gpu+cpu"), in the
+    registry's order reversed (the driver's kind first)."""
+    used = set(kinds)
+    unknown = used - KINDS.keys()
+    if unknown or not used:
+        raise ValueError(f"unknown hardware kinds {sorted(unknown)}")
+    return "+".join(k for k in reversed(KINDS) if k in used)
+
+
+def kinds_of(name: str) -> list[str]:
+    """The kinds a candidate's name spells."""
+    kinds = name.split("+")
+    if not kinds or any(k not in KINDS for k in kinds):
+        raise ValueError(f"{name!r} names no hardware kinds")
+    return kinds
+
+
+def why_not(name: str) -> str | None:
+    """Why the candidate `name` cannot run (None: it can)."""
+    reasons = [KINDS[k].not_runnable for k in kinds_of(name) if KINDS[k].not_runnable]
+    return "; ".join(r for r in reasons if r) or None
+
+
+def runnable(name: str) -> bool:
+    """Whether every kind of the candidate `name` runs its handlers today."""
+    return why_not(name) is None

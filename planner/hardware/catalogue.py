@@ -1,0 +1,172 @@
+"""GPU types with their speeds and prices: what every GPU hardware kind is priced from.
+
+Every number lives in a data file with its source and date, so no algorithm hard-codes a price:
+the types' speeds in `planner/data/gpu_catalogue.json`, and each price in one home with one
+source kind.
+A type whose instance Lambda Managed Instances also runs (l4 on g6.xlarge, a10g on g5.xlarge,
+l40s on g6e.xlarge) names that instance in `price_from`: its price is the calibration's
+`ec2_instance_prices` entry (planner/data/calibration.json) divided by the instance's GPUs, with
+that entry's `source_kind`. The others (t4, a100) carry their own `usd_per_gpu_hour` and
+`price_source_kind`. GPU-backed Lambda (`planner.hardware.gpu_model`) and the GPU-cluster
+backend (`gpu`, whose clusters `gpu.cluster` reads) both read it.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ground.errors import MoelambdaError, did_you_mean
+
+if TYPE_CHECKING:
+    from planner.calibration import Calibration
+
+__all__ = ["Catalogue", "GpuType", "HardwareError", "load_catalogue"]
+
+
+class HardwareError(MoelambdaError):
+    """A GPU catalogue or cluster file that cannot be used."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Parameter(_Strict):
+    value: float
+    unit: str
+    source: str
+    as_of: str
+
+
+class GpuType(_Strict):
+    """One GPU type: what it computes, moves and costs."""
+
+    gpu: str
+    instance: str
+    memory_gb: float = Field(gt=0)
+    peak_tflops: float = Field(gt=0, description="Dense FP16/BF16 tensor peak.")
+    network_gbps: float = Field(gt=0, description="This GPU's share of the instance network.")
+    memory_gbps: float | None = Field(
+        default=None,
+        gt=0,
+        description="Memory bandwidth, GB/s: a decode step reads every weight it uses "
+        "(`gpu.generation`); None: the type is not offered for generation.",
+    )
+    usd_per_gpu_hour: float = Field(gt=0)
+    price_source_kind: str | None = Field(
+        default=None,
+        description="The kind of the price's source, as the calibration names kinds (aws, "
+        "secondary, ...); None: not said (a cluster file's own type).",
+    )
+    source: str
+    as_of: str
+
+    @property
+    def bandwidth(self) -> float:
+        """NIC bytes per second."""
+        return self.network_gbps * 1e9 / 8
+
+    def flops(self, mfu: float) -> float:
+        """FLOP/s reached at model-FLOPs utilisation `mfu`."""
+        return self.peak_tflops * 1e12 * mfu
+
+
+class _CatalogueType(GpuType):
+    """A type as the catalogue writes it: its own price (`usd_per_gpu_hour` with its
+    `price_source_kind`), or `price_from`, an instance type of the calibration's
+    `ec2_instance_prices` whose hourly price, divided by its GPUs, is this type's."""
+
+    usd_per_gpu_hour: float | None = Field(default=None, gt=0)  # type: ignore[assignment]
+    price_from: str | None = Field(default=None, min_length=1)
+
+
+class _CatalogueFile(_Strict):
+    schema_version: int
+    note: str
+    defaults: dict[str, _Parameter]
+    types: dict[str, _CatalogueType]
+    default_type: str
+
+
+_FIX = "fix planner/data/gpu_catalogue.json."
+
+
+def _priced(name: str, entry: _CatalogueType, calibration: Calibration | None) -> GpuType:
+    """`entry` with its price: its own, or the calibration's instance type's per GPU."""
+    from planner.calibration import SOURCE_KINDS
+
+    fields = entry.model_dump(exclude={"price_from"})
+    if (entry.price_from is None) == (entry.usd_per_gpu_hour is None):
+        raise HardwareError(
+            f"the catalogue's type '{name}' gives {'both' if entry.price_from else 'neither'} "
+            "usd_per_gpu_hour and price_from: a price has one home.",
+            f"give it price_from (an instance type of the calibration's ec2_instance_prices) or "
+            f"its own usd_per_gpu_hour with price_source_kind; {_FIX}",
+        )
+    if entry.price_from is None:
+        if entry.price_source_kind not in SOURCE_KINDS:
+            raise HardwareError(
+                f"the catalogue's type '{name}' has price_source_kind "
+                f"{entry.price_source_kind!r}, not one of {', '.join(SOURCE_KINDS)}.",
+                f"say where its usd_per_gpu_hour was read; {_FIX}",
+            )
+        return GpuType(**fields)
+    assert calibration is not None  # load_catalogue loads one for a type with price_from
+    cal = calibration
+    where = cal.source_path or "the calibration"
+    instance = (cal.ec2_instance_prices or {}).get(entry.price_from)
+    if instance is None or instance.gpu != name or instance.gpus < 1:
+        found = "lists no such type" if instance is None else f"gives it GPU {instance.gpu!r}"
+        raise HardwareError(
+            f"the catalogue prices '{name}' from ec2_instance_prices.{entry.price_from} of "
+            f"{where}, which {found}.",
+            f"add {entry.price_from} with gpu '{name}' to ec2_instance_prices there, or give "
+            f"'{name}' its own usd_per_gpu_hour in planner/data/gpu_catalogue.json.",
+        )
+    fields["usd_per_gpu_hour"] = instance.hourly_usd / instance.gpus
+    fields["price_source_kind"] = cal.source_kind("ec2_instance_prices", entry.price_from)
+    return GpuType(**fields)
+
+
+class Catalogue(_Strict):
+    """The catalogue's types and the modelling defaults (`mfu`, `kernel_s`, `max_utilisation`)."""
+
+    types: dict[str, GpuType]
+    default_type: str
+    mfu: float
+    kernel_s: float
+    max_utilisation: float
+
+    def get(self, name: str) -> GpuType:
+        if name not in self.types:
+            raise HardwareError(
+                f"unknown GPU type '{name}'.{did_you_mean(name, list(self.types))}",
+                f"use one of: {', '.join(sorted(self.types))}, or define it in the cluster file.",
+            )
+        return self.types[name]
+
+
+def load_catalogue(calibration: Calibration | None = None) -> Catalogue:
+    """The packaged catalogue, validated, its prices resolved: a type's own, or for a type with
+    `price_from` the `ec2_instance_prices` entry of `calibration` (None: the packaged one)."""
+    text = resources.files("planner").joinpath("data/gpu_catalogue.json").read_text()
+    doc = _CatalogueFile.model_validate_json(text)
+    if doc.default_type not in doc.types:
+        raise HardwareError(
+            f"the catalogue's default type '{doc.default_type}' is not one of its types.",
+            _FIX,
+        )
+    if calibration is None and any(t.price_from for t in doc.types.values()):
+        from planner.calibration import load_calibration
+
+        calibration = load_calibration()
+    return Catalogue(
+        types={name: _priced(name, entry, calibration) for name, entry in doc.types.items()},
+        default_type=doc.default_type,
+        mfu=doc.defaults["mfu"].value,
+        kernel_s=doc.defaults["kernel_s"].value,
+        max_utilisation=doc.defaults["max_utilisation"].value,
+    )
