@@ -6,8 +6,8 @@ it writes, the summary `plan --json` prints, and the smallest SLO it could meet)
 cheapest. Adding a shape is a class with `plan` and one line in `SHAPES` (tests register a toy
 one). The shapes themselves:
 
-    monolithic  one function holding the whole model (`planner.driver.solve_monolithic`)
-    driver      a driver with local experts invoking the others (`planner.driver.solve_driver`)
+    monolithic  one function holding the whole model (`planner.driver_solver.solve_monolithic`)
+    driver      a driver invoking its remote experts (`planner.driver_solver.solve_driver`)
     workflow    the fan-out Step Functions workflow (`planner.deploy.plan_packed`)
 """
 

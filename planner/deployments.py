@@ -26,9 +26,8 @@ from planner.driver import (
     DriverSolution,
     driver_bill,
     driver_instance,
-    solve_driver,
-    solve_monolithic,
 )
+from planner.driver_solver import solve_driver, solve_monolithic
 from planner.generation import GenerationInstance, GenerationSolution
 from planner.instance import Instance
 

@@ -15,17 +15,14 @@ from ground.semantics import direct_event_bytes
 from planner import load_calibration
 from planner.compute import compute_s_at, expert_compute_s
 from planner.driver import (
-    ALL_SUBSETS_MAX,
     DriverChoice,
     DriverInstance,
     driver_options_mb,
     driver_usage,
     evaluate_driver,
-    local_families,
     remote_options,
-    solve_driver,
-    solve_monolithic,
 )
+from planner.driver_solver import ALL_SUBSETS_MAX, local_families, solve_driver, solve_monolithic
 from tests.planner.small import small_instance
 
 
