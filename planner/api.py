@@ -319,6 +319,7 @@ def _plan_generating(
     from planner import generation as gen
     from planner.batch_shapes import driver_summary, shapes_for
     from planner.deployments import generation_plan
+    from planner.generation_solver import plan_generation
     from planner.shapes import load_shape
 
     started = time.perf_counter()
@@ -331,7 +332,7 @@ def _plan_generating(
         if progress is not None:
             progress(f"planning the generating {deployment}")
         try:
-            ginst, solution = gen.plan_generation(
+            ginst, solution = plan_generation(
                 manifest,
                 counts.counts / counts.tokens,
                 calibration,

@@ -24,13 +24,12 @@ from planner import Plan, load_calibration
 from planner.api import PlanOptions, plan_deployment, shape_counts_for_plan
 from planner.generation import (
     GenerationChoice,
-    GenerationGrid,
     GenerationInstance,
     decode_step,
     evaluate_generation,
     generation_instance,
-    plan_generation,
 )
+from planner.generation_solver import GenerationGrid, plan_generation
 from planner.shapes import load_shape
 from tests.planner.test_driver import small_driver
 

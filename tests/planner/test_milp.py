@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ground.errors import UsageError
-from planner import milp
+from planner import milp, milp_backends
 from planner import ods as ods_module
 from planner.baselines import lambdaml, random_methods, uniform
 from planner.costmodel import Choice, Evaluation, Solution, evaluate
@@ -224,7 +224,7 @@ def test_a_model_too_large_for_the_licence_falls_back_to_highs_with_one_warning(
         assert "size-limited" in str(error)
     else:
         pytest.skip("the Gurobi licence here takes the large model")
-    monkeypatch.setattr(milp, "_warned_gurobi", False)
+    monkeypatch.setattr(milp_backends, "_warned_gurobi", False)
     with pytest.warns(RuntimeWarning, match="HiGHS"):
         first = solve_milp(inst, Method.S3, 1000.0)
     with warnings.catch_warnings():
