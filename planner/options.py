@@ -26,6 +26,7 @@ __all__ = [
     "PlanOptions",
     "PlanningCounts",
     "check_plan_options",
+    "check_stream_flags",
     "check_stream_options",
     "plan_confidence",
     "slo_of",
@@ -295,3 +296,45 @@ def plan_confidence(confidence: float | None, counts: PlanningCounts) -> float:
             "model error on held-out batches) and plan --counts FILE, or pass --confidence 0.",
         )
     return confidence
+
+
+def check_stream_flags(
+    *,
+    traffic: str | None,
+    slo_p99_s: float | None,
+    batch_slo: bool,
+    generating: bool,
+    stream_flags: dict[str, bool],
+) -> None:
+    """Refuse `moelambda plan`'s stream flags that do not go together, before any loading.
+
+    Args:
+        traffic: The request stream, None without one.
+        slo_p99_s: `--slo-p99`, None when not given.
+        batch_slo: Whether a batch's SLO was given (`--slo` or `--throughput`).
+        generating: Whether generation is planned (`PlanOptions.generating`).
+        stream_flags: Each flag that describes a stream (`--hours`, `--minutes`, `--idle-s`,
+            `--scale`) and whether it was given.
+
+    Raises:
+        UsageError: --slo-p99 for a generating stream; --traffic without --slo-p99 or the
+            other way round, or with a batch's SLO; a stream flag without --traffic.
+    """
+    if traffic is not None and generating:
+        if slo_p99_s is not None:
+            raise UsageError(
+                "--slo-p99 bounds a batch plan's requests; a generating plan for --traffic is "
+                "planned under --slo-ttft and --slo-tpot.",
+                "drop --slo-p99 (pass --slo-ttft and --slo-tpot).",
+            )
+    elif (traffic is None) != (slo_p99_s is None) or (traffic and batch_slo):
+        raise UsageError(
+            "--traffic and --slo-p99 go together, and replace --slo/--throughput.",
+            "pass --traffic SPEC --slo-p99 SECONDS, or neither.",
+        )
+    if traffic is None:
+        for flag, given in stream_flags.items():
+            if given:
+                raise UsageError(
+                    f"{flag} needs --traffic.", f"pass --traffic SPEC, or drop {flag}."
+                )

@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 import typer
 
-from ground.errors import UsageError
 from moelambda.cli import _render
 from moelambda.cli._app import (
     ForceOpt,
@@ -203,6 +202,7 @@ def plan(
     from planner.api import (
         PlanOptions,
         check_plan_options,
+        check_stream_flags,
         check_stream_options,
         counts_for_plan,
         plan_confidence,
@@ -233,29 +233,18 @@ def plan(
         new_tokens=new_tokens,
     )
     check_stream_options(options, hardware=hardware, traffic=traffic, tokens=given_tokens)
-    if traffic is not None and options.generating:
-        if slo_p99 is not None:
-            raise UsageError(
-                "--slo-p99 bounds a batch plan's requests; a generating plan for --traffic is "
-                "planned under --slo-ttft and --slo-tpot.",
-                "drop --slo-p99 (pass --slo-ttft and --slo-tpot).",
-            )
-    elif (traffic is None) != (slo_p99 is None) or (traffic and (slo or throughput)):
-        raise UsageError(
-            "--traffic and --slo-p99 go together, and replace --slo/--throughput.",
-            "pass --traffic SPEC --slo-p99 SECONDS, or neither.",
-        )
-    if traffic is None:
-        for flag, given in (
-            ("--hours", hours is not None),
-            ("--minutes", minutes is not None),
-            ("--idle-s", idle_s is not None),
-            ("--scale", scale != 1.0),
-        ):
-            if given:
-                raise UsageError(
-                    f"{flag} needs --traffic.", f"pass --traffic SPEC, or drop {flag}."
-                )
+    check_stream_flags(
+        traffic=traffic,
+        slo_p99_s=slo_p99,
+        batch_slo=bool(slo or throughput),
+        generating=options.generating,
+        stream_flags={
+            "--hours": hours is not None,
+            "--minutes": minutes is not None,
+            "--idle-s": idle_s is not None,
+            "--scale": scale != 1.0,
+        },
+    )
     slo_s = slo_of(slo, throughput, tokens)
     check_positive(
         ("--slo-p99", slo_p99),
