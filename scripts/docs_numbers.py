@@ -31,6 +31,7 @@ PAGES = ("README.md", "docs/*.md")
 BLOCK = re.compile(r"(<!-- numbers: ([a-z0-9-]+) -->\n)(.*?)(<!-- /numbers -->)", re.S)
 SOURCES = {
     "bench-gpu-lambda.json": "moelambda bench gpu-lambda --json (2026-12-06)",
+    "bench-shapes.json": "moelambda bench shapes --plot out/shapes.png --json (2026-12-06)",
     "bench-quality.json": (
         "moelambda bench quality --models minilm --seeds 1,0 --cached-only --json "
         "(2026-11-28; the options it names as not converted were not in the model cache)"
@@ -205,8 +206,81 @@ def gpu_lambda() -> str:
     return "\n".join(lines) + "\n"
 
 
+def shapes() -> str:
+    """`bench shapes`: per model every shape's cheapest plan of one batch (bold: the cheapest
+    batch) and that plan over a day at one request a minute ("cheapest": the cheapest stream)."""
+    report = _load("bench-shapes.json")
+    lines = [
+        "| model | shape | USD per batch | USD per M tokens | latency | smallest SLO "
+        "| a day at 1/min: USD per M tokens, p99 |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    for model in report["models"]:
+        feasible = [s for s in model["shapes"] if s["feasible"]]
+        batch = min(feasible, key=lambda s: s["bill_usd"])["deployment"]
+        stream = min(
+            (s for s in feasible if s["stream"]),
+            key=lambda s: s["stream"]["per_million_tokens_usd"],
+        )["deployment"]
+        first = f"{model['label']}, {model['params'] / 1e9:.3g} B"
+        for row, s in enumerate(model["shapes"]):
+            name = s["deployment"]
+            cells = [first if row == 0 else "", f"**{name}**" if name == batch else name]
+            if not s["feasible"]:
+                cells += ["", "", "", "", f"infeasible: {s['reason'].split(' (')[0]}"]
+            else:
+                day = s["stream"]
+                cells += [
+                    f"{s['bill_usd']:.6f}",
+                    f"{s['per_million_tokens_usd']:.3f}",
+                    f"{s['latency_s']:.1f} s",
+                    f"{s['smallest_slo_s']:.1f} s",
+                    f"{day['per_million_tokens_usd']:.3f}, {day['p99_s']:.1f} s"
+                    + (" (cheapest)" if name == stream else ""),
+                ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def shapes_summary() -> str:
+    """`bench shapes` in one row per model: each shape's USD per million tokens for the batch
+    and for the day (bold: the cheapest batch) and the smallest SLO of the driver and the
+    workflow (README.md)."""
+    report = _load("bench-shapes.json")
+    lines = [
+        "| model | monolithic: batch, day | driver: batch, day | workflow: batch, day "
+        "| smallest SLO (driver, workflow) |",
+        "|---|---|---|---|---|",
+    ]
+    for model in report["models"]:
+        shapes = {s["deployment"]: s for s in model["shapes"]}
+        feasible = [s for s in model["shapes"] if s["feasible"]]
+        batch = min(feasible, key=lambda s: s["bill_usd"])["deployment"]
+        params = model["params"]
+        size = f"{params / 1e6:.3g} M" if params < 1e9 else f"{params / 1e9:.3g} B"
+        cells = [f"{model['label']}, {size}"]
+        for name in ("monolithic", "driver", "workflow"):
+            s = shapes[name]
+            if not s["feasible"]:
+                cells.append(s["reason"].split(" >")[0])
+                continue
+            usd = f"{s['per_million_tokens_usd']:.3f}"
+            cells.append(
+                f"{f'**{usd}**' if name == batch else usd}, "
+                f"{s['stream']['per_million_tokens_usd']:.3f}"
+            )
+        cells.append(
+            f"{shapes['driver']['smallest_slo_s']:.1f} s, "
+            f"{shapes['workflow']['smallest_slo_s']:.1f} s"
+        )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     "gpu-lambda": gpu_lambda,
+    "shapes": shapes,
+    "shapes-summary": shapes_summary,
     "quality-minilm": quality_minilm,
     "quality-minilm-summary": quality_minilm_summary,
     "quality-user-text": quality_user_text,
