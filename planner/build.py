@@ -13,11 +13,12 @@ from typing import Any
 import numpy as np
 
 from ground.manifest import Manifest
-from ground.plan import ExpertPlan, LayerPlan, ModelRef, Plan, Totals
+from ground.plan import ExpertPlan, LayerPlan, Plan, Totals
 from planner.calibration import Calibration
 from planner.compute import expert_compute_s, flops_per_token
 from planner.costmodel import Solution, bill, replica_limits
 from planner.instance import Instance, Method
+from planner.plan_writer import write_plan
 
 __all__ = ["instance_for", "make_plan"]
 
@@ -116,18 +117,17 @@ def make_plan(
                 experts=experts,
             )
         )
-    keep = set(ModelRef.model_fields)
-    return Plan(
+    return write_plan(
+        manifest,
+        calibration,
         solver=solution.solver,
-        workflow=inst.workflow,  # type: ignore[arg-type]
-        objective=inst.objective,  # type: ignore[arg-type]
+        workflow=inst.workflow,
+        objective=inst.objective,
         nonmoe_memory_mb=int(inst.nonmoe_memory_mb),
         optimal=solution.optimal,
-        arch=inst.arch,  # type: ignore[arg-type]
+        arch=inst.arch,
         direct_payload_bytes=inst.direct_payload_bytes,
         counts_source=counts_source,
-        model=ModelRef(**{k: v for k, v in manifest.model_dump().items() if k in keep}),
-        calibration=calibration.model_dump(mode="json", exclude={"provenance"}),
         layers=layers,
         totals=Totals(
             tokens=inst.tokens,

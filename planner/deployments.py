@@ -18,7 +18,7 @@ import numpy as np
 
 from ground.errors import InfeasibleError
 from ground.manifest import Manifest
-from ground.plan import DriverPlan, ExpertPlan, GenerationPlan, LayerPlan, ModelRef, Plan, Totals
+from ground.plan import DriverPlan, ExpertPlan, GenerationPlan, LayerPlan, Plan, Totals
 from planner.calibration import Calibration
 from planner.costmodel import tokens_that_fit
 from planner.driver import (
@@ -30,6 +30,7 @@ from planner.driver import (
 from planner.driver_solver import solve_driver, solve_monolithic
 from planner.generation import GenerationInstance, GenerationSolution
 from planner.instance import Instance
+from planner.plan_writer import write_plan
 
 __all__ = [
     "Candidate",
@@ -153,20 +154,19 @@ def driver_plan(
             )
         )
     local = [[int(i) for i in np.flatnonzero(choice.local[e])] for e in range(base.layers)]
-    keep = set(ModelRef.model_fields)
     local_mb = int(choice.local.sum()) * dinst.unit_mb
     activations = dinst.activations_local_mb if choice.monolithic else dinst.activations_mb
-    return Plan(
+    return write_plan(
+        manifest,
+        calibration,
         solver="exact",
-        workflow=base.workflow,  # type: ignore[arg-type]
+        workflow=base.workflow,
         objective="full",
         nonmoe_memory_mb=int(dinst.memory_mb[choice.memory]),
         optimal=solution.optimal,
-        arch=base.arch,  # type: ignore[arg-type]
+        arch=base.arch,
         direct_payload_bytes=dinst.payload_limit,
         counts_source=counts_source,
-        model=ModelRef(**{k: v for k, v in manifest.model_dump().items() if k in keep}),
-        calibration=calibration.model_dump(mode="json", exclude={"provenance"}),
         layers=layers,
         totals=Totals(
             tokens=base.tokens,
@@ -175,7 +175,7 @@ def driver_plan(
             latency_s=ev.latency,
             slo_s=slo_s,
         ),
-        deployment=solution.deployment,  # type: ignore[arg-type]
+        deployment=solution.deployment,
         driver=DriverPlan(
             local=local,
             local_tokens=[[float(base.counts[e, i]) for i in own] for e, own in enumerate(local)],
@@ -231,11 +231,24 @@ def generation_plan(
         invokes_per_step=ev.invokes_per_step,
         kv_cache_mb=ginst.kv_mb,
     )
-    document = plan.model_dump()
-    document["solver"] = "generation"
-    document["driver"]["time_s"] = generation.run_s
-    document["generation"] = generation.model_dump()
-    return Plan.model_validate(document)
+    assert plan.driver is not None
+    return write_plan(
+        manifest,
+        calibration,
+        solver="generation",
+        workflow=plan.workflow,
+        objective=plan.objective,
+        nonmoe_memory_mb=plan.nonmoe_memory_mb,
+        optimal=plan.optimal,
+        arch=plan.arch,
+        direct_payload_bytes=plan.direct_payload_bytes,
+        counts_source=counts_source,
+        layers=plan.layers,
+        totals=plan.totals,
+        deployment=plan.deployment,
+        driver=plan.driver.model_copy(update={"time_s": generation.run_s}),
+        generation=generation,
+    )
 
 
 def infeasible_everywhere(candidates: list[Candidate], slo_s: float | None) -> InfeasibleError:

@@ -113,3 +113,18 @@ def test_there_is_no_import_circle() -> None:
         graphlib.TopologicalSorter(_import_graph()).prepare()
     except graphlib.CycleError as circle:
         raise AssertionError(f"an import circle: {' -> '.join(circle.args[1])}") from None
+
+
+def test_one_plan_writer() -> None:
+    """Every Plan document is written by `planner.plan_writer.write_plan` (a stored plan is
+    read with `Plan.load`/`Plan.model_validate`, which write nothing new). Counted: a module
+    that imports ground's `Plan` and calls it (cluster/ has a `Plan` of its own)."""
+    imports = re.compile(r"from ground\.plan import \(?[^)]*?\bPlan\b", re.S)
+    calls = re.compile(r"^(?!\s*class ).*(?<![\w.])Plan\(", re.M)
+    writers = sorted(
+        str(path.relative_to(ROOT))
+        for package in FLOORS
+        for path in (ROOT / package).rglob("*.py")
+        if imports.search(text := path.read_text(encoding="utf-8")) and calls.search(text)
+    )
+    assert writers == ["planner/plan_writer.py"]

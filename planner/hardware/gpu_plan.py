@@ -28,11 +28,11 @@ from ground.plan import (
     ExpertPlan,
     FunctionCapacity,
     LayerPlan,
-    ModelRef,
     Plan,
     Totals,
     TrafficPlan,
 )
+from planner.plan_writer import write_plan
 
 if TYPE_CHECKING:
     from ground.manifest import Manifest
@@ -93,7 +93,6 @@ def plan_document(
     detail = candidate.detail
     requests = max(int(stream.arrivals_s.size), 1)
     driver_mb = int(parts["driver_memory_mb"])
-    keep = set(ModelRef.model_fields)
     deployment = "monolithic" if detail["shape"] == "monolithic" else "driver"
     names = ["driver"] + [
         f"layer{layer.layer:02d}/expert{e.expert:02d}" for layer in layers for e in layer.experts
@@ -133,7 +132,9 @@ def plan_document(
         - float(request.s3_usd),
         "total_usd": per_request,
     }
-    return Plan(
+    return write_plan(
+        manifest,
+        cal,
         solver="gpu-lambda",
         workflow="express",
         objective="full",
@@ -142,8 +143,6 @@ def plan_document(
         arch="x86_64",
         direct_payload_bytes=int(cal.invoke_payload_bytes),
         counts_source=counts.source,
-        model=ModelRef(**{k: v for k, v in manifest.model_dump().items() if k in keep}),
-        calibration=cal.model_dump(mode="json", exclude={"provenance"}),
         layers=layers,
         totals=Totals(
             tokens=tokens,
@@ -165,7 +164,7 @@ def plan_document(
             slo_p99_s=slo_p99_s,
             max_batch_tokens=tokens,
             max_wait_s=0.0,
-            idle_reclaim_s=float(cal.idle_reclaim_s.assumed_s) if cal.idle_reclaim_s else 600.0,
+            idle_reclaim_s=float(cal.required("idle_reclaim_s", "a stream's plan").assumed_s),
             capacity=capacity,
             simulated=simulated,
             managed_instance_type=detail["instance_type"],
