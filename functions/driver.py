@@ -78,8 +78,8 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     runs a prefill and its decode steps here, with every sequence's KV cache in this process
     (`moe.generate_tokens`); its output is the new token ids (-1 past a sequence's end) and the
     seconds since the start at which each arrived, and it writes each step's tokens where the
-    routing metrics go (stdout on Lambda), so a client can stream them. Each layer with remote
-    experts writes there too its local experts' seconds, its remote calls' and its own
+    routing metrics go (stdout on Lambda), so a client can stream them. Each layer that calls
+    remote experts writes there too its local experts' seconds, its remote calls' and its own
     (`driver_layer`): run-local sets them against `ground.driver.layer_seconds`.
 
     Intermediates exist only for shards that went through S3; they are deleted before the
@@ -159,18 +159,23 @@ class _RemoteExperts:
         # experts compute: a layer takes max(local, slowest remote), as every model prices it
         # (`ground.driver.layer_seconds`).
         started = time.perf_counter()
-        remote = self._pool.submit(
-            _timed,
-            transports.call_remote,
-            self.s3,
-            cfg.bucket,
-            self.request_id,
-            layer,
-            out.ffn_in.numpy(),
-            shards,
-            [f.function for f in functions],
-            cfg.invoke,
-            cfg.payload_limit,
+        calling = any(s.tokens.size for s in shards)  # a decode step often hits none
+        remote = (
+            None
+            if not calling
+            else self._pool.submit(
+                _timed,
+                transports.call_remote,
+                self.s3,
+                cfg.bucket,
+                self.request_id,
+                layer,
+                out.ffn_in.numpy(),
+                shards,
+                [f.function for f in functions],
+                cfg.invoke,
+                cfg.payload_limit,
+            )
         )
         try:
             parts = {
@@ -179,13 +184,15 @@ class _RemoteExperts:
                 if (x := out.ffn_in[shards_of[e][0]]).numel()
             }
         except BaseException:
-            if remote.exception() is None:  # joined: its shards through S3 are cleaned up
-                self.overflowed += remote.result()[0][1]
+            if remote is not None and remote.exception() is None:  # joined: its S3 shards
+                self.overflowed += remote.result()[0][1]  # are cleaned up
             raise
         local_s = time.perf_counter() - started
-        (got, over), remote_s = remote.result()
+        (got, over), remote_s = ({}, 0), 0.0
+        if remote is not None:
+            (got, over), remote_s = remote.result()
         self.overflowed += over
-        if functions:
+        if calling:
             timing = {
                 "kind": "driver_layer",
                 "request_id": self.request_id,
