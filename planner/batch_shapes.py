@@ -194,6 +194,28 @@ def shapes_for(options: PlanOptions) -> list[str]:
     ]
 
 
+def _instance(
+    manifest: Manifest,
+    counts: PlanningCounts,
+    calibration: Calibration,
+    o: PlanOptions,
+    **extra: Any,
+) -> Any:
+    """The per-expert problem every shape starts from (`planner.build.instance_for`), with the
+    options' architecture and workflow type (Express until a shape finds it too long)."""
+    from planner.build import instance_for
+
+    return instance_for(
+        manifest,
+        counts.counts,
+        calibration,
+        tokens=counts.tokens,
+        arch=o.arch,
+        workflow=o.workflow or "express",
+        **extra,
+    )
+
+
 def _plan_workflow(
     manifest: Manifest,
     counts: PlanningCounts,
@@ -206,18 +228,10 @@ def _plan_workflow(
     progress: Callable[[str], None] | None,
 ) -> tuple[Plan, dict[str, Any], Solution, Frontier]:
     """The fan-out workflow's plan, its summary, solution and cost-vs-SLO curve."""
-    from planner.build import instance_for, make_plan
+    from planner.build import make_plan
     from planner.deploy import pack_sizes, plan_packed
 
-    inst = instance_for(
-        manifest,
-        counts.counts,
-        calibration,
-        tokens=counts.tokens,
-        arch=o.arch,
-        workflow=o.workflow or "express",
-        objective=o.objective,
-    )
+    inst = _instance(manifest, counts, calibration, o, objective=o.objective)
     sizes = pack_sizes(o.pack, inst.experts)
     inst, confident, solution, frontier, packings = plan_packed(
         inst,
@@ -285,17 +299,9 @@ def _plan_shape(
     slo_s: float | None,
 ) -> tuple[Plan, Any]:
     """A monolithic or driver plan of the predicted counts (`planner.deployments`)."""
-    from planner.build import instance_for
     from planner.deployments import plan_driver_shape
 
-    base = instance_for(
-        manifest,
-        counts.counts,
-        calibration,
-        tokens=counts.tokens,
-        arch=o.arch,
-        workflow=o.workflow or "express",
-    )
+    base = _instance(manifest, counts, calibration, o)
     return plan_driver_shape(
         shape,
         base,
