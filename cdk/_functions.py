@@ -194,12 +194,13 @@ class ServingFunctions(Construct):
         keys = {(s.role, s.layer, s.expert): s.key for s in plan.model.stages}
         self._stage_bytes = {s.key: s.bytes for s in plan.model.stages}
         stage_timeout = Duration.seconds(options.stage_timeout_s)
+        self.topology = plan.topology
         self.head: lambda_.DockerImageFunction | None = None
         self.tail: lambda_.DockerImageFunction | None = None
         self.driver: lambda_.DockerImageFunction | None = None
         self.experts: list[list[lambda_.DockerImageFunction]] = []
         self.layers: list[lambda_.DockerImageFunction] = []
-        if plan.driver is not None:
+        if self.topology.driven:
             self._driver(plan, keys, options)
         else:
             self._workflow(plan, keys, options, stage_timeout)
@@ -366,7 +367,8 @@ class ServingFunctions(Construct):
 
     def tasks(self) -> list[lambda_.DockerImageFunction]:
         """The functions the state machine invokes as Tasks (its role may invoke them)."""
-        if self.driver is not None:
+        if self.topology.driven:
+            assert self.driver is not None
             return [self.driver, self.cleanup]
         assert self.head is not None and self.tail is not None
         return [self.head, *self.layers, self.tail, self.cleanup]
@@ -492,7 +494,7 @@ class ServingFunctions(Construct):
         """Every function of the stack (the front door's batcher too, once added)."""
         experts = [fn for layer in self.experts for fn in layer]
         batcher = [self.batcher] if self.batcher is not None else []
-        first = [self.driver] if self.driver is not None else [self.head, *self.layers]
+        first = [self.driver] if self.topology.driven else [self.head, *self.layers]
         last = [] if self.tail is None else [self.tail]
         return [*first, *experts, *last, self.cleanup, *batcher]  # type: ignore[list-item]
 

@@ -115,7 +115,7 @@ class ServingStateMachine(Construct):
         cleanup.next(fail)
         self._cleanup = cleanup
 
-        chain = self._driver(plan) if plan.driver is not None else self._fan_out_chain(plan, fail)
+        chain = self._driver(plan) if plan.topology.driven else self._fan_out_chain(plan, fail)
         self.log_group = logs.LogGroup(
             self, "Logs", retention=log_retention, removal_policy=RemovalPolicy.DESTROY
         )

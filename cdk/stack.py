@@ -41,9 +41,9 @@ class MoeServingStack(Stack):
     ) -> None:
         methods = ", ".join(sorted({layer.method for layer in plan.layers}))
         shape = (
-            f"({methods}), {plan.workflow} workflow"
-            if plan.driver is None
-            else f"as a {plan.deployment} deployment"
+            f"as {plan.topology.what}"
+            if plan.topology.driven
+            else f"({methods}), {plan.workflow} workflow"
         )
         kwargs.setdefault(
             "description",

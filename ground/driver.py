@@ -42,7 +42,6 @@ import numpy as np
 from ground.semantics import Requests, direct_event_bytes, shard_sizes
 
 __all__ = [
-    "DEPLOYMENTS",
     "DRIVER_TRANSITIONS",
     "activation_bytes",
     "decode_local",
@@ -55,10 +54,6 @@ __all__ = [
     "remote_table_bytes",
     "shard_counts",
 ]
-
-DEPLOYMENTS = ("workflow", "driver", "monolithic")
-"""The deployment shapes a plan may have: the fan-out workflow, a driver with local and remote
-experts, one function with every expert."""
 
 DRIVER_TRANSITIONS = 1  # the one Task state a successful execution enters
 # What a driver invokes for a remote expert: a function name (at most 64 characters on Lambda)
@@ -88,7 +83,7 @@ def remote_table_bytes(plan: Any) -> int:
     The table rides beside the execution's input, under Step Functions' payload limit: the
     front door's batcher leaves it this room (`ground.frontdoor.inline_input_limit`).
     """
-    if plan.driver is None:
+    if not plan.topology.driven:
         return 0
     names = [["x" * INVOKED_NAME_MAX] * len(layer.experts) for layer in plan.layers]
     return len(json.dumps({"remote": remote_table(plan, names)}).encode())

@@ -50,9 +50,8 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ground.driver import DEPLOYMENTS
 from ground.errors import MoelambdaError
 from ground.files import read_document, write_file_atomically
 from ground.generation import decode_steps
@@ -60,6 +59,7 @@ from ground.kinds import refuse_other_kind
 from ground.managed import MB_PER_GIB, MEMORY_GIB_PER_VCPU
 from ground.manifest import StageEntry
 from ground.semantics import direct_event_bytes
+from ground.topology import TOPOLOGIES, Topology, topology
 
 __all__ = [
     "DEFAULT_CONCURRENCY_QUOTA",
@@ -74,7 +74,6 @@ __all__ = [
     "PlanError",
     "Totals",
     "TrafficPlan",
-    "function_names",
 ]
 
 PLAN_VERSION = 2
@@ -330,22 +329,6 @@ class TrafficPlan(_Strict):
         return any(c.accelerator_memory_gib is not None for c in self.capacity)
 
 
-def function_names(layers: list[LayerPlan], deployment: str = "workflow") -> list[str]:
-    """The deployment's functions as reports and capacity policies name them."""
-    if deployment != "workflow":
-        remote = [
-            f"layer{layer.layer:02d}/expert{e.expert:02d}"
-            for layer in layers
-            for e in layer.experts
-        ]
-        return ["driver", *remote]
-    names = ["head"]
-    for layer in layers:
-        names.append(f"layer{layer.layer:02d}")
-        names.extend(f"layer{layer.layer:02d}/expert{e.expert:02d}" for e in layer.experts)
-    return [*names, "tail"]
-
-
 class Plan(_Strict):
     """A deployment plan; see the module docstring."""
 
@@ -363,7 +346,11 @@ class Plan(_Strict):
     layers: list[LayerPlan]
     totals: Totals
     traffic: TrafficPlan | None = None
-    deployment: Literal["workflow", "driver", "monolithic"] = "workflow"
+    deployment: str = Field(
+        default="workflow",
+        description="How a request runs: a name in `ground.topology.TOPOLOGIES` (workflow, "
+        "driver, monolithic).",
+    )
     driver: DriverPlan | None = None
     generation: GenerationPlan | None = None
     candidates: list[dict[str, Any]] | None = Field(
@@ -379,13 +366,25 @@ class Plan(_Strict):
         "given another. None: none recorded (plans before it), `DEFAULT_CONCURRENCY_QUOTA`.",
     )
 
+    @field_validator("deployment")
+    @classmethod
+    def _known_deployment(cls, name: str) -> str:
+        if name not in TOPOLOGIES:
+            raise ValueError(f"unknown deployment '{name}': one of {', '.join(TOPOLOGIES)}")
+        return name
+
+    @property
+    def topology(self) -> Topology:
+        """What this plan's deployment runs (`ground.topology`): ask it, never the name."""
+        return topology(self.deployment)
+
     def _check_driver(self) -> None:
         """A driver or monolithic plan's driver: present, within Lambda's memory and timeout,
         its local experts and the layers' functions holding every expert once."""
-        assert DEPLOYMENTS == ("workflow", "driver", "monolithic")
-        if (self.deployment == "workflow") != (self.driver is None):
-            raise ValueError(f"a {self.deployment} plan needs a driver exactly when not workflow")
-        if self.driver is None:
+        topology = self.topology
+        if topology.driven != (self.driver is not None):
+            raise ValueError(f"a {self.deployment} plan needs a driver exactly when driven")
+        if self.driver is None:  # the fan-out workflow: no driver to check
             return
         cal = self.calibration
         low, high = cal["lambda_min_memory_mb"], cal["lambda_max_memory_mb"]
@@ -400,11 +399,7 @@ class Plan(_Strict):
             len(x) for x in self.driver.local_tokens
         ]:
             raise ValueError("driver.local and local_tokens need one list per layer, alike")
-        remote = sum(len(layer.experts) for layer in self.layers)
-        if self.deployment == "monolithic" and remote:
-            raise ValueError(f"a monolithic plan has no expert function, this one {remote}")
-        if self.deployment == "driver" and not remote:
-            raise ValueError("a driver plan invokes at least one expert function")
+        topology.check_expert_functions(sum(len(layer.experts) for layer in self.layers))
         for layer in self.layers:
             if layer.method != "direct" or any(len(e.hosted) != 1 for e in layer.experts):
                 raise ValueError(
@@ -448,7 +443,7 @@ class Plan(_Strict):
                         f"{where}: {e.max_replicas} replicas exceed an inline Map's "
                         f"{cal['map_max_concurrency']} concurrent iterations"
                     )
-                if layer.method == "direct" and self.driver is None:  # a driver overflows to S3
+                if layer.method == "direct" and not self.topology.driven:  # a driver overflows
                     token_bytes = max(self.model.token_bytes_in, self.model.token_bytes_out)
                     shard = -(-math.ceil(e.tokens) // e.replicas)
                     for what, rows in (
@@ -471,12 +466,12 @@ class Plan(_Strict):
             self._check_accelerators(self.traffic)
         if self.traffic is not None:
             named = [c.function for c in self.traffic.capacity]
-            if named != function_names(self.layers, self.deployment):
+            if named != self.topology.function_names(self.layers):
                 raise ValueError(
                     f"traffic.capacity names {named}, not the plan's functions in order"
                 )
-        if self.generation is not None and self.driver is None:
-            raise ValueError("a generating plan needs a driver (deployment driver or monolithic)")
+        if self.generation is not None and not self.topology.generates:
+            raise ValueError(f"a {self.deployment} plan does not generate")
         limit = cal["express_max_duration_s"]
         run_s = self.totals.latency_s if self.generation is None else self.generation.run_s
         if self.workflow == "express" and run_s > limit:

@@ -19,6 +19,7 @@ import numpy as np
 from ground.errors import InfeasibleError
 from ground.manifest import Manifest
 from ground.plan import DriverPlan, ExpertPlan, GenerationPlan, LayerPlan, Plan, Totals
+from ground.topology import topology
 from planner.calibration import Calibration
 from planner.costmodel import tokens_that_fit
 from planner.driver import (
@@ -57,13 +58,8 @@ class Candidate:
         local = None
         functions = None
         if plan is not None:
-            remote = sum(len(layer.experts) for layer in plan.layers)
-            if plan.driver is not None:
-                local = sum(len(x) for x in plan.driver.local)
-                functions = 1 + remote
-            else:
-                local = 0
-                functions = 2 + len(plan.layers) + remote  # head, gates, experts, tail
+            local = 0 if plan.driver is None else sum(len(x) for x in plan.driver.local)
+            functions = len(plan.topology.function_names(plan.layers))
         return {
             "deployment": self.deployment,
             "bill_usd": self.bill_usd,
@@ -97,7 +93,7 @@ def plan_driver_shape(
     Raises:
         InfeasibleError: No plan of this shape; the message says why.
     """
-    solve = solve_monolithic if deployment == "monolithic" else solve_driver
+    solve = solve_driver if topology(deployment).expert_functions == "some" else solve_monolithic
     dinst = driver_instance(base, manifest, calibration)
     solution = solve(dinst, slo_s)
     if choose_workflow and solution.latency > calibration.express_max_duration_s:

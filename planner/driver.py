@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 
 from ground.driver import (
-    DEPLOYMENTS,
     activation_bytes,
     driver_request_counts,
     layer_seconds,
@@ -51,7 +50,6 @@ from planner.exact import SLO_RTOL
 from planner.instance import MB, Instance
 
 __all__ = [
-    "DEPLOYMENTS",
     "DriverChoice",
     "DriverEvaluation",
     "DriverInstance",

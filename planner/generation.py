@@ -89,7 +89,6 @@ DEFAULT_PROMPT_TOKENS = 1020
 DEFAULT_NEW_TOKENS = 129
 DEFAULT_SEQUENCES = 1
 DECODER_FAMILIES = ("decoder", "shape")  # a manifest's family: a decoder, or an MoE shape
-GENERATION_SHAPES = ("monolithic", "driver")
 
 
 @dataclass(frozen=True, eq=False)
@@ -374,9 +373,9 @@ def _plan_instance(
     decisions, and the remote experts' memory option a step waits on (the smallest)."""
     from planner.replay import calibration_of, driver_of
 
-    if plan.driver is None:
+    if not plan.topology.generates:
         raise UsageError(
-            "the fan-out workflow does not generate.", "plan a driver or one function."
+            f"{plan.topology.what} does not generate.", "plan a driver or one function."
         )
     counts = np.zeros((manifest.num_layers, manifest.experts))
     for layer in plan.layers:

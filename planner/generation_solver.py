@@ -25,13 +25,13 @@ import numpy as np
 from ground.driver import layer_seconds, remote_call_s
 from ground.errors import InfeasibleError, UsageError
 from ground.generation import hit_probability, rows_per_hit
+from ground.topology import TOPOLOGIES, topology
 from planner.driver import remote_options
 from planner.exact import SLO_RTOL
 from planner.generation import (
     DEFAULT_NEW_TOKENS,
     DEFAULT_PROMPT_TOKENS,
     DEFAULT_SEQUENCES,
-    GENERATION_SHAPES,
     GenerationChoice,
     GenerationInstance,
     GenerationSolution,
@@ -153,7 +153,8 @@ class GenerationGrid:
         started = time.perf_counter()
         ginst, E = self.ginst, self.ginst.experts
         k = np.arange(E + 1)
-        shape_k = k == E if deployment == "monolithic" else k < E
+        everything_local = topology(deployment).expert_functions == "none"
+        shape_k = k == E if everything_local else k < E
         allowed = shape_k[None, :, None, None]
         fits = self.limits_ok & allowed & (self.run <= ginst.prefill.base.max_timeout_s)
         ttft_ok = self.ttft <= (math.inf if slo_ttft_s is None else slo_ttft_s * (1 + SLO_RTOL))
@@ -186,12 +187,13 @@ class GenerationGrid:
         slo_tpot_s: float | None,
     ) -> InfeasibleError:
         ginst = self.ginst
-        what = "one function" if deployment == "monolithic" else "a driver"
+        everything_local = topology(deployment).expert_functions == "none"
+        what = "one function" if everything_local else "a driver"
         fewer = "plan fewer --batch-sequences, or shorter --prompt-tokens or --new-tokens"
         if not (self.memory_ok & allowed).any():
             largest = ginst.prefill.max_memory_mb
             need = float(self.need_mb[allowed[0, :, 0, 0]].min())
-            if need - ginst.kv_mb > largest and deployment == "monolithic":
+            if need - ginst.kv_mb > largest and everything_local:
                 return InfeasibleError(
                     f"one function cannot hold the model: its weights and the prompts' "
                     f"activations take {need - ginst.kv_mb:,.0f} MB, over Lambda's largest "
@@ -269,7 +271,7 @@ def plan_generation(
         UsageError: An encoder, a length below 1 or an unknown deployment.
         InfeasibleError: No plan; the message names why and the smallest SLO met.
     """
-    if deployment not in GENERATION_SHAPES:
+    if deployment not in TOPOLOGIES or not TOPOLOGIES[deployment].generates:
         raise UsageError(
             f"generation is planned for a driver or one function, not '{deployment}'.",
             "pass --deployment driver, monolithic or auto.",

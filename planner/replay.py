@@ -211,7 +211,7 @@ def evaluate_plan(
     Raises:
         PlanError: A batch the plan's caps cannot take (`runtime_choice`, `driver_of`).
     """
-    if plan.driver is not None:
+    if plan.topology.driven:
         dinst, choice = driver_of(plan, manifest, counts, tokens)
         ev = evaluate_driver(dinst, choice)
         used = driver_usage(dinst, choice, ev)

@@ -72,7 +72,7 @@ def _refuse_encoder(name: str) -> NoReturn:
 
 
 def _check_driver(plan: Any) -> None:
-    if plan.driver is None:
+    if not plan.topology.generates:
         raise UsageError(
             "this plan is the fan-out workflow: every token of every sequence would pay a Step "
             "Functions transition and S3 round trips per layer.",

@@ -128,3 +128,26 @@ def test_one_plan_writer() -> None:
         if imports.search(text := path.read_text(encoding="utf-8")) and calls.search(text)
     )
     assert writers == ["planner/plan_writer.py"]
+
+
+def test_no_branch_on_a_deployment_name() -> None:
+    """What a deployment does is asked of its topology (`ground.topology`) or its planner
+    shape (`planner.batch_shapes`), never read off its name: a comparison with a deployment's
+    name anywhere else (`plan.deployment == "workflow"`, `shape != "monolithic"`) is the
+    branch a new deployment would have to find and extend."""
+    named = r"""\b(deployment|shape)\b["'\]]*\s*(==|!=)\s*["'](?!auto["'])"""
+    listed = r"""\b(deployment|shape)\b["'\]]*\s+(not\s+)?in\s+[(\[{]"""
+    # "driver" is also a function's role and name: those comparisons are not about shapes
+    name = r"""["'](workflow|monolithic)["']"""
+    literal = rf"(==|!=)\s*{name}|{name}\s*(==|!=)"
+    compared = re.compile(f"{named}|{listed}|{literal}")
+    homes = {"ground/topology.py", "planner/batch_shapes.py"}
+    found = sorted(
+        f"{where}:{number}: {line.strip()}"
+        for package in FLOORS
+        for path in (ROOT / package).rglob("*.py")
+        if (where := str(path.relative_to(ROOT))) not in homes
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if compared.search(line)
+    )
+    assert found == []

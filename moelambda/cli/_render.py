@@ -16,6 +16,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from ground.topology import topology
+
 
 def _titled(title: str, body: Table) -> Group:
     """The title on a line of its own above the table: a rich title is folded to the table's
@@ -115,7 +117,7 @@ def plan(out: Console, summary: dict[str, Any]) -> None:
         driver = summary["driver"]
         what = (
             f"One {driver['memory_mb']:,} MB function holds every expert"
-            if summary["deployment"] == "monolithic"
+            if topology(summary["deployment"]).expert_functions == "none"
             else f"A {driver['memory_mb']:,} MB driver runs {driver['local_experts']} experts "
             f"itself and invokes {summary['functions']} expert functions"
         )

@@ -32,6 +32,7 @@ from ground.plan import (
     Totals,
     TrafficPlan,
 )
+from ground.topology import topology
 from planner.plan_writer import write_plan
 
 if TYPE_CHECKING:
@@ -93,10 +94,10 @@ def plan_document(
     detail = candidate.detail
     requests = max(int(stream.arrivals_s.size), 1)
     driver_mb = int(parts["driver_memory_mb"])
-    deployment = "monolithic" if detail["shape"] == "monolithic" else "driver"
-    names = ["driver"] + [
-        f"layer{layer.layer:02d}/expert{e.expert:02d}" for layer in layers for e in layer.experts
-    ]
+    # the driver's host side: a driver with CPU experts, or one function when every expert
+    # sits on the GPU (`ground.topology`)
+    deployment = "driver" if any(layer.experts for layer in layers) else "monolithic"
+    names = topology(deployment).function_names(layers)
     capacity = [
         FunctionCapacity(
             function="driver",

@@ -187,7 +187,7 @@ def simulate_generation(
             generates.
     """
     started = time.perf_counter()
-    if plan.generation is None or plan.driver is None:
+    if plan.generation is None:  # only a generating deployment has one (`Plan` checks)
         raise UsageError(
             "the plan does not generate: it was not planned with --slo-ttft/--slo-tpot.",
             "plan a decoder with --slo-ttft and --slo-tpot, or simulate it as a batch plan.",

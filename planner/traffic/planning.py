@@ -37,6 +37,7 @@ from ground.driver import remote_table_bytes
 from ground.errors import InfeasibleError
 from ground.managed import environment_memory_mb
 from ground.plan import FunctionCapacity, Plan, TrafficPlan
+from ground.topology import topology
 from planner.calibration import Calibration
 from planner.traffic.platform import platform_for
 from planner.traffic.simulate import BatchPolicy, Capacity, Platform, TrafficResult, simulate
@@ -366,7 +367,7 @@ def moe_plan_at(
     def plan_at(tokens: int, slo_s: float) -> Plan:
         scaled = np.asarray(counts, dtype=float) * tokens / counts_tokens
         source = dict(counts_source or {}) | {"scaled_to_tokens": tokens}
-        if deployment != "workflow":
+        if topology(deployment).driven:
             from planner.deployments import plan_driver_shape
 
             base = instance_for(

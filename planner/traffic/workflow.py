@@ -148,7 +148,7 @@ def _per_expert_counts(plan: Plan) -> np.ndarray:
     for layer in plan.layers:
         for e in layer.experts:
             counts[layer.layer, e.hosted] = e.tokens / len(e.hosted)
-    if plan.driver is not None:  # the driver's own experts
+    if plan.topology.driven:  # the driver's own experts
         for layer, own, tokens in zip(
             plan.layers, plan.driver.local, plan.driver.local_tokens, strict=True
         ):
@@ -195,7 +195,7 @@ def _driver_functions(plan: Plan) -> Functions:
 
 
 def _functions(plan: Plan) -> Functions:
-    if plan.driver is not None:
+    if plan.topology.driven:
         return _driver_functions(plan)
     sizes = {(s.role, s.layer, s.expert): s.bytes for s in plan.model.stages}
     names, roles, stage, memory, weights, hosted = [], [], [], [], [], []
@@ -252,7 +252,7 @@ def _functions(plan: Plan) -> Functions:
 def _feasible(plan: Plan, manifest: Manifest, counts: np.ndarray, tokens: int) -> bool:
     scaled = counts * tokens / plan.totals.tokens
     try:
-        if plan.driver is not None:
+        if plan.topology.driven:
             driver_of(plan, manifest, scaled, tokens)
         else:
             runtime_choice(plan, instance_of(plan, manifest, scaled, tokens))
@@ -280,7 +280,7 @@ def _point(
     plan: Plan, manifest: Manifest, counts: np.ndarray, tokens: int, functions: Functions
 ) -> tuple[float, dict[str, float], np.ndarray, np.ndarray]:
     """(latency, bill by item, start offsets (F,), billed seconds (F,)) of one batch size."""
-    if plan.driver is not None:
+    if plan.topology.driven:
         return _driver_point(plan, manifest, counts, tokens, functions)
     inst = instance_of(plan, manifest, counts * tokens / plan.totals.tokens, tokens)
     choice = runtime_choice(plan, inst)
@@ -354,13 +354,13 @@ def _replica_table(plan: Plan, counts: np.ndarray, max_tokens: int, f_count: int
     table[0] = 0
     f = 1
     for layer in plan.layers:
-        f += plan.driver is None  # a gate; a driver's remote experts follow each other
+        f += not plan.topology.driven  # a gate; a driver's remote experts follow each other
         planned = np.array([e.replicas for e in layer.experts])
         cap = np.array([e.max_replicas for e in layer.experts])
         fit = np.array([e.max_tokens_per_replica for e in layer.experts])
         share = np.array([e.tokens for e in layer.experts]) / plan.totals.tokens
         tokens = np.ceil(n[:, None] * share[None, :])  # (N, E) the batch's rows per function
-        if plan.driver is not None or adapts(Method.parse(layer.method)):
+        if plan.topology.driven or adapts(Method.parse(layer.method)):
             replicas = runtime_replicas(tokens, planned[None, :], cap[None, :], fit[None, :])
             invoked = np.minimum(tokens, np.minimum(replicas, cap[None, :]))
         else:

@@ -157,7 +157,7 @@ def test_checkov_finds_nothing_unexplained_in_a_driver_stack(
         ({"driver": {"local": LOCAL, "local_tokens": [[1.0] * len(x) for x in LOCAL],
                      "time_s": 901.0, "weights_mb": 1, "activations_mb": 1}},
          "over Lambda's 900 s timeout"),
-        ({"driver": None}, "needs a driver exactly when not workflow"),
+        ({"driver": None}, "needs a driver exactly when driven"),
         ({"driver": {"local": [[0, 1], [], [0, 1, 2]], "local_tokens": [[1.0, 1.0], [], [1.0] * 3],
                      "time_s": 1.0, "weights_mb": 1, "activations_mb": 1}},
          "must host each of the 3 experts once"),

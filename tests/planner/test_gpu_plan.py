@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from gpu.generation_compare import shape_model
 from ground.errors import InfeasibleError
-from ground.plan import Plan, function_names
+from ground.plan import Plan
 from moelambda.cli import app
 from planner import hardware, load_calibration
 from planner.api import PlanOptions
@@ -69,7 +69,7 @@ def test_mixtrals_gpu_driver_invokes_its_cpu_experts() -> None:
     assert remote == candidate.detail["cpu_experts"] > 0
     assert plan.traffic is not None
     names = [c.function for c in plan.traffic.capacity]
-    assert names == function_names(plan.layers, "driver")
+    assert names == plan.topology.function_names(plan.layers)
     gpus = [c for c in plan.traffic.capacity if c.accelerator_memory_gib]
     assert [c.function for c in gpus] == ["driver"]  # the experts stay on demand, on CPUs
     assert all(c.policy == "none" for c in plan.traffic.capacity[1:])

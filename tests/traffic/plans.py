@@ -103,12 +103,10 @@ def with_traffic(
 ) -> Plan:
     """`plan` served for traffic, its block as `plan --traffic` writes it: the batch policy, and
     per function the capacity policy `policies` gives it (none when it names none)."""
-    from ground.plan import function_names
-
     chosen = policies or {}
     capacity = [
         {"function": n, "policy": "none"} | chosen.get(n, {})
-        for n in function_names(plan.layers, plan.deployment)
+        for n in plan.topology.function_names(plan.layers)
     ]
     traffic = {
         "traffic": {"spec": spec},

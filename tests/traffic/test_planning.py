@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ground.errors import InfeasibleError
-from ground.plan import Plan, function_names
+from ground.plan import Plan
 from planner import load_calibration
 from planner.calibration import Calibration
 from planner.traffic import load_arrivals, simulate_plan
@@ -45,7 +45,9 @@ def test_the_choice_meets_its_p99_and_is_the_cheapest_that_does(choice) -> None:
     meeting = [c for c in choice.candidates if c["meets_slo"]]
     assert min(c["total_usd"] for c in meeting) == choice.result.bill_usd["total_usd"]
     assert {c["max_batch_tokens"] for c in choice.candidates} == set(CAPS)
-    assert [c.function for c in t.capacity] == function_names(choice.plan.layers)
+    assert [c.function for c in t.capacity] == choice.plan.topology.function_names(
+        choice.plan.layers
+    )
 
 
 def test_the_saved_plan_replays_to_the_planned_numbers(choice, stream, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -82,10 +82,10 @@ def test_a_one_function_plan_replays_with_its_verdict(shapes: dict[str, Path]) -
 
 
 def test_a_driver_plan_replays_with_its_verdict(shapes: dict[str, Path]) -> None:
-    from ground.plan import Plan, function_names
+    from ground.plan import Plan
 
     plan = Plan.load(shapes["driver"])
-    remote = function_names(plan.layers, plan.deployment)
+    remote = plan.topology.function_names(plan.layers)
     assert remote[0] == "driver" and len(remote) > 1  # the driver and its remote experts
     out = _replay(shapes["driver"], shapes["stream"])
     _check_verdict(out, remote)
