@@ -278,9 +278,11 @@ class ManagedApiPrice(BaseModel):
 
 
 class Ec2InstancePrice(BaseModel):
-    """One EC2 instance type a Lambda Managed Instances capacity provider can run: its size,
-    its architecture (as Lambda spells it: a plan's functions run on one) and its on-demand
-    Linux price per hour, before the management fee.
+    """One EC2 instance type: its size, its architecture (as Lambda spells it: a plan's
+    functions run on one) and its on-demand Linux price per hour, before Lambda Managed
+    Instances' management fee. A Managed Instances capacity provider is planned on it unless
+    `lambda_managed` is false (a GPU type priced for the GPU-cluster backend only): every GPU
+    price lives here, none in the GPU catalogue.
 
     A GPU instance type also has `gpus` GPUs of `gpu_memory_gib` each, of the GPU type `gpu`
     names (a key of the GPU backend's planner/data/gpu_catalogue.json, whose speeds a GPU-backed
@@ -298,6 +300,7 @@ class Ec2InstancePrice(BaseModel):
     gpus: int = Field(default=0, ge=0)
     gpu_memory_gib: float = Field(default=0.0, ge=0)  # each GPU's
     gpu: str | None = Field(default=None, min_length=1)
+    lambda_managed: bool = True
 
     @model_validator(mode="after")
     def _gpus_described(self) -> Ec2InstancePrice:

@@ -1,14 +1,13 @@
 """GPU types with their speeds and prices: what every GPU hardware kind is priced from.
 
 Every number lives in a data file with its source and date, so no algorithm hard-codes a price:
-the types' speeds in `planner/data/gpu_catalogue.json`, and each price in one home with one
-source kind.
-A type whose instance Lambda Managed Instances also runs (l4 on g6.xlarge, a10g on g5.xlarge,
-l40s on g6e.xlarge) names that instance in `price_from`: its price is the calibration's
-`ec2_instance_prices` entry (planner/data/calibration.json) divided by the instance's GPUs, with
-that entry's `source_kind`. The others (t4, a100) carry their own `usd_per_gpu_hour` and
-`price_source_kind`. GPU-backed Lambda (`planner.hardware.gpu_model`) and the GPU-cluster
-backend (`gpu`, whose clusters `gpu.cluster` reads) both read it.
+the types' speeds in `planner/data/gpu_catalogue.json`, and every price in the calibration
+only. A type names in `price_from` the instance it is priced on (t4 on g4dn.xlarge, l4 on
+g6.xlarge, a10g on g5.xlarge, l40s on g6e.xlarge, a100 on p4d.24xlarge): its price is that
+`ec2_instance_prices` entry (planner/data/calibration.json) divided by the instance's GPUs,
+with the entry's `source_kind`. GPU-backed Lambda (`planner.hardware.gpu_model`) and the
+GPU-cluster backend (`gpu`, whose clusters `gpu.cluster` reads) both read it; a cluster file
+may still define a type of its own with its own price.
 """
 
 from __future__ import annotations
@@ -75,12 +74,13 @@ class GpuType(_Strict):
 
 
 class _CatalogueType(GpuType):
-    """A type as the catalogue writes it: its own price (`usd_per_gpu_hour` with its
-    `price_source_kind`), or `price_from`, an instance type of the calibration's
-    `ec2_instance_prices` whose hourly price, divided by its GPUs, is this type's."""
+    """A type as the catalogue writes it: no price of its own, but `price_from`, an instance
+    type of the calibration's `ec2_instance_prices` whose hourly price, divided by its GPUs, is
+    this type's."""
 
-    usd_per_gpu_hour: float | None = Field(default=None, gt=0)  # type: ignore[assignment]
-    price_from: str | None = Field(default=None, min_length=1)
+    usd_per_gpu_hour: None = None  # type: ignore[assignment]
+    price_source_kind: None = None
+    price_from: str = Field(min_length=1)
 
 
 class _CatalogueFile(_Strict):
@@ -94,27 +94,8 @@ class _CatalogueFile(_Strict):
 _FIX = "fix planner/data/gpu_catalogue.json."
 
 
-def _priced(name: str, entry: _CatalogueType, calibration: Calibration | None) -> GpuType:
-    """`entry` with its price: its own, or the calibration's instance type's per GPU."""
-    from planner.calibration import SOURCE_KINDS
-
-    fields = entry.model_dump(exclude={"price_from"})
-    if (entry.price_from is None) == (entry.usd_per_gpu_hour is None):
-        raise HardwareError(
-            f"the catalogue's type '{name}' gives {'both' if entry.price_from else 'neither'} "
-            "usd_per_gpu_hour and price_from: a price has one home.",
-            f"give it price_from (an instance type of the calibration's ec2_instance_prices) or "
-            f"its own usd_per_gpu_hour with price_source_kind; {_FIX}",
-        )
-    if entry.price_from is None:
-        if entry.price_source_kind not in SOURCE_KINDS:
-            raise HardwareError(
-                f"the catalogue's type '{name}' has price_source_kind "
-                f"{entry.price_source_kind!r}, not one of {', '.join(SOURCE_KINDS)}.",
-                f"say where its usd_per_gpu_hour was read; {_FIX}",
-            )
-        return GpuType(**fields)
-    assert calibration is not None  # load_catalogue loads one for a type with price_from
+def _priced(name: str, entry: _CatalogueType, calibration: Calibration) -> GpuType:
+    """`entry` with its price: the calibration's instance type's, per GPU."""
     cal = calibration
     where = cal.source_path or "the calibration"
     instance = (cal.ec2_instance_prices or {}).get(entry.price_from)
@@ -123,9 +104,10 @@ def _priced(name: str, entry: _CatalogueType, calibration: Calibration | None) -
         raise HardwareError(
             f"the catalogue prices '{name}' from ec2_instance_prices.{entry.price_from} of "
             f"{where}, which {found}.",
-            f"add {entry.price_from} with gpu '{name}' to ec2_instance_prices there, or give "
-            f"'{name}' its own usd_per_gpu_hour in planner/data/gpu_catalogue.json.",
+            f"add {entry.price_from} with gpu '{name}' and its price to ec2_instance_prices "
+            "there (lambda_managed false where no capacity provider should run it).",
         )
+    fields = entry.model_dump(exclude={"price_from"})
     fields["usd_per_gpu_hour"] = instance.hourly_usd / instance.gpus
     fields["price_source_kind"] = cal.source_kind("ec2_instance_prices", entry.price_from)
     return GpuType(**fields)
@@ -150,8 +132,8 @@ class Catalogue(_Strict):
 
 
 def load_catalogue(calibration: Calibration | None = None) -> Catalogue:
-    """The packaged catalogue, validated, its prices resolved: a type's own, or for a type with
-    `price_from` the `ec2_instance_prices` entry of `calibration` (None: the packaged one)."""
+    """The packaged catalogue, validated, each type priced by the `ec2_instance_prices` entry
+    its `price_from` names in `calibration` (None: the packaged one)."""
     text = resources.files("planner").joinpath("data/gpu_catalogue.json").read_text()
     doc = _CatalogueFile.model_validate_json(text)
     if doc.default_type not in doc.types:
@@ -159,7 +141,7 @@ def load_catalogue(calibration: Calibration | None = None) -> Catalogue:
             f"the catalogue's default type '{doc.default_type}' is not one of its types.",
             _FIX,
         )
-    if calibration is None and any(t.price_from for t in doc.types.values()):
+    if calibration is None:
         from planner.calibration import load_calibration
 
         calibration = load_calibration()

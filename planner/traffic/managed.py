@@ -263,7 +263,7 @@ def managed_prices(
     types = {
         name: t
         for name, t in (calibration.ec2_instance_prices or {}).items()
-        if t.arch == arch and (t.gpus > 0) == accelerated
+        if t.lambda_managed and t.arch == arch and (t.gpus > 0) == accelerated
     }
     if lmi is None or not types:
         return None

@@ -97,20 +97,24 @@ def _catalogue_file() -> dict:
     return json.loads((Path(__file__).parents[2] / "planner/data/gpu_catalogue.json").read_text())
 
 
-def test_a_price_the_calibration_holds_is_not_repeated_in_the_catalogue() -> None:
-    # One home per price, with one source_kind: a GPU type that the calibration prices on one
-    # of its instance types reads its price from there; only the others carry their own.
+def test_every_gpu_price_lives_in_the_calibration() -> None:
+    # One home per price, with one source_kind: every catalogue type is priced on an instance
+    # type of the calibration and carries no price of its own (the schema refuses one).
     from planner import load_calibration
 
     instances = load_calibration().ec2_instance_prices or {}
-    priced_there = {t.gpu for t in instances.values() if t.gpus}
     for name, entry in _catalogue_file()["types"].items():
-        instance = entry["instance"].split()[0]
-        if name in priced_there or instance in instances:
-            assert "usd_per_gpu_hour" not in entry, name
-            assert instances[entry["price_from"]].gpu == name, name
-        else:
-            assert entry["price_source_kind"] in ("aws", "paper", "secondary", "derived"), name
+        assert "usd_per_gpu_hour" not in entry and "price_source_kind" not in entry, name
+        assert instances[entry["price_from"]].gpu == name, name
+        assert entry["instance"].split()[0] == entry["price_from"], name
+    # the types priced only for the GPU-cluster backend are never a capacity provider's
+    from planner.traffic.managed import managed_prices
+
+    pool = managed_prices(load_calibration(), "x86_64", accelerated=True)
+    assert pool is not None
+    offered = {t.name for t in pool.types}
+    assert offered.isdisjoint({"g4dn.xlarge", "p4d.24xlarge"})
+    assert offered == {n for n, t in instances.items() if t.gpus and t.lambda_managed}
 
 
 def test_prices_read_from_the_calibration_carry_its_source_kind() -> None:
@@ -121,15 +125,12 @@ def test_prices_read_from_the_calibration_carry_its_source_kind() -> None:
     catalogue = load_catalogue(calibration)
     for name, entry in _catalogue_file()["types"].items():
         kind = catalogue.types[name]
-        if "price_from" in entry:
-            instance = instances[entry["price_from"]]
-            assert kind.usd_per_gpu_hour == instance.hourly_usd / instance.gpus, name
-            assert kind.price_source_kind == calibration.source_kind(
-                "ec2_instance_prices", entry["price_from"]
-            )
-        else:
-            assert kind.usd_per_gpu_hour == entry["usd_per_gpu_hour"]
-            assert kind.price_source_kind == entry["price_source_kind"]
+        instance = instances[entry["price_from"]]
+        assert kind.usd_per_gpu_hour == instance.hourly_usd / instance.gpus, name
+        assert kind.price_source_kind == calibration.source_kind(
+            "ec2_instance_prices", entry["price_from"]
+        )
+    assert catalogue.types["a100"].usd_per_gpu_hour == pytest.approx(32.7726 / 8)
     # No price was read on AWS's own rate card: the catalogue says so, as the calibration does.
     assert {k.price_source_kind for k in catalogue.types.values()} == {"secondary"}
     # A calibration with another price moves the catalogue's with it.
@@ -150,4 +151,4 @@ def test_a_calibration_without_the_priced_instance_type_is_named() -> None:
     }
     with pytest.raises(ClusterError, match=r"'a10g' from ec2_instance_prices\.g5\.xlarge") as err:
         load_catalogue(calibration.model_copy(update={"ec2_instance_prices": without}))
-    assert "usd_per_gpu_hour" in (err.value.fix or str(err.value))
+    assert "add g5.xlarge with gpu 'a10g'" in (err.value.fix or str(err.value))
