@@ -58,6 +58,7 @@ __all__ = [
     "PlanOptions",
     "PlannedDeployment",
     "PlanningCounts",
+    "check_plan_command",
     "check_plan_options",
     "check_stream_flags",
     "check_stream_options",
@@ -141,6 +142,54 @@ def counts_for_plan(
     }
     source = {"traces": str(traces), "method": DEFAULT_METHOD, "tokens": batch, "seed": seed}
     return PlanningCounts(predicted, tokens, source, model)
+
+
+def check_plan_command(
+    options: PlanOptions,
+    *,
+    tokens: int | None,
+    default_tokens: int,
+    hardware: str,
+    traffic: str | None,
+    slo_s: float | None,
+    throughput: float | None,
+    slo_p99_s: float | None,
+    stream_flags: dict[str, bool],
+) -> float | None:
+    """Every cross-option rule of `moelambda plan`, before anything loads, in the order a user
+    meets them: the solver, architecture, batch and method; the shape (`check_deployment`); what
+    the hardware and the stream would drop (`check_stream_options`); the stream's flags
+    (`check_stream_flags`); the batch's SLO (`slo_of`).
+
+    Args:
+        options: The plan's options.
+        tokens: `--tokens` when given, None when left at `default_tokens`.
+        default_tokens: The batch planned when `tokens` is None.
+        hardware, traffic, slo_p99_s: `--hardware`, `--traffic`, `--slo-p99`.
+        slo_s, throughput: `--slo` and `--throughput` (one batch's SLO).
+        stream_flags: Each flag describing a stream and whether it was given.
+
+    Returns:
+        The batch SLO in seconds (None: the cheapest plan).
+
+    Raises:
+        UsageError: The first rule broken, naming the flags and the fix.
+    """
+    from planner.batch_shapes import check_deployment
+
+    o = options
+    batch = default_tokens if tokens is None else tokens
+    check_plan_options(solver=o.solver, arch=o.arch, tokens=batch, method=o.method)
+    check_deployment(o.deployment, objective=o.objective, method=o.method, pack=o.pack)
+    check_stream_options(o, hardware=hardware, traffic=traffic, tokens=tokens)
+    check_stream_flags(
+        traffic=traffic,
+        slo_p99_s=slo_p99_s,
+        batch_slo=bool(slo_s or throughput),
+        generating=o.generating,
+        stream_flags=stream_flags,
+    )
+    return slo_of(slo_s, throughput, batch)
 
 
 def shape_counts_for_plan(

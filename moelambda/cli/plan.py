@@ -21,6 +21,7 @@ from moelambda.cli._app import (
     stdout,
     user_errors,
 )
+from moelambda.cli.traffic import plan_stream, stream_request
 
 DEFAULT_TOKENS = 10240
 
@@ -201,21 +202,12 @@ def plan(
     from planner import load_calibration
     from planner.api import (
         PlanOptions,
-        check_plan_options,
-        check_stream_flags,
-        check_stream_options,
+        check_plan_command,
         counts_for_plan,
         plan_confidence,
-        plan_deployment,
         shape_counts_for_plan,
-        slo_of,
-        write_pareto,
     )
-    from planner.batch_shapes import check_deployment
 
-    given_tokens, tokens = tokens, DEFAULT_TOKENS if tokens is None else tokens
-    check_plan_options(solver=solver, arch=arch, tokens=tokens, method=method)
-    check_deployment(deployment, objective=objective, method=method, pack=pack)
     options = PlanOptions(
         solver=solver,
         method=method,
@@ -232,12 +224,15 @@ def plan(
         prompt_tokens=prompt_tokens,
         new_tokens=new_tokens,
     )
-    check_stream_options(options, hardware=hardware, traffic=traffic, tokens=given_tokens)
-    check_stream_flags(
+    slo_s = check_plan_command(
+        options,
+        tokens=tokens,
+        default_tokens=DEFAULT_TOKENS,
+        hardware=hardware,
         traffic=traffic,
+        slo_s=slo,
+        throughput=throughput,
         slo_p99_s=slo_p99,
-        batch_slo=bool(slo or throughput),
-        generating=options.generating,
         stream_flags={
             "--hours": hours is not None,
             "--minutes": minutes is not None,
@@ -245,7 +240,6 @@ def plan(
             "--scale": scale != 1.0,
         },
     )
-    slo_s = slo_of(slo, throughput, tokens)
     check_positive(
         ("--slo-p99", slo_p99),
         ("--slo-ttft", slo_ttft),
@@ -256,45 +250,42 @@ def plan(
     )
     check_file_out(out, force, "--out")
     check_file_out(pareto, force, "--pareto")
-    if pareto is not None:
-        check_file_out(pareto.with_suffix(".png"), force, "--pareto")
+    check_file_out(None if pareto is None else pareto.with_suffix(".png"), force, "--pareto")
+    stream = None
     if traffic is not None:  # the stream, read and bounded before the model loads
-        from planner.traffic import load_arrivals, period_hours
-
-        load_arrivals(traffic, scale=scale, hours=period_hours(hours, minutes), seed=seed)
+        stream = stream_request(traffic, scale, hours, minutes, seed, idle_s, slo_p99, options)
     cal = load_calibration(calibration)
+    batch = DEFAULT_TOKENS if tokens is None else tokens
     if shape is not None:
         planning = shape_counts_for_plan(
-            shape, popularity, traces=traces, counts=counts, tokens=tokens, seed=seed
+            shape, popularity, traces=traces, counts=counts, tokens=batch, seed=seed
         )
     else:
-        planning = counts_for_plan(traces=traces, counts=counts, tokens=tokens, seed=seed)
+        planning = counts_for_plan(traces=traces, counts=counts, tokens=batch, seed=seed)
     plan_confidence(confidence, planning)
     manifest = planning.manifest or manifest_of_counts(planning)
-    if traffic is not None:
-        from moelambda.cli.traffic import plan_with_traffic
-        from planner.traffic import period_hours
-
-        # a batch plan meets a p99 SLO over the stream; a generating one its TTFT/TPOT SLOs
-        p99 = {} if options.generating else {"slo_p99_s": float(slo_p99)}  # type: ignore[arg-type]
-        stream = {
-            "traffic": traffic,
-            "scale": scale,
-            "hours": period_hours(hours, minutes),
-            "seed": seed,
-            "idle_s": idle_s,
-            **p99,
-        }
-        files = {"out": out, "force": force, "as_json": as_json}
-        if hardware != "cpu" and not options.generating:
-            from moelambda.cli.traffic import plan_with_hardware
-
-            plan_with_hardware(
-                manifest, planning, cal, options, hardware=hardware, **files, **stream
-            )
-            return
-        plan_with_traffic(manifest, planning, cal, options, **files, **stream)
+    files = {"out": out, "force": force, "as_json": as_json}
+    if stream is not None:
+        plan_stream(manifest, planning, cal, options, hardware=hardware, **files, **stream)
         return
+    _plan_batch(manifest, planning, cal, options, slo_s=slo_s, pareto=pareto, **files)
+
+
+def _plan_batch(
+    manifest: Any,
+    planning: Any,
+    cal: Any,
+    options: Any,
+    *,
+    slo_s: float | None,
+    pareto: Path | None,
+    out: Path,
+    force: bool,
+    as_json: bool,
+) -> None:
+    """`moelambda plan` for one batch: every shape weighed, the cheapest saved and rendered."""
+    from planner.api import plan_deployment, write_pareto
+
     with err.status("planning") as status:
         planned = plan_deployment(
             manifest,

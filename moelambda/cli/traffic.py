@@ -2,7 +2,7 @@
 
 `moelambda traffic` replays a traffic spec through a plan (`planner.traffic.simulate_plan`);
 `moelambda calibrate --cold` (`calibrate_cold` here) measures the handlers' INIT
-(`runtime.coldstart.calibrate_cold`); `moelambda plan --traffic` (`plan_with_traffic` here)
+(`runtime.coldstart.calibrate_cold`); `moelambda plan --traffic` (`plan_stream` here)
 plans for a stream (`planner.traffic.api.plan_traffic`; a decoder's generation,
 `planner.traffic.api.plan_generation_traffic`); `moelambda bench
 traffic` compares the steady-state plan with the traffic-aware one
@@ -149,40 +149,35 @@ def traffic(
         render.traffic(stdout(), summary)
 
 
-def plan_with_traffic(
-    manifest: Any,
-    counts: Any,
-    calibration: Any,
+def stream_request(
+    traffic: str,
+    scale: float,
+    hours: float | None,
+    minutes: float | None,
+    seed: int,
+    idle_s: float | None,
+    slo_p99_s: float | None,
     options: Any,
-    *,
-    out: Path,
-    force: bool,
-    as_json: bool,
-    **stream: Any,
-) -> None:
-    """`moelambda plan --traffic`: `planner.traffic.api.plan_traffic` (or, with the generation
-    options, `plan_generation_traffic`), saved and rendered."""
-    from moelambda.cli import _render
-    from planner.traffic.api import plan_generation_traffic, plan_traffic
+) -> dict[str, Any]:
+    """`moelambda plan --traffic`'s stream, read and bounded now (before the model loads, so a
+    bad trace fails fast), as the stream planners take it: a batch plan meets a p99 SLO over
+    the stream, a generating one its TTFT and TPOT SLOs."""
+    from planner.traffic import load_arrivals, period_hours
 
-    generating = options.generating
-    planner = plan_generation_traffic if generating else plan_traffic
-    made, summary = planner(
-        manifest, counts, calibration, options=options, status=err.status, **stream
-    )
-    plan = made if generating else made.plan
-    plan.save(out, force=force)
-    summary = {"plan": str(out), **summary}
-    if as_json:
-        print(json.dumps(summary))
-    elif generating:
-        _render.plan(stdout(), summary)
-        render.generation_traffic(stdout(), summary["traffic"])
-    else:
-        render.plan_traffic(stdout(), summary)
+    period = period_hours(hours, minutes)
+    load_arrivals(traffic, scale=scale, hours=period, seed=seed)
+    p99 = {} if options.generating else {"slo_p99_s": float(slo_p99_s)}  # type: ignore[arg-type]
+    return {
+        "traffic": traffic,
+        "scale": scale,
+        "hours": period,
+        "seed": seed,
+        "idle_s": idle_s,
+        **p99,
+    }
 
 
-def plan_with_hardware(
+def plan_stream(
     manifest: Any,
     counts: Any,
     calibration: Any,
@@ -194,21 +189,38 @@ def plan_with_hardware(
     as_json: bool,
     **stream: Any,
 ) -> None:
-    """`moelambda plan --traffic --hardware gpu|auto`: `planner.hardware.gpu_plan
-    .plan_traffic_on_hardware`, saved and rendered with every candidate."""
+    """`moelambda plan --traffic`, saved and rendered: on CPU functions
+    `planner.traffic.api.plan_traffic` (a decoder's generation: `plan_generation_traffic`);
+    with GPU-backed candidates (`--hardware gpu|auto`, batches only)
+    `planner.hardware.gpu_plan.plan_traffic_on_hardware`, with every candidate."""
+    from moelambda.cli import _render
     from planner.hardware.gpu_plan import plan_traffic_on_hardware
+    from planner.traffic.api import plan_generation_traffic, plan_traffic
 
-    plan, summary = plan_traffic_on_hardware(
-        manifest, counts, calibration, hardware=hardware, options=options, status=err.status,
-        **stream,
-    )  # fmt: skip
+    generating = options.generating
+    on_gpus = hardware != "cpu" and not generating
+    if on_gpus:
+        plan, summary = plan_traffic_on_hardware(
+            manifest, counts, calibration, hardware=hardware, options=options,
+            status=err.status, **stream,
+        )  # fmt: skip
+    else:
+        planner = plan_generation_traffic if generating else plan_traffic
+        made, summary = planner(
+            manifest, counts, calibration, options=options, status=err.status, **stream
+        )
+        plan = made if generating else made.plan
     plan.save(out, force=force)
     summary = {"plan": str(out), **summary}
     if as_json:
         print(json.dumps(summary))
-        return
-    render.plan_traffic(stdout(), summary)
-    render.hardware(stdout(), summary)
+    elif generating:
+        _render.plan(stdout(), summary)
+        render.generation_traffic(stdout(), summary["traffic"])
+    else:
+        render.plan_traffic(stdout(), summary)
+        if on_gpus:
+            render.hardware(stdout(), summary)
 
 
 @bench_app.command("traffic")
