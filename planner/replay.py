@@ -17,13 +17,15 @@ from ground.plan import Plan, PlanError
 from ground.semantics import adapts, runtime_replicas
 from planner.build import instance_for
 from planner.calibration import Calibration
-from planner.costmodel import Choice, Evaluation, evaluate, price, usage
+from planner.costmodel import Choice, Evaluation, evaluate, expert_options, price, usage
 from planner.driver import (
     DriverChoice,
+    DriverEvaluation,
     DriverInstance,
     driver_instance,
     driver_usage,
     evaluate_driver,
+    remote_options,
 )
 from planner.instance import Instance, Method
 from planner.packing import pack
@@ -188,17 +190,22 @@ def driver_of(
     return dinst, DriverChoice(0, local, memory, replicas)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class PlanEvaluation:
     """What the model says one execution of a plan does on a batch: its latency, each
     function's seconds per call (named as run-local reports them: `function_seconds` for the
     workflow; the driver's whole run and each busy remote expert's replica for a driver), what
-    the meter counts (`usage`) and USD by item (`bill`)."""
+    the meter counts (`usage`), USD by item (`bill`), and per function in the order of
+    `plan.topology.function_names` when its invocation starts after the request is dispatched
+    (`offset_s`) and how long it is billed (`duration_s`): what the traffic simulator replays.
+    """
 
     latency_s: float
     seconds: dict[str, float]
     usage: dict[str, float]
     bill: dict[str, float]
+    offset_s: np.ndarray
+    duration_s: np.ndarray
 
 
 def evaluate_plan(
@@ -222,14 +229,84 @@ def evaluate_plan(
                 if busy[layer.layer, e.hosted[0]]:
                     name = f"layer{layer.layer:02d}/expert{e.expert:02d}"
                     seconds[name] = float(ev.expert_time[layer.layer, e.hosted[0]])
-        return PlanEvaluation(ev.latency, seconds, used, price(dinst.base, used, ev.latency))
+        offset, duration = _driver_timeline(plan, dinst, choice, ev)
+        bill = price(dinst.base, used, ev.latency)
+        return PlanEvaluation(ev.latency, seconds, used, bill, offset, duration)
     inst = instance_of(plan, manifest, np.asarray(counts, dtype=float), tokens)
     choice = runtime_choice(plan, inst)
     wf = evaluate(inst, choice)
     used = usage(inst, choice, wf)
+    offset, duration = _workflow_timeline(inst, choice, wf)
+    seconds = function_seconds(inst, choice, wf)
     return PlanEvaluation(
-        wf.latency, function_seconds(inst, choice, wf), used, price(inst, used, wf.latency)
+        wf.latency, seconds, used, price(inst, used, wf.latency), offset, duration
     )
+
+
+def _workflow_timeline(
+    inst: Instance, choice: Choice, ev: Evaluation
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per function of the fan-out workflow (head, per layer its gate and expert functions,
+    tail), its start after dispatch and its billed seconds. A pipelined layer's replicas start
+    with their gate, a direct layer's once the gate has sent their rows, an s3 layer's once
+    the gate's upload is done."""
+    count = 2 + inst.layers * (1 + inst.experts)
+    offset, duration = np.zeros(count), np.zeros(count)
+    duration[0] = inst.head_s
+    t = float(inst.head_s)
+    f = 1
+    experts = np.arange(inst.experts)
+    for layer in range(inst.layers):
+        method = Method(int(choice.method[layer]))
+        pre = float(inst.layer_s[layer])
+        routed = float(np.ceil(inst.counts[layer]).sum())
+        opts = expert_options(inst, layer, method, int(choice.beta[layer]))
+        j, g = choice.memory[layer], choice.replicas[layer] - 1
+        time, finish = opts.time[experts, j, g], opts.finish[experts, j, g]
+        offset[f] = t
+        if method is Method.DIRECT:
+            duration[f] = pre + float(ev.layer_latency[layer])
+            store = inst.s3_delay_s + routed * inst.token_bytes_out / inst.s3_bandwidth
+            start = t + pre + finish - time - store
+        else:
+            duration[f] = pre + inst.s3_delay_s + routed * inst.token_bytes_in / inst.s3_bandwidth
+            start = t + pre + finish - time if method is Method.S3 else np.full(inst.experts, t)
+        offset[f + 1 : f + 1 + inst.experts] = start
+        duration[f + 1 : f + 1 + inst.experts] = time
+        f += 1 + inst.experts
+        t += pre + float(ev.layer_latency[layer])
+    offset[f] = t
+    duration[f] = inst.tail_s
+    return offset, duration
+
+
+def _driver_timeline(
+    plan: Plan, dinst: DriverInstance, choice: DriverChoice, ev: DriverEvaluation
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per function of a driven plan (the driver, then each layer's remote expert functions),
+    its start after dispatch and its billed seconds: the driver from 0 for the whole request;
+    a remote expert from when the driver, done with its layer's stage, has sent its rows."""
+    b = dinst.base
+    tokens = b.tokens
+    count = 1 + sum(len(layer.experts) for layer in plan.layers)
+    offset, duration = np.zeros(count), np.zeros(count)
+    duration[0] = ev.latency
+    t = b.warm_start_s + b.s3_delay_s + tokens * 8 / b.s3_bandwidth  # the ids read
+    f = 1
+    experts = np.arange(b.experts)
+    for layer in plan.layers:
+        e = layer.layer
+        t += tokens * float(dinst.u_layer[choice.memory, e])
+        opts = remote_options(dinst, e)
+        j, g = choice.remote_memory[e], choice.replicas[e] - 1
+        time, finish = opts.time[experts, j, g], opts.finish[experts, j, g]
+        for x in layer.experts:
+            i = x.hosted[0]
+            offset[f] = t + float(finish[i] - time[i])
+            duration[f] = float(time[i])
+            f += 1
+        t += float(ev.layer_latency[e])
+    return offset, duration
 
 
 def price_usage(plan: Plan, used: dict[str, float], seconds: float) -> dict[str, float]:

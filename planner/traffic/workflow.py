@@ -2,8 +2,8 @@
 
 For a batch of n tokens the routing is the plan's predicted popularity scaled to n (each
 function's predicted tokens times n / the plan's batch), and everything else is the plan's own
-cost model (`planner.replay`: the instance of the plan's model and calibration, the replicas the
-gates use for those counts, `evaluate`, `bill`, `expert_options`): the warm latency, the bill by
+cost model (`planner.replay.evaluate_plan`, the one re-scorer: the instance of the plan's model
+and calibration, the replicas the gates use for those counts): the warm latency, the bill by
 item and, per function, when its invocation starts after the batch is dispatched and how long it
 is billed. Nothing is re-derived here; the model is only evaluated on a geometric grid of batch
 sizes and interpolated linearly between grid points (tests bound the error against an exact
@@ -32,9 +32,7 @@ from ground.manifest import Manifest, StageEntry
 from ground.method import Method
 from ground.plan import Plan, PlanError
 from ground.semantics import adapts, runtime_replicas
-from planner.costmodel import bill, evaluate, expert_options, price
-from planner.driver import driver_usage, evaluate_driver, remote_options
-from planner.replay import driver_of, instance_of, runtime_choice
+from planner.replay import driver_of, evaluate_plan, instance_of, runtime_choice
 
 __all__ = ["BILL_ITEMS", "Functions", "WorkflowModel", "manifest_of_plan", "workflow_model"]
 
@@ -277,73 +275,12 @@ def _largest_batch(plan: Plan, manifest: Manifest, counts: np.ndarray, limit: in
 
 
 def _point(
-    plan: Plan, manifest: Manifest, counts: np.ndarray, tokens: int, functions: Functions
+    plan: Plan, manifest: Manifest, counts: np.ndarray, tokens: int
 ) -> tuple[float, dict[str, float], np.ndarray, np.ndarray]:
-    """(latency, bill by item, start offsets (F,), billed seconds (F,)) of one batch size."""
-    if plan.topology.driven:
-        return _driver_point(plan, manifest, counts, tokens, functions)
-    inst = instance_of(plan, manifest, counts * tokens / plan.totals.tokens, tokens)
-    choice = runtime_choice(plan, inst)
-    ev = evaluate(inst, choice)
-    items = bill(inst, choice, ev)
-    offset = np.zeros(functions.count)
-    duration = np.zeros(functions.count)
-    duration[0] = inst.head_s
-    t = float(inst.head_s)
-    f = 1
-    experts = np.arange(inst.experts)
-    for layer in range(inst.layers):
-        method = Method(int(choice.method[layer]))
-        pre = float(inst.layer_s[layer])
-        routed = float(np.ceil(inst.counts[layer]).sum())
-        opts = expert_options(inst, layer, method, int(choice.beta[layer]))
-        j, g = choice.memory[layer], choice.replicas[layer] - 1
-        time, finish = opts.time[experts, j, g], opts.finish[experts, j, g]
-        offset[f] = t
-        if method is Method.DIRECT:
-            duration[f] = pre + float(ev.layer_latency[layer])
-            store = inst.s3_delay_s + routed * inst.token_bytes_out / inst.s3_bandwidth
-            start = t + pre + finish - time - store
-        else:
-            duration[f] = pre + inst.s3_delay_s + routed * inst.token_bytes_in / inst.s3_bandwidth
-            start = t + pre + finish - time if method is Method.S3 else np.full(inst.experts, t)
-        offset[f + 1 : f + 1 + inst.experts] = start
-        duration[f + 1 : f + 1 + inst.experts] = time
-        f += 1 + inst.experts
-        t += pre + float(ev.layer_latency[layer])
-    offset[f] = t
-    duration[f] = inst.tail_s
-    return ev.latency, items, offset, duration
-
-
-def _driver_point(
-    plan: Plan, manifest: Manifest, counts: np.ndarray, tokens: int, functions: Functions
-) -> tuple[float, dict[str, float], np.ndarray, np.ndarray]:
-    """`_point` of a driver plan: the driver from 0 for the whole request; a remote expert
-    from when the driver, done with its layer's stage, has sent its rows."""
-    dinst, choice = driver_of(plan, manifest, counts * tokens / plan.totals.tokens, tokens)
-    ev = evaluate_driver(dinst, choice)
-    items = price(dinst.base, driver_usage(dinst, choice, ev), ev.latency)
-    b = dinst.base
-    offset = np.zeros(functions.count)
-    duration = np.zeros(functions.count)
-    duration[0] = ev.latency
-    t = b.warm_start_s + b.s3_delay_s + tokens * 8 / b.s3_bandwidth  # the ids read
-    f = 1
-    experts = np.arange(b.experts)
-    for layer in plan.layers:
-        e = layer.layer
-        t += tokens * float(dinst.u_layer[0, e])
-        opts = remote_options(dinst, e)
-        j, g = choice.remote_memory[e], choice.replicas[e] - 1
-        time, finish = opts.time[experts, j, g], opts.finish[experts, j, g]
-        for x in layer.experts:
-            i = x.hosted[0]
-            offset[f] = t + float(finish[i] - time[i])
-            duration[f] = float(time[i])
-            f += 1
-        t += float(ev.layer_latency[e])
-    return ev.latency, items, offset, duration
+    """(latency, bill by item, start offsets (F,), billed seconds (F,)) of one batch size, as
+    the one re-scorer (`planner.replay.evaluate_plan`) says."""
+    ev = evaluate_plan(plan, manifest, counts * tokens / plan.totals.tokens, tokens)
+    return ev.latency_s, ev.bill, ev.offset_s, ev.duration_s
 
 
 def _replica_table(plan: Plan, counts: np.ndarray, max_tokens: int, f_count: int) -> np.ndarray:
@@ -396,7 +333,7 @@ def workflow_model(plan: Plan, max_tokens: int) -> WorkflowModel:
     duration = np.zeros_like(offset)
     for k, n in enumerate(sizes):
         latency[k], point, offset[k], duration[k] = _point(
-            plan, manifest, counts, int(min(n, feasible)), functions
+            plan, manifest, counts, int(min(n, feasible))
         )
         for name in BILL_ITEMS:
             items[name][k] = point[name]

@@ -7,11 +7,10 @@ import pytest
 
 from ground.semantics import runtime_replicas
 from planner.costmodel import evaluate
-from planner.replay import instance_of, runtime_choice
+from planner.replay import evaluate_plan, instance_of, runtime_choice
 from planner.traffic.workflow import (
     BILL_ITEMS,
     _per_expert_counts,
-    _point,
     manifest_of_plan,
     workflow_model,
 )
@@ -31,7 +30,8 @@ def test_grid_matches_the_cost_model_at_random_sizes(method: str | None) -> None
     sizes = np.random.default_rng(0).integers(8, model.feasible_tokens, 150)
     exact_total, grid_total = 0.0, 0.0
     for n in sizes:
-        latency, items, _, duration = _point(plan, manifest, counts, int(n), model.functions)
+        exactly = evaluate_plan(plan, manifest, counts * n / plan.totals.tokens, int(n))
+        latency, items, duration = exactly.latency_s, exactly.bill, exactly.duration_s
         at = np.array([n])
         assert float(model.at(model.latency_s, at)[0]) == pytest.approx(latency, rel=0.01)
         np.testing.assert_allclose(model.at(model.duration_s, at)[0], duration, rtol=0.01)
