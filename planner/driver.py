@@ -99,6 +99,13 @@ class DriverInstance:
     round_trip_s: float  # a warm synchronous Invoke's round trip (`ground.driver.remote_call_s`)
     max_memory_mb: float
     meta: dict[str, Any] = field(default_factory=dict)
+    # A driver on other hardware than CPU Lambda (a GPU: `planner.hardware.gpu_model`), whose
+    # speed is not a rate per row: (L, E) the seconds each expert takes in the driver on this
+    # batch (None: u_expert x its rows), and (L,) a call each layer waits on beside its expert
+    # functions (a GPU expert group's; None: none). The solver (`planner.driver_solver`) plans
+    # CPU drivers only; `evaluate_driver` prices both.
+    local_s: np.ndarray | None = None
+    side_finish_s: np.ndarray | None = None
 
     @property
     def layers(self) -> int:
@@ -327,8 +334,14 @@ def evaluate_driver(
         overflow |= bool((remote & (opts.overflow[idx, j, g] > 0)).any())
         for i in np.flatnonzero(remote & ~opts.feasible[idx, j, g]):
             violations.append(f"layer {e} expert {i}: memory or timeout limit")
-        local_s = float(dinst.u_expert[d]) * float(np.ceil(dinst.base.counts[e])[local[e]].sum())
+        if dinst.local_s is None:
+            rows = float(np.ceil(dinst.base.counts[e])[local[e]].sum())
+            local_s = float(dinst.u_expert[d]) * rows
+        else:
+            local_s = float(dinst.local_s[e][local[e]].sum())
         remote_s = float(np.where(remote, opts.finish[idx, j, g], 0.0).max(initial=0.0))
+        if dinst.side_finish_s is not None:
+            remote_s = max(remote_s, float(dinst.side_finish_s[e]))
         layer_t[e] = float(layer_seconds(local_s, remote_s))
     latency = dinst.fixed_s(d, overflow) + float(layer_t.sum())
     need = (

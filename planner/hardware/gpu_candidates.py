@@ -70,10 +70,8 @@ def _gpu_candidate(
     monolithic = bool(layout.local.all())
     detail: dict[str, Any] = {
         "shape": "monolithic" if monolithic else "driver",
-        # the driver invokes one expert per remote function (groups would need packing there),
-        # each with at most the calibration's G replicas
-        "deployable": not layout.on_gpu_group.any()
-        and bool((req.cpu_replicas <= cal.max_replicas).all()),
+        # the driver invokes one expert per remote function (groups would need packing there)
+        "deployable": not layout.on_gpu_group.any(),
         "driver_accelerator_gib": layout.driver_gib,
         "local_experts": int(layout.local.sum()),
         "gpu_group_experts": int(layout.on_gpu_group.sum()),

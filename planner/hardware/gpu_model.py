@@ -32,13 +32,15 @@ to an environment, not shares of one), so it computes at the whole GPU's speed a
 the smallest AcceleratorMemorySize that holds its weights. These timings are predicted, not
 measured: `scripts/gpu-lambda-timing.py` times them on a GPU where one is present.
 
-A request's latency (warm, seconds), as the CPU driver model counts it (`planner.driver`):
-T^str, the input's read, per layer the layer stage on the GPU then the slowest of the local
-experts (in turn, on the GPU) and the remote calls (all at once; a call's rows are split over
-replicas so that each event fits the Invoke payload limit, each replica timed by the one rule
-`ground.driver.remote_call_s`: the round trip `invoke_round_trip_s`, its rows in and out at
-B^f and its compute), then the tail and the
-output's write. Transfers use the calibration's Lambda bandwidths for GPU functions too.
+A request (warm, seconds) is priced by the driver model itself (`planner.driver.evaluate_driver`)
+on this hardware: T^str, the input's read, per layer the layer stage on the GPU then the
+longer of the local experts (in turn, on the GPU) and the remote calls (all at once), then the
+tail and the output's write. The CPU experts are any driver's remote experts
+(`planner.driver.remote_options`: the fastest of the calibration's memory options, the replicas
+the Invoke payload limit asks for up to G, beyond it through S3 as the handler sends them); a
+layer's GPU group is one more call it waits on, split over replicas so that each event fits the
+payload limit, timed by the one rule `ground.driver.remote_call_s`. Transfers use the
+calibration's Lambda bandwidths for GPU functions too.
 
 The pool. Every request is the same size, so the driver is a c-server FCFS queue with a constant
 service time S: request i starts when request i - c ends (or on arrival), so each residue class
@@ -54,6 +56,7 @@ at B^s before it serves (`load_s`, its cold start): the fixed pool is started be
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -62,7 +65,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ground import frontdoor
-from ground.driver import layer_seconds, remote_call_s
+from ground.driver import remote_call_s
 from ground.errors import UsageError
 from ground.semantics import direct_event_bytes
 
@@ -146,6 +149,7 @@ class _Model:
     share: np.ndarray  # (L, E) rows per token routed to each expert
     token_bytes: int  # a hidden state on the wire (float32)
     token_bytes_out: int  # one token of the model's output
+    manifest: Manifest  # whose stages the CPU driver model prices the CPU experts from
 
     @classmethod
     def of(cls, manifest: Manifest, counts: PlanningCounts) -> _Model:
@@ -172,6 +176,7 @@ class _Model:
             np.asarray(counts.counts, float) / counts.tokens,
             max(manifest.token_bytes_in, manifest.token_bytes_out),
             manifest.token_bytes_out,
+            manifest,
         )
 
     @property
@@ -321,8 +326,9 @@ class _Request:
     group_replicas: np.ndarray  # (L,)
     cpu_replicas: np.ndarray  # (L, E) calls to each CPU expert (0: not on a CPU function)
     cpu_run_s: np.ndarray  # (L, E) billed seconds of one of them
-    cpu_usd_each: np.ndarray  # (L, E) its replicas' GB-s and requests
-    rows_per_call: int  # the most rows one call's event carries
+    cpu_usd_each: np.ndarray  # (L, E) its replicas' GB-s, requests and S3 overflow
+    cpu_memory_mb: int  # every CPU expert's memory: the CPU driver model's fastest option
+    cpu_fit: np.ndarray  # (L, E) rows one CPU replica holds (`planner.costmodel.tokens_that_fit`)
     s3_usd: float
     load_s: dict[str, float]
 
@@ -344,20 +350,17 @@ def _calls(model: _Model, rows: np.ndarray, limit: int) -> np.ndarray:
     return np.maximum(1, -(-rows // rows_per_call(model.token_bytes, limit)))
 
 
-def _request(
-    model: _Model, layout: _Layout, speed: GpuSpeed, cal: Calibration, tokens: int
-) -> _Request:
-    n = float(tokens)
-    bf = cal.invoke_bandwidth_bytes_per_s
+def _group_calls(
+    model: _Model, layout: _Layout, speed: GpuSpeed, cal: Calibration, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per layer, (replicas, seconds until the last returns) of the call to its GPU expert
+    group: one call, split over replicas so that each event fits the payload limit, each timed
+    by the one rule `ground.driver.remote_call_s`."""
     trip = cal.required("invoke_round_trip_s", "pricing a GPU driver's remote calls")
-    rows = n * model.share  # (L, E)
-    nonmoe = speed.seconds(model.layer_params, np.full_like(model.layer_params, n))
-    local = np.where(layout.local, speed.seconds(model.expert_params, rows), 0.0).sum(axis=1)
-    # GPU groups: one call per layer, split over replicas to fit the payload limit
     group_rows = np.where(layout.on_gpu_group, rows, 0.0).sum(axis=1)
     replicas = np.where(group_rows > 0, _calls(model, group_rows, cal.invoke_payload_bytes), 0)
     per_rep = group_rows / np.maximum(replicas, 1)
-    group_compute = np.array(
+    compute = np.array(
         [
             float(
                 speed.seconds(
@@ -368,34 +371,51 @@ def _request(
             for layer in range(rows.shape[0])
         ]
     )
-    group_s = np.where(
-        group_rows > 0, remote_call_s(trip, per_rep, 2 * model.token_bytes, bf, group_compute), 0.0
-    )
-    # CPU functions: each expert its own, at Lambda's largest memory (the fastest)
-    from planner.compute import compute_s_at
+    bf = cal.invoke_bandwidth_bytes_per_s
+    finish = remote_call_s(trip, per_rep, 2 * model.token_bytes, bf, compute)
+    return replicas, np.where(group_rows > 0, finish, 0.0)
 
-    memory = float(cal.lambda_max_memory_mb)
-    cpu_rows = np.where(layout.on_cpu, rows, 0.0)
-    cpu_reps = np.where(cpu_rows > 0, _calls(model, cpu_rows, cal.invoke_payload_bytes), 0)
-    per_cpu = cpu_rows / np.maximum(cpu_reps, 1)
-    per_token = compute_s_at(cal, 2.0 * model.expert_params.mean(), memory)
-    cpu_run = np.where(
-        cpu_rows > 0, cal.warm_start_s + per_cpu * (float(per_token) + model.token_bytes / bf), 0.0
+
+def _request(
+    model: _Model, layout: _Layout, speed: GpuSpeed, cal: Calibration, tokens: int
+) -> _Request:
+    """One warm request through `layout`, priced by the driver model
+    (`planner.driver.evaluate_driver`) on this hardware: the driver's stages and its local
+    experts at the GPU's speed, its CPU experts as any driver's remote experts
+    (`planner.driver.remote_options`, at the fastest memory option with the replicas the
+    Invoke payload asks for, past the cap of G through S3 as the handler sends them), and each
+    layer's GPU group as a call the layer also waits on."""
+    from planner.build import instance_for
+    from planner.costmodel import tokens_that_fit
+    from planner.driver import DriverChoice, driver_instance, evaluate_driver
+
+    n = float(tokens)
+    rows = n * model.share  # (L, E)
+    group_replicas, group_s = _group_calls(model, layout, speed, cal, rows)
+    base = instance_for(
+        model.manifest, rows, cal, tokens=tokens, arch="x86_64", workflow="express"
     )
-    cpu_s = np.where(
-        cpu_rows > 0,
-        remote_call_s(trip, per_cpu, 2 * model.token_bytes, bf, per_cpu * per_token),
-        0.0,
-    )
-    layer_s = nonmoe + layer_seconds(local, np.maximum(group_s, cpu_s.max(axis=1)))
+    stages = speed.seconds(model.layer_params, np.full_like(model.layer_params, n))
     tail = float(speed.seconds(np.array(model.tail_params), np.array(n)))
-    io = 2 * cal.s3_access_delay_s + n * (8 + model.token_bytes_out) / cal.s3_bandwidth_bytes_per_s
-    latency = cal.warm_start_s + io + float(layer_s.sum()) + tail
-    price = cal.lambda_prices["x86_64"]
-    billed = np.ceil(cpu_run / cal.billing_granularity_s) * cal.billing_granularity_s
-    gb_s = cpu_reps * billed * memory / cal.billing_mb_per_gb
-    cpu_usd = gb_s * price.gb_second_usd + cpu_reps * price.request_usd
+    dinst = dataclasses.replace(
+        driver_instance(base, model.manifest, cal, memory_mb=[cal.lambda_max_memory_mb]),
+        u_layer=(stages / n)[None, :],
+        u_tail=np.array([tail / n]),
+        local_s=np.where(layout.local, speed.seconds(model.expert_params, rows), 0.0),
+        side_finish_s=group_s,
+    )
+    fastest = base.memory_mb.size - 1
+    wanted = _calls(model, rows, cal.invoke_payload_bytes)
+    replicas = np.minimum(wanted, base.max_replicas)
+    choice = DriverChoice(
+        0, ~layout.on_cpu, np.full(rows.shape, fastest), np.where(layout.on_cpu, replicas, 1)
+    )
+    # its memory check is a CPU driver's; the GPU's memory is `_layout`'s
+    ev = evaluate_driver(dinst, choice)
+    busy = layout.on_cpu & (np.ceil(rows) > 0)
     s3_usd = cal.s3_get_request_usd + cal.s3_put_request_usd
+    if ev.overflow:  # the request's prefix listed and deleted
+        s3_usd += base.s3_list_usd + base.s3_delete_usd
     driver_bytes = model.nonmoe_params * BF16 + float(
         (model.expert_params * layout.local).sum() * BF16
     )
@@ -403,9 +423,23 @@ def _request(
     for layer in np.flatnonzero(layout.group_gib):
         held = float(model.expert_params[layer, layout.on_gpu_group[layer]].sum()) * BF16
         load[f"group{layer:02d}"] = held / cal.s3_bandwidth_bytes_per_s
-    limit = rows_per_call(model.token_bytes, cal.invoke_payload_bytes)
     return _Request(
-        latency, layer_s, group_s, replicas, cpu_reps, cpu_run, cpu_usd, limit, s3_usd, load
+        latency_s=ev.latency,
+        layer_s=stages + ev.layer_latency,
+        group_busy_s=group_s,
+        group_replicas=group_replicas,
+        cpu_replicas=np.where(busy, choice.replicas, 0),
+        cpu_run_s=np.where(busy, ev.expert_time, 0.0),
+        cpu_usd_each=np.where(busy, ev.expert_cost, 0.0),
+        cpu_memory_mb=int(base.memory_mb[fastest]),
+        cpu_fit=np.stack(
+            [
+                tokens_that_fit(base, layer, np.full(base.experts, base.memory_mb[fastest]))
+                for layer in range(base.layers)
+            ]
+        ),
+        s3_usd=s3_usd,
+        load_s=load,
     )
 
 

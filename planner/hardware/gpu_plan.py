@@ -63,7 +63,7 @@ def plan_document(
     tokens = stream.prompt_tokens
     share = np.asarray(counts.counts, float) / counts.tokens
     rows = tokens * share
-    memory = int(cal.lambda_max_memory_mb)
+    memory = request.cpu_memory_mb
     layers = []
     for layer, own in enumerate(layout.on_cpu):
         remote = np.flatnonzero(own)
@@ -76,8 +76,8 @@ def plan_document(
                 tokens=float(rows[layer, e]),
                 time_s=float(request.cpu_run_s[layer, e]),
                 cost_usd=float(request.cpu_usd_each[layer, e]),
-                max_replicas=max(int(cal.max_replicas), int(request.cpu_replicas[layer, e])),
-                max_tokens_per_replica=int(request.rows_per_call),
+                max_replicas=int(cal.max_replicas),
+                max_tokens_per_replica=max(int(request.cpu_fit[layer, e]), 1),
             )
             for slot, e in enumerate(remote)
         ]
