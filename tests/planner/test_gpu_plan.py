@@ -75,6 +75,31 @@ def test_mixtrals_gpu_driver_invokes_its_cpu_experts() -> None:
     assert all(c.policy == "none" for c in plan.traffic.capacity[1:])
 
 
+def test_a_gpu_drivers_cpu_experts_are_priced_as_the_re_scorer_prices_them() -> None:
+    # One model: the GPU driver's CPU experts are any driver's remote experts, so the plan it
+    # writes re-scores (`planner.evaluate_plan`, what run-local calls) to the same billed
+    # seconds per expert function, at a memory option the CPU planner offers.
+    from planner import evaluate_plan
+
+    plan, candidate = _planned("olmoe", MIXED)
+    assert plan is not None and plan.deployment == "driver"
+    model = shape_model("olmoe", tokens=1000)
+    counts = np.asarray(model.counts.counts, float) * 1000 / model.counts.tokens
+    again = evaluate_plan(plan, model.manifest, counts, 1000)
+    experts = {
+        f"layer{layer.layer:02d}/expert{e.expert:02d}": e
+        for layer in plan.layers
+        for e in layer.experts
+    }
+    assert set(again.seconds) - {"driver"} <= set(experts)
+    assert len(again.seconds) > 1
+    for name, seconds in again.seconds.items():
+        if name != "driver":
+            assert seconds == pytest.approx(experts[name].time_s, rel=1e-9), name
+    memory = {e.memory_mb for e in experts.values()}
+    assert memory <= set(load_calibration().memory_options_mb)
+
+
 def test_shapes_the_handlers_cannot_run_are_not_written() -> None:
     plan, candidate = _planned("mixtral", "gpu")
     assert candidate.feasible and candidate.detail["shape"] == "stages"
