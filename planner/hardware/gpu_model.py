@@ -64,7 +64,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ground import frontdoor
 from ground.driver import remote_call_s
 from ground.errors import UsageError
 from ground.semantics import direct_event_bytes
@@ -451,29 +450,22 @@ def express_usd(cal: Calibration, seconds: float) -> float:
 
 
 def front_door(cal: Calibration, stream: Stream) -> tuple[float, float]:
-    """(USD over the period, seconds each request waits) of the front door for `stream`, one
-    execution per request (see the module docstring)."""
-    from planner.traffic.platform import BATCHER_MEMORY_MB, front_door_for
+    """(USD over the period, p99 seconds a request waits from its arrival to its execution's
+    start) of the front door for `stream`, one execution per request: the traffic
+    simulator's own front door (`planner.traffic.simulate.front_door_only`: its batching,
+    StartExecution time, the batcher's INIT when cold, SQS, Lambda and S3 charges), billed
+    once, here as for CPU plans."""
+    from planner.traffic.platform import platform_for
+    from planner.traffic.simulate import BatchPolicy, front_door_only
+    from planner.traffic.spec import Arrivals
 
-    door = front_door_for(cal, 0)  # one execution per request: the table is not priced here
-    if door is None:
+    platform = platform_for(cal, None, "x86_64", static_bytes=0)  # no remote table: one Task
+    if platform.front_door is None:
         return 0.0, 0.0
     n = int(stream.arrivals_s.size)
-    usage = frontdoor.planned(
-        [frontdoor.message_bytes(stream.prompt_tokens)] * n,
-        [1] * n,
-        n,
-        0,
-        chunk_bytes=door.chunk_bytes,
-        receive_max=door.receive_max,
+    arrivals = Arrivals(
+        np.asarray(stream.arrivals_s, float), np.full(n, stream.prompt_tokens), stream.period_s
     )
-    idle_polls = door.idle_pollers * stream.period_s / door.long_poll_s
-    price = cal.lambda_prices["x86_64"]
-    gb_s = n * door.start_s * BATCHER_MEMORY_MB / cal.billing_mb_per_gb
-    usd = (
-        (usage.sqs_requests + idle_polls) * door.sqs_request_usd
-        + usage.batcher_invocations * price.request_usd
-        + gb_s * price.gb_second_usd
-        + usage.results * door.s3_put_usd
-    )
-    return usd, door.start_s
+    one_each = BatchPolicy(max_tokens=stream.prompt_tokens, max_wait_s=0.0)
+    waits, bill = front_door_only(arrivals, one_each, platform)
+    return float(sum(bill.values())), float(np.percentile(waits, 99)) if n else 0.0

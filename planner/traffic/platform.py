@@ -152,7 +152,7 @@ def front_door_for(calibration: Calibration, static_bytes: int) -> FrontDoor | N
 
 def platform_for(
     calibration: Calibration,
-    functions: Functions,
+    functions: Functions | None,
     arch: str,
     *,
     static_bytes: int,
@@ -161,7 +161,8 @@ def platform_for(
     """The `Platform` of a deployment's functions: each one's INIT, the idle time (the
     calibration's assumption unless `idle_s` is given), the prices of `arch` (Lambda
     Managed Instances' with the instance types of `arch`) and the front door, whose inline
-    input leaves `static_bytes` (`ground.driver.remote_table_bytes` of the plan)."""
+    input leaves `static_bytes` (`ground.driver.remote_table_bytes` of the plan). Without
+    `functions`, the front door and the prices alone (`simulate.front_door_only`)."""
     model = init_model(calibration)
     phases = np.array(
         [
@@ -170,6 +171,8 @@ def platform_for(
                 functions.role, functions.weight_bytes, functions.hosted, strict=True
             )
         ]
+        if functions is not None
+        else np.zeros((0, 2))
     )
     idle = calibration.idle_reclaim_s
     assert idle is not None and calibration.scheduler_invocation_usd is not None

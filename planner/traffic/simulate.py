@@ -75,6 +75,7 @@ __all__ = [
     "Platform",
     "TrafficResult",
     "batches_of",
+    "front_door_only",
     "simulate",
 ]
 
@@ -338,6 +339,28 @@ def _front_door(
         "bill_usd": bill,
     }
     return offset, stored, bill, summary
+
+
+def front_door_only(
+    arrivals: Arrivals, policy: BatchPolicy, platform: Platform
+) -> tuple[np.ndarray, dict[str, float]]:
+    """The front door of `platform` serving `arrivals` under `policy`, batched, started and
+    billed as `simulate` does it, for a deployment the simulator does not replay function by
+    function (GPU-backed candidates, `planner.hardware.gpu_model.front_door`): each request's
+    seconds from its arrival to its execution's start, and the door's bill by item.
+
+    Raises:
+        ValueError: The platform has no front door (its calibration prices none).
+    """
+    door = platform.front_door
+    if door is None:
+        raise ValueError("a platform without a front door")
+    first, dispatch, _, delivery = batches_of(arrivals, policy, door)
+    started_after, _, bill, _ = _front_door(
+        door, policy, arrivals, first, delivery, dispatch, platform
+    )
+    execution = np.repeat(np.arange(first.size - 1), np.diff(first))
+    return (dispatch + started_after)[execution] - arrivals.times_s, bill
 
 
 def _capacity_arrays(

@@ -110,7 +110,11 @@ def test_the_front_door_bills_every_request_and_its_idle_polls() -> None:
     cal = load_calibration()
     quiet, busy = _stream(0.01), _stream(2.0)
     assert front_door(cal, busy)[0] > front_door(cal, quiet)[0] > 0  # idle polls alone cost
-    assert front_door(cal, busy)[1] == cal.start_execution_s
+    assert front_door(cal, busy)[1] == pytest.approx(cal.start_execution_s)
+    # the traffic simulator's own front door: a cold batcher's INIT reaches the p99 when
+    # nearly every delivery finds it reclaimed
+    lonely = Stream(np.arange(0.0, 36000.0, 3600.0), 36000.0, 1000)
+    assert front_door(cal, lonely)[1] > cal.start_execution_s + 0.1
 
 
 def test_plan_hardware_gpu_needs_a_stream_and_a_known_hardware(tmp_path: Path) -> None:
