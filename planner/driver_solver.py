@@ -382,23 +382,47 @@ def _bound(
     return keep
 
 
+def _within_s(dinst: DriverInstance, d: int, overflow: bool) -> float:
+    """The seconds a driver of memory option `d` has for its layers' expert steps: Lambda's
+    timeout less its fixed terms (negative: none)."""
+    return dinst.base.max_timeout_s - dinst.fixed_s(d, overflow)
+
+
+def _all_curves(
+    dinst: DriverInstance, overflow: bool, options: list[int]
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], dict[int, list[dict[int, Curve]]]]:
+    """Every layer's curves at each driver memory option of `options`, and per layer what a
+    chosen point is read back from (its local sets and each expert's option by threshold).
+
+    One layer's table (thousands of local sets by thousands of thresholds for OLMoE) is built
+    at a time and dropped once its curves at every option are drawn: kept for every layer at
+    once, the tables took about 24 GB at 4,096 tokens."""
+    curves: dict[int, list[dict[int, Curve]]] = {d: [] for d in options}
+    picked: list[tuple[np.ndarray, np.ndarray]] = []
+    for layer in range(dinst.layers):
+        table = _LayerTable.make(dinst, layer, overflow)
+        for d in options:
+            within = _within_s(dinst, d, overflow)
+            curves[d].append(_layer_curves(table, float(dinst.u_expert[d]), dinst.rho(d), within))
+        picked.append((table.masks, table.option))
+    return picked, curves
+
+
 def _solve_at(
     dinst: DriverInstance,
     d: int,
-    tables: list[_LayerTable],
+    picked: list[tuple[np.ndarray, np.ndarray]],
+    curves: list[dict[int, Curve]],
     overflow: bool,
     slo_s: float | None,
     limit_units: int,
 ) -> tuple[float, tuple[float, DriverChoice] | None]:
-    """At driver memory option `d`, with the fixed terms of `overflow` priced: the least
-    latency of any plan (inf if none) and (cost, choice) of the cheapest within the SLO (None
-    when there is none)."""
+    """At driver memory option `d`, with the fixed terms of `overflow` priced, over the layers'
+    `curves` at `d` (`_all_curves`): the least latency of any plan (inf if none) and (cost,
+    choice) of the cheapest within the SLO (None when there is none)."""
     fixed_s = dinst.fixed_s(d, overflow)
     rho = dinst.rho(d)
-    within = dinst.base.max_timeout_s - fixed_s  # the driver's whole run within the timeout
-    if within < 0:
-        return math.inf, None
-    curves = [_layer_curves(t, float(dinst.u_expert[d]), rho, within) for t in tables]
+    within = _within_s(dinst, d, overflow)  # the driver's whole run within the timeout
     if any(not c for c in curves):
         return math.inf, None
     everything = dinst.layers * dinst.experts
@@ -418,9 +442,9 @@ def _solve_at(
     groups = dinst.base.max_replicas
     for layer, (k, i) in enumerate(picks):
         _, _, sets, taus = curves[layer][k]
-        table = tables[layer]
-        local[layer] = table.masks[int(sets[i])]
-        memory[layer], replicas[layer] = np.divmod(table.option[:, int(taus[i])], groups)
+        masks, option = picked[layer]
+        local[layer] = masks[int(sets[i])]
+        memory[layer], replicas[layer] = np.divmod(option[:, int(taus[i])], groups)
         replicas[layer] += 1
     total = cost + dinst.fixed_usd(overflow) + rho * fixed_s
     return least, (total, DriverChoice(d, local, memory, replicas))
@@ -439,16 +463,18 @@ def solve_driver(dinst: DriverInstance, slo_s: float | None) -> DriverSolution:
     started = time.perf_counter()
     best: tuple[float, DriverChoice] | None = None
     fastest = math.inf
-    held = -1
+    units = [dinst.budget_units(d) for d in range(dinst.memory_mb.size)]
+    held = max(units)
     for overflow in (False, True):
-        tables = [_LayerTable.make(dinst, e, overflow) for e in range(dinst.layers)]
-        for d in range(dinst.memory_mb.size):
-            units = dinst.budget_units(d)
-            held = max(held, units)
-            if units < 0:
-                continue
-            limit = min(units, dinst.layers * dinst.experts - 1)
-            least, found = _solve_at(dinst, d, tables, overflow, slo_s, limit)
+        options = [
+            d
+            for d, u in enumerate(units)
+            if u >= 0 and _within_s(dinst, d, overflow) >= 0  # holds its stages, in time
+        ]
+        picked, curves = _all_curves(dinst, overflow, options)
+        for d in options:
+            limit = min(units[d], dinst.layers * dinst.experts - 1)
+            least, found = _solve_at(dinst, d, picked, curves[d], overflow, slo_s, limit)
             fastest = min(fastest, least)
             if found is not None and (best is None or found[0] < best[0] * (1 - 1e-12)):
                 best = found
