@@ -40,6 +40,15 @@ from planner.instance import MB
 __all__ = ["ALL_SUBSETS_MAX", "local_families", "solve_driver", "solve_monolithic"]
 
 ALL_SUBSETS_MAX = 10  # layers with at most this many experts: every local set is searched
+MERGE_CHUNK = 3_000_000  # candidates a merge extends at a time (up to ~100 bytes each)
+# Candidates one layer's exact merge may extend in all: past it (OLMoE's driver at 4,096-token
+# batches reaches 783 million at its second layer, 3.4 billion at its third), the cheapest
+# Lagrangian plan within the budget stands (`_Knapsack.cheapest`), and the solution says so.
+MERGE_CANDIDATES_MAX = 60_000_000
+
+
+class _MergeTooLarge(Exception):
+    """The exact merge would extend more than `MERGE_CANDIDATES_MAX` candidates at a layer."""
 
 
 def local_families(counts: np.ndarray) -> np.ndarray:
@@ -249,19 +258,24 @@ class _Knapsack:
         cost = sum(float(c[k][1][i]) for c, (k, i) in zip(self.curves, picks, strict=True))
         return lat, cost
 
-    def cheapest(self, budget: float) -> tuple[float, list[tuple[int, int]]] | None:
-        """(cost, per layer (k, point)) of the cheapest plan whose latency is within `budget`.
+    def cheapest(self, budget: float) -> tuple[float, list[tuple[int, int]], bool] | None:
+        """(cost, per layer (k, point), exact) of the cheapest plan whose latency is within
+        `budget`.
 
         The plan of least cost alone is the answer when it fits; else a Lagrangian plan that
         fits gives an upper bound, the layers' convex hulls a lower bound on the rest, and the
-        merge over (state, latency, cost) keeps only partial plans the bounds allow."""
+        merge over (state, latency, cost) keeps only partial plans the bounds allow. Where that
+        merge would extend more than `MERGE_CANDIDATES_MAX` candidates at a layer, the
+        Lagrangian plan is the answer, not known to be the cheapest (`exact` False; None if
+        there is none)."""
         free = self.scalar(1.0, 0.0)
         if free is None:
             return None
         lat, cost = self.totals(free)
         if lat <= budget:
-            return cost, free
+            return cost, free, True
         upper = math.inf
+        lagrangian = None
         if (fastest := self.scalar(0.0, 1.0)) is not None and self.totals(fastest)[0] <= budget:
             low, high = 0.0, 1.0
             while (p := self.scalar(1.0, high)) is not None and self.totals(p)[0] > budget:
@@ -278,7 +292,12 @@ class _Knapsack:
             p = self.scalar(1.0, high)
             if p is not None and self.totals(p)[0] <= budget:
                 upper = self.totals(p)[1]
-        return self._merged(budget, upper)
+                lagrangian = (upper, p, False)
+        try:
+            merged = self._merged(budget, upper)
+        except _MergeTooLarge:
+            return lagrangian
+        return None if merged is None else (*merged, True)
 
     def _merged(self, budget: float, upper: float) -> tuple[float, list[tuple[int, int]]] | None:
         hulls = []
@@ -316,57 +335,93 @@ class _Knapsack:
         states: dict[int, tuple[np.ndarray, np.ndarray]],
         curves: dict[int, Curve],
         keep: Any,
+        chunk: int = MERGE_CHUNK,
     ) -> tuple[dict[int, tuple[np.ndarray, np.ndarray]], dict[int, tuple[np.ndarray, ...]]]:
         """One layer: every state extended by every point of every local-set size, grouped by
-        the new state, pruned by the bounds, Pareto, and the states that dominate."""
+        the new state, pruned by the bounds, Pareto, and the states that dominate.
+
+        The new states go in ascending chunks of about `chunk` candidates (a state's points
+        times the layer's points that reach the chunk, before the bounds), so that memory
+        stays bounded when the states hold many points. The result equals that of a single
+        chunk, bit for bit: a new state's candidates come in the same order either way
+        (states in order, then row-major over the state's points and the layer's points in
+        ascending order), so Pareto breaks ties and scales its rounding alike, and the curve
+        of the new states so far carries from chunk to chunk."""
         ks = np.array(sorted(curves), dtype=int)
         sizes = [curves[k][0].size for k in ks]
         lat_k = np.concatenate([curves[k][0] for k in ks])
         cost_k = np.concatenate([curves[k][1] for k in ks])
         point_k = np.concatenate([np.arange(n) for n in sizes])
         k_of = np.repeat(ks, sizes)
-        parts = []
-        for w, (lat_w, cost_w) in states.items():
-            target = self.targets(w, k_of)
-            cols = np.flatnonzero(target >= 0)
-            if cols.size == 0:
-                continue
-            lat = (lat_w[:, None] + lat_k[None, cols]).ravel()
-            cost = (cost_w[:, None] + cost_k[None, cols]).ravel()
-            ok = np.flatnonzero(keep(lat, cost))
-            rows, which = np.divmod(ok, cols.size)
-            col = cols[which]
-            parts.append((target[col], lat[ok], cost[ok], np.full(ok.size, w), rows, col))
+        targets = {w: self.targets(w, k_of) for w in states}
+        load = np.zeros(self.size(), dtype=np.int64)  # candidates by new state
+        for w, (lat_w, _) in states.items():
+            reached = targets[w][targets[w] >= 0]
+            load += lat_w.size * np.bincount(reached, minlength=load.size)
+        if int(load.sum()) > MERGE_CANDIDATES_MAX:
+            raise _MergeTooLarge
+        edges = _chunk_edges(load, chunk)
+        # per state: its columns by target, and where each chunk's targets start among them
+        spans: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for w, target in targets.items():
+            by_target = np.argsort(target, kind="stable")
+            spans[w] = (by_target, np.searchsorted(target[by_target], edges))
         new_states: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         back: dict[int, tuple[np.ndarray, ...]] = {}
-        if not parts:
-            return new_states, back
-        columns = (np.concatenate(p) for p in zip(*parts, strict=True))
-        target, lat, cost, prev_w, prev_i, col = columns
         stair_lat, stair_cost = np.zeros(0), np.zeros(0)  # the curve of the states so far
-        for w in np.unique(target):
-            rows = np.flatnonzero(target == w)
-            chosen = rows[pareto_points(lat[rows], cost[rows])]
-            if stair_lat.size:
-                at = np.searchsorted(stair_lat, lat[chosen] * (1 + 1e-12), side="right") - 1
-                best = np.where(at >= 0, stair_cost[np.maximum(at, 0)], np.inf)
-                chosen = chosen[cost[chosen] < best * (1 - 1e-12)]
-            if chosen.size == 0:
+        for c in range(edges.size - 1):
+            parts = []
+            for w, (lat_w, cost_w) in states.items():
+                by_target, starts = spans[w]
+                cols = by_target[starts[c] : starts[c + 1]]  # by target, then ascending
+                if cols.size == 0:
+                    continue
+                lat = (lat_w[:, None] + lat_k[None, cols]).ravel()
+                cost = (cost_w[:, None] + cost_k[None, cols]).ravel()
+                ok = np.flatnonzero(keep(lat, cost))
+                rows, which = np.divmod(ok, cols.size)
+                col = cols[which]
+                if ok.size:
+                    parts.append(
+                        (targets[w][col], lat[ok], cost[ok], np.full(ok.size, w), rows, col)
+                    )
+            if not parts:
                 continue
-            chosen = chosen[np.argsort(lat[chosen], kind="stable")]
-            new_states[int(w)] = (lat[chosen], cost[chosen])
-            back[int(w)] = (
-                prev_w[chosen],
-                prev_i[chosen],
-                k_of[col[chosen]],
-                point_k[col[chosen]],
-            )
-            both_lat = np.r_[stair_lat, lat[chosen]]
-            both_cost = np.r_[stair_cost, cost[chosen]]
-            stair = pareto_points(both_lat, both_cost)
-            stair = stair[np.argsort(both_lat[stair], kind="stable")]
-            stair_lat, stair_cost = both_lat[stair], both_cost[stair]
+            columns = (np.concatenate(p) for p in zip(*parts, strict=True))
+            target, lat, cost, prev_w, prev_i, col = columns
+            order = np.argsort(target, kind="stable")  # each new state's rows, in their order
+            news, firsts = np.unique(target[order], return_index=True)
+            for w, rows in zip(news.tolist(), np.split(order, firsts[1:]), strict=True):
+                chosen = rows[pareto_points(lat[rows], cost[rows])]
+                if stair_lat.size:
+                    at = np.searchsorted(stair_lat, lat[chosen] * (1 + 1e-12), side="right") - 1
+                    best = np.where(at >= 0, stair_cost[np.maximum(at, 0)], np.inf)
+                    chosen = chosen[cost[chosen] < best * (1 - 1e-12)]
+                if chosen.size == 0:
+                    continue
+                chosen = chosen[np.argsort(lat[chosen], kind="stable")]
+                new_states[w] = (lat[chosen], cost[chosen])
+                back[w] = (prev_w[chosen], prev_i[chosen], k_of[col[chosen]], point_k[col[chosen]])
+                both_lat = np.r_[stair_lat, lat[chosen]]
+                both_cost = np.r_[stair_cost, cost[chosen]]
+                stair = pareto_points(both_lat, both_cost)
+                stair = stair[np.argsort(both_lat[stair], kind="stable")]
+                stair_lat, stair_cost = both_lat[stair], both_cost[stair]
         return new_states, back
+
+
+def _chunk_edges(load: np.ndarray, budget: int) -> np.ndarray:
+    """Edges e of the ascending chunks [e[i], e[i + 1]) of the states 0 .. load.size - 1: each
+    chunk's load within `budget`, or a single state with load."""
+    edges = [0]
+    total = 0
+    for w, n in enumerate(load.tolist()):
+        if total and total + n > budget:
+            edges.append(w)
+            total = 0
+        total += n
+    edges.append(load.size)
+    return np.array(edges)
 
 
 def _bound(
@@ -416,10 +471,11 @@ def _solve_at(
     overflow: bool,
     slo_s: float | None,
     limit_units: int,
-) -> tuple[float, tuple[float, DriverChoice] | None]:
+) -> tuple[float, tuple[float, DriverChoice, bool] | None]:
     """At driver memory option `d`, with the fixed terms of `overflow` priced, over the layers'
     `curves` at `d` (`_all_curves`): the least latency of any plan (inf if none) and (cost,
-    choice) of the cheapest within the SLO (None when there is none)."""
+    choice, exact) of the cheapest within the SLO (None when there is none; exact False where
+    the merge was too large and the Lagrangian plan stands, `_Knapsack.cheapest`)."""
     fixed_s = dinst.fixed_s(d, overflow)
     rho = dinst.rho(d)
     within = _within_s(dinst, d, overflow)  # the driver's whole run within the timeout
@@ -435,7 +491,7 @@ def _solve_at(
     found = knapsack.cheapest(budget) if budget >= 0 else None
     if found is None:
         return least, None
-    cost, picks = found
+    cost, picks, exact = found
     local = np.zeros((dinst.layers, dinst.experts), bool)
     memory = np.zeros((dinst.layers, dinst.experts), int)
     replicas = np.ones((dinst.layers, dinst.experts), int)
@@ -447,7 +503,7 @@ def _solve_at(
         memory[layer], replicas[layer] = np.divmod(option[:, int(taus[i])], groups)
         replicas[layer] += 1
     total = cost + dinst.fixed_usd(overflow) + rho * fixed_s
-    return least, (total, DriverChoice(d, local, memory, replicas))
+    return least, (total, DriverChoice(d, local, memory, replicas), exact)
 
 
 def solve_driver(dinst: DriverInstance, slo_s: float | None) -> DriverSolution:
@@ -461,8 +517,9 @@ def solve_driver(dinst: DriverInstance, slo_s: float | None) -> DriverSolution:
         InfeasibleError: No driver plan meets it; the message names why.
     """
     started = time.perf_counter()
-    best: tuple[float, DriverChoice] | None = None
+    best: tuple[float, DriverChoice, bool] | None = None
     fastest = math.inf
+    inexact = 0  # memory options whose exact merge was too large (the Lagrangian plan stood)
     units = [dinst.budget_units(d) for d in range(dinst.memory_mb.size)]
     held = max(units)
     for overflow in (False, True):
@@ -476,24 +533,31 @@ def solve_driver(dinst: DriverInstance, slo_s: float | None) -> DriverSolution:
             limit = min(units[d], dinst.layers * dinst.experts - 1)
             least, found = _solve_at(dinst, d, picked, curves[d], overflow, slo_s, limit)
             fastest = min(fastest, least)
+            inexact += found is not None and not found[2]
             if found is not None and (best is None or found[0] < best[0] * (1 - 1e-12)):
                 best = found
     if best is None:
         raise _no_driver(dinst, slo_s, fastest, held)
     evaluation = evaluate_driver(dinst, best[1], slo_s)
     exhaustive = dinst.experts <= ALL_SUBSETS_MAX
+    note = (
+        "every local set searched"
+        if exhaustive
+        else "local sets: each layer's most and least popular experts"
+    )
+    if inexact:
+        note += (
+            f"; at {inexact} driver memory option(s) the layers' exact merge passed "
+            f"{MERGE_CANDIDATES_MAX:,} candidates and the Lagrangian plan within the SLO stood"
+        )
     return DriverSolution(
         deployment="driver",
         choice=best[1],
         evaluation=evaluation,
         seconds=time.perf_counter() - started,
-        optimal=True if exhaustive else None,
+        optimal=True if exhaustive and not inexact else None,
         min_latency=fastest,
-        note=(
-            "every local set searched"
-            if exhaustive
-            else "local sets: each layer's most and least popular experts"
-        ),
+        note=note,
     )
 
 
