@@ -296,8 +296,9 @@ class TrafficPlan(_Strict):
         default=None,
         gt=0,
         le=1,
-        description="The busy share the provider scales its instances to (a GPU pool's "
-        "scaling target); None: the fixed pool of `managed_instances`.",
+        description="The utilisation the provider scales its instances to (a GPU pool's "
+        "scaling target: its GPUs' computing share of the period, not their wall-clock busy "
+        "share); None: the fixed pool of `managed_instances`.",
     )
 
     @model_validator(mode="after")

@@ -152,6 +152,8 @@ class Calibration(BaseModel):
     )
     # What a GPU-backed environment's accelerator memory holds beside weights and tensors.
     gpu_runtime_gib: PositiveFloat | None = None
+    # What a GPU-backed environment's host memory holds beside the weight it streams to the GPU.
+    gpu_host_runtime_mb: PositiveFloat | None = None
     cold_start_reference: ColdStartReference | None = None
     # The batching front door (SQS, its event source mapping, the batcher): optional too, for
     # the calibration of plans made before it; `planner.traffic.platform` fills them.

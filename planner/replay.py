@@ -27,6 +27,7 @@ from planner.driver import (
     evaluate_driver,
     remote_options,
 )
+from planner.hardware.gpu_driver import gpu_driver_of
 from planner.instance import Instance, Method
 from planner.packing import pack
 
@@ -220,6 +221,7 @@ def evaluate_plan(
     """
     if plan.topology.driven:
         dinst, choice = driver_of(plan, manifest, counts, tokens)
+        dinst = gpu_driver_of(plan, calibration_of(plan), manifest, dinst, choice.local)
         ev = evaluate_driver(dinst, choice)
         used = driver_usage(dinst, choice, ev)
         seconds = {"driver": ev.latency}

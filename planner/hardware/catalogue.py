@@ -7,7 +7,10 @@ g6.xlarge, a10g on g5.xlarge, l40s on g6e.xlarge, a100 on p4d.24xlarge): its pri
 `ec2_instance_prices` entry (planner/data/calibration.json) divided by the instance's GPUs,
 with the entry's `source_kind`. GPU-backed Lambda (`planner.hardware.gpu_model`) and the
 GPU-cluster backend (`gpu`, whose clusters `gpu.cluster` reads) both read it; a cluster file
-may still define a type of its own with its own price.
+may still define a type of its own with its own price. A type's `usable_memory_mib` is what
+its device exposes (`GpuType.usable_gib`, at most the nominal `memory_gb`): GPU-backed Lambda
+bounds every placement by it, while the GPU-cluster backend keeps its own headroom on
+`memory_gb`.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 from importlib import resources
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ground.errors import MoelambdaError, did_you_mean
 
@@ -46,6 +49,13 @@ class GpuType(_Strict):
     gpu: str
     instance: str
     memory_gb: float = Field(gt=0)
+    usable_memory_mib: int | None = Field(
+        default=None,
+        gt=0,
+        description="MiB the device exposes (nvidia-smi's memory.total), at most the nominal "
+        "memory_gb: what a GPU-backed Lambda function has at most whatever accelerator size it "
+        "asks; None: the nominal memory is taken as usable (a cluster file's own type).",
+    )
     peak_tflops: float = Field(gt=0, description="Dense FP16/BF16 tensor peak.")
     network_gbps: float = Field(gt=0, description="This GPU's share of the instance network.")
     memory_gbps: float | None = Field(
@@ -62,6 +72,22 @@ class GpuType(_Strict):
     )
     source: str
     as_of: str
+
+    @model_validator(mode="after")
+    def _usable_within_nominal(self) -> GpuType:
+        if self.usable_memory_mib is not None and self.usable_memory_mib > self.memory_gb * 1024:
+            raise ValueError(
+                f"usable_memory_mib {self.usable_memory_mib} exceeds memory_gb {self.memory_gb:g}"
+                " (GiB, as GPU memory is counted)"
+            )
+        return self
+
+    @property
+    def usable_gib(self) -> float:
+        """GiB the device exposes: a nominal 48-GB L40S exposes 44.99 GiB."""
+        if self.usable_memory_mib is None:
+            return self.memory_gb
+        return self.usable_memory_mib / 1024
 
     @property
     def bandwidth(self) -> float:
@@ -80,6 +106,7 @@ class _CatalogueType(GpuType):
 
     usd_per_gpu_hour: None = None  # type: ignore[assignment]
     price_source_kind: None = None
+    usable_memory_mib: int = Field(gt=0)  # the catalogue gives every type's, with its source
     price_from: str = Field(min_length=1)
 
 

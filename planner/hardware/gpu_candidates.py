@@ -4,7 +4,9 @@
 kinds (`planner.hardware`): "cpu" (the CPU planner's cheapest deployment, `cpu_plan`), "gpu" (a
 GPU driver with GPU expert groups, or a chain of GPU layer stages, `planner.hardware.gpu_stages`)
 and "gpu+cpu" (a GPU driver whose long tail of experts runs on CPU functions). Each is timed and
-billed by the one GPU Lambda model (`planner.hardware.gpu_model`).
+billed by the one GPU Lambda model (`planner.hardware.gpu_model`), every function's weights
+bounded by the smaller of its accelerator size and what the GPU type's device exposes
+(`detail["gpu_usable_gib"]`).
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ from planner.hardware.gpu_model import (
     activations_gib,
     express_usd,
     front_door,
+    host_memory_mb,
     runtime_gib,
+    scaling_target,
 )
 from planner.hardware.gpu_stages import stages_candidate
 
@@ -104,9 +108,15 @@ def _gpu_candidate(
         0,
     ).astype(np.int64)
     used = np.flatnonzero(group_envs)
-    memory_mb = np.array(
-        [DRIVER_VCPUS * cal.mb_per_vcpu] + [GROUP_VCPUS * cal.mb_per_vcpu] * used.size
+    layers = np.arange(model.layer_params.size)
+    driver_mb = host_memory_mb(
+        model, cal, DRIVER_VCPUS, layout.local, layers >= 0, head=True, tail=True
     )
+    groups_mb = [
+        host_memory_mb(model, cal, GROUP_VCPUS, layout.on_gpu_group & (layers == i)[:, None])
+        for i in used
+    ]
+    memory_mb = np.array([driver_mb, *groups_mb])
     environments = np.array([servers, *group_envs[used]], dtype=np.int64)
     accelerator = np.array([layout.driver_gib, *layout.group_gib[used]], dtype=np.int64)
     choice: InstanceChoice | None = prices.choose(memory_mb, environments, accelerator)
@@ -127,14 +137,13 @@ def _gpu_candidate(
     express = requests * (cal.express_request_usd + express_usd(cal, req.latency_s))
     bill = pool + requests * (req.cpu_usd + req.s3_usd) + express + door_usd
     tokens = requests * stream.prompt_tokens
-    busy = requests * req.latency_s / (servers * stream.period_s)
     detail.update(
         {
             "instance_type": choice.instance_type,
             "instances": choice.instances,
             "driver_environments": servers,
             "group_environments": int(group_envs.sum()),
-            "scaling_target": round(busy, 4),
+            "scaling_target": scaling_target(requests, req.gpu_s, servers, stream.period_s),
             "pool_usd": round(pool, 6),
             "cpu_functions_usd": round(requests * req.cpu_usd, 6),
             "front_door_usd": round(door_usd, 6),
@@ -143,7 +152,7 @@ def _gpu_candidate(
     parts = {
         "layout": layout,
         "request": req,
-        "driver_memory_mb": DRIVER_VCPUS * cal.mb_per_vcpu,
+        "driver_memory_mb": driver_mb,
         "weights_mb": req.load_s["driver"] * cal.s3_bandwidth_bytes_per_s / 2**20,
         "activations_mb": activations_gib(model, stream.prompt_tokens, cal) * 1024,
     }
@@ -299,13 +308,15 @@ def plan_hardware(
         for gpu_name in sorted({t.gpu for t in prices.gpu_types if t.gpu}):
             speed = GpuSpeed.of(catalogue, gpu_name)
             pool = replace(prices, types=tuple(t for t in prices.types if t.gpu == gpu_name))
+            # sizes the type's GPUs hold as AWS counts them; their room is at most what the
+            # device exposes (`GpuSpeed.room_gib`)
             largest = max(t.gpu_memory_gib for t in pool.types)
             fitting = [size for size in sizes if size <= largest + 1e-9]
             peak = activations_gib(model, stream.prompt_tokens, calibration)
             runtime = runtime_gib(calibration)
             for size in fitting:
                 for share in shares:
-                    layout = _layout(model, fitting, size, share, peak, runtime)
+                    layout = _layout(model, speed, fitting, size, share, peak, runtime)
                     if isinstance(layout, str):
                         reasons.append(layout)
                         continue
@@ -319,11 +330,13 @@ def plan_hardware(
                         model, layout, speed, pool, calibration, stream, slo_s, kind
                     )
                     plan.detail["gpu"] = gpu_name
+                    plan.detail["gpu_usable_gib"] = round(speed.usable_gib, 2)
                     plan.detail["gpu_share_of_remote"] = share
                     best = _keep(plan, best, reasons)
             if kind == "gpu":
                 staged = stages_candidate(model, speed, pool, calibration, stream, slo_s, fitting)
                 staged.detail["gpu"] = gpu_name
+                staged.detail["gpu_usable_gib"] = round(speed.usable_gib, 2)
                 best = _keep(staged, best, reasons)
         if best is None:
             best = HardwarePlan(
@@ -348,9 +361,15 @@ def _keep(plan: HardwarePlan, best: HardwarePlan | None, reasons: list[str]) -> 
 
 
 def _better(plan: HardwarePlan, best: HardwarePlan) -> bool:
-    """Feasible first, then the cheaper; among infeasible ones the faster."""
+    """Feasible first, then one the handlers deploy (`detail["deployable"]`: no expert group,
+    no layer stage), then the cheaper; among infeasible ones the faster. A kind's best is so
+    the cheapest plan that can run, and a shape without a handler is its best only where no
+    deployable one meets the SLO (reported, never chosen)."""
     if plan.feasible != best.feasible:
         return plan.feasible
-    if plan.feasible:
-        return plan.bill_usd < best.bill_usd
-    return plan.latency_s < best.latency_s
+    if not plan.feasible:
+        return plan.latency_s < best.latency_s
+    runs, best_runs = (bool(p.detail.get("deployable")) for p in (plan, best))
+    if runs != best_runs:
+        return runs
+    return plan.bill_usd < best.bill_usd

@@ -21,16 +21,20 @@ for a stream of prompts of `prompt_tokens` tokens under a p99 latency SLO:
 
 The gpu hardware also weighs a chain of layer stages (`planner.hardware.gpu_stages`), for models
 larger than one accelerator. Expert groups and stages are planned and priced, not deployable yet
-(`planner.hardware.gpu_plan` writes the rest as a Plan); the candidates are weighed in
+(no handler runs them: `HardwarePlan.detail["deployable"]`); a GPU function holding the model
+and a GPU driver with CPU experts deploy (`planner.hardware.gpu_plan` writes them as a Plan, the
+handlers place their stages on the device, `ground.placement`); the candidates are weighed in
 `planner.hardware.gpu_candidates`.
 
-Compute on a GPU is the GPU backend's per-token model (as `gpu.estimate` has it, the speeds in
-planner/data/gpu_catalogue.json): a stage of p parameters on n tokens takes
-max(2 p n / (peak x mfu), 2 p / memory bandwidth) + kernel_s (bf16 weights, read once per call).
+Compute on a GPU is the GPU backend's per-token model (`planner.hardware.gpu_driver.GpuSpeed`,
+the speeds in planner/data/gpu_catalogue.json; bf16 weights, as the handlers run them).
 An environment holds one whole GPU (`planner.traffic.managed`: AWS exposes accelerator devices
 to an environment, not shares of one), so it computes at the whole GPU's speed and asks for
-the smallest AcceleratorMemorySize that holds its weights. These timings are predicted, not
-measured: `scripts/gpu-lambda-timing.py` times them on a GPU where one is present.
+the smallest AcceleratorMemorySize that holds its weights. Its room is that size or what the
+device exposes, whichever is less (`GpuSpeed.room_gib`: the catalogue's `usable_memory_mib`, a
+48-GB L40S exposes 44.99 GiB), less the runtime (`gpu_runtime_gib`) and a batch's tensors.
+These timings are predicted, not measured: `scripts/gpu-lambda-timing.py` times them on a GPU
+where one is present.
 
 A request (warm, seconds) is priced by the driver model itself (`planner.driver.evaluate_driver`)
 on this hardware: T^str, the input's read, per layer the layer stage on the GPU then the
@@ -42,16 +46,23 @@ layer's GPU group is one more call it waits on, split over replicas so that each
 payload limit, timed by the one rule `ground.driver.remote_call_s`. Transfers use the
 calibration's Lambda bandwidths for GPU functions too.
 
-The pool. Every request is the same size, so the driver is a c-server FCFS queue with a constant
-service time S: request i starts when request i - c ends (or on arrival), so each residue class
-mod c is a one-server queue, start_j = S j + max over k <= j of (a_k - S k) (a cumulative
-maximum, vectorised). The driver gets the fewest environments whose p99 latency meets the SLO
-over the stream; a layer's group gets its replicas times the calls in flight at a 50 % busy
-share (Little's law; their queueing is not simulated). The environments are packed onto the
-cheapest GPU instance type (`ManagedPrices.choose`), at least the provider's default instances,
-for the whole period: nothing is billed for capacity the plan did not choose, and the pool's
-busy share is the scaling target the plan reports. A new environment loads its weights from S3
-at B^s before it serves (`load_s`, its cold start): the fixed pool is started before traffic.
+The pool. Every request is the same size, taking S seconds warm, and an environment serves one
+at a time (`ground.managed.MAX_CONCURRENCY`: one process holds the weights on the device). The
+driver keeps c environments, all started before traffic: a request that finds all c busy is
+throttled, and the state machine's Task retries it after the waits of
+`ground.coldstart.retry_waits` (its THROTTLE_RETRY policy at the mean of its jitter); still
+throttled after the last retry, it fails. A request's latency is S plus its retries' waits
+(`pool_latency`, the traffic simulator's own pool, `planner.traffic._kernels`). The driver gets
+the fewest environments whose p99 latency meets the SLO over the stream, a failed request's
+latency infinite as the traffic simulator counts it (scanning up from Little's law's bound); a
+layer's group gets its replicas times the calls in flight at a 50 % busy share (Little's law;
+their throttling is not simulated). The environments are packed onto the cheapest GPU instance type
+(`ManagedPrices.choose`), at least the provider's default instances, for the whole period:
+nothing is billed for capacity the plan did not choose. The scaling target the plan reports
+(the provider's GPU-utilisation target) is the drivers' GPU computing share of the period
+(`_Request.gpu_s`: its layer stages, local experts and tail, not its S3 reads and Invoke
+waits; `scaling_target`). A new environment loads its weights from S3 at B^s before it serves
+(`load_s`, its cold start): the fixed pool is started before traffic.
 """
 
 from __future__ import annotations
@@ -64,61 +75,37 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ground.coldstart import retry_waits
 from ground.driver import remote_call_s
 from ground.errors import UsageError
 from ground.semantics import direct_event_bytes
+from planner.hardware.gpu_driver import BF16, GpuSpeed, gpu_s, model_sizes, on_gpu
 
 if TYPE_CHECKING:
     from ground.manifest import Manifest
     from planner.api import PlanningCounts
     from planner.calibration import Calibration
-    from planner.hardware.catalogue import Catalogue
 
 __all__ = [
     "GpuSpeed",
     "HardwarePlan",
     "Stream",
     "activations_gib",
-    "driver_servers",
     "express_usd",
     "front_door",
+    "host_memory_mb",
+    "pool_latency",
     "runtime_gib",
+    "scaling_target",
 ]
 
-BF16 = 2  # bytes per weight on a GPU
 GROUP_BUSY = 0.5  # a group's environments are sized to be busy at most half the time
 # The popular share of each layer's remote experts a gpu+cpu plan puts on a GPU group.
 MIXED_SHARES = (0.0, 0.25, 0.5, 0.75)
-DRIVER_VCPUS = 2  # a GPU driver's host side: tokenising, S3 and Invoke I/O
-GROUP_VCPUS = 1
-
-
-@dataclass(frozen=True)
-class GpuSpeed:
-    """One GPU type's speed from the GPU backend's catalogue."""
-
-    name: str
-    flops: float  # FLOP/s at the catalogue's mfu
-    bytes_per_s: float  # memory bandwidth
-    kernel_s: float
-
-    @classmethod
-    def of(cls, catalogue: Catalogue, name: str) -> GpuSpeed:
-        gpu = catalogue.get(name)
-        if gpu.memory_gbps is None:
-            raise UsageError(
-                f"the GPU catalogue gives {name} no memory bandwidth.",
-                "add memory_gbps to its entry in planner/data/gpu_catalogue.json.",
-            )
-        return cls(name, gpu.flops(catalogue.mfu), gpu.memory_gbps * 1e9, catalogue.kernel_s)
-
-    def seconds(self, params: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-        """Seconds of stages of `params` parameters on `tokens` tokens each (0 where a stage
-        gets no token)."""
-        params, tokens = np.broadcast_arrays(np.asarray(params, float), np.asarray(tokens, float))
-        compute = 2.0 * params * tokens / self.flops
-        read = BF16 * params / self.bytes_per_s
-        return np.where(tokens > 0, np.maximum(compute, read) + self.kernel_s, 0.0)
+# The least GPU-utilisation target a plan reports, as `planner.hardware.gpu_plan` writes it.
+SCALING_FLOOR = 0.01
+DRIVER_VCPUS = 2  # a GPU driver's host side: tokenising, S3 and Invoke I/O (at least)
+GROUP_VCPUS = 1  # a GPU expert group's (at least): `host_memory_mb` may need more
 
 
 @dataclass(frozen=True)
@@ -152,19 +139,14 @@ class _Model:
 
     @classmethod
     def of(cls, manifest: Manifest, counts: PlanningCounts) -> _Model:
-        width = manifest.dtype_bytes
-        layers = np.zeros(manifest.num_layers)
-        experts = np.zeros((manifest.num_layers, manifest.experts))
-        tail = head = 0.0
-        for stage in manifest.stages:
-            if stage.role == "layer":
-                layers[stage.layer] = stage.bytes / width
-            elif stage.role == "expert":
-                experts[stage.layer, stage.expert] = stage.bytes / width
-            elif stage.role == "tail":
-                tail = stage.bytes / width
-            else:
-                head += stage.bytes / width
+        return dataclasses.replace(
+            cls.of_sizes(manifest), share=np.asarray(counts.counts, float) / counts.tokens
+        )
+
+    @classmethod
+    def of_sizes(cls, manifest: Manifest) -> _Model:
+        """The model's sizes, its routing unknown (`share` zero)."""
+        layers, experts, tail, head = model_sizes(manifest)
         return cls(
             manifest.hidden_size,
             float(layers.sum() + tail + head),
@@ -172,7 +154,7 @@ class _Model:
             tail,
             head * BF16,
             experts,
-            np.asarray(counts.counts, float) / counts.tokens,
+            np.zeros_like(experts),
             max(manifest.token_bytes_in, manifest.token_bytes_out),
             manifest.token_bytes_out,
             manifest,
@@ -216,28 +198,55 @@ class HardwarePlan:
         }
 
 
-def driver_servers(arrivals_s: np.ndarray, service_s: float, servers: int) -> np.ndarray:
-    """Each request's latency through `servers` FCFS servers of constant service `service_s`
-    (see the module docstring: per residue class a cumulative maximum)."""
-    latency = np.empty_like(arrivals_s)
-    for r in range(min(servers, arrivals_s.size)):
-        a = arrivals_s[r::servers]
-        steps = service_s * np.arange(a.size)
-        start = steps + np.maximum.accumulate(a - steps)
-        latency[r::servers] = start - a + service_s
-    return latency
+def pool_latency(arrivals_s: np.ndarray, service_s: float, servers: int) -> np.ndarray:
+    """Each request's latency through `servers` started environments serving one request of
+    `service_s` at a time, throttled when all are busy and retried as the state machine
+    retries (see the module docstring): its service plus its retries' waits, inf where it was
+    still throttled after the last retry. The traffic simulator's own pool
+    (`planner.traffic._kernels._pool`), every environment provisioned and the function's
+    reserved concurrency, so none starts cold and none is reclaimed."""
+    from planner.traffic._kernels import _pool
+
+    arrivals = np.asarray(arrivals_s, float)
+    n = arrivals.size
+    late = np.zeros(n)
+    failed = np.zeros(n, np.bool_)
+    _pool(
+        arrivals,
+        np.argsort(arrivals, kind="mergesort"),
+        np.full(n, float(service_s)),
+        np.ones(n, np.int64),
+        0.0,  # INIT: the pool is started before traffic
+        servers,  # provisioned
+        servers,  # reserved: no more environments than these
+        np.asarray(retry_waits(), float),
+        math.inf,  # idle reclaim: provisioned environments are not reclaimed
+        0.0,  # no warmer pings
+        0,
+        0.0,
+        0.0,
+        late,
+        np.zeros(n, np.int64),
+        failed,
+        np.zeros(1, np.int64),
+    )
+    return np.where(failed, math.inf, service_s + late)
 
 
 def _fewest_servers(stream: Stream, service_s: float, slo_s: float) -> tuple[int, float] | None:
-    """The fewest driver environments whose p99 latency meets the SLO, and that p99."""
+    """The fewest driver environments whose p99 latency meets the SLO, and that p99: a failed
+    request's latency is infinite and counts within the p99, as the traffic simulator counts
+    it (`TrafficResult.quantiles`). Scanning up from Little's law's bound, not by bisection:
+    one more environment may fail a request fewer did not (its retries fall at other times)."""
     if service_s > slo_s or stream.arrivals_s.size == 0:
         return (1, service_s) if service_s <= slo_s else None
-    low = max(1, math.ceil(stream.rate * service_s))
-    for servers in range(low, low + 10_000):
-        p99 = float(np.quantile(driver_servers(stream.arrivals_s, service_s, servers), 0.99))
+    servers = max(1, math.ceil(stream.rate * service_s))
+    while True:  # ends: one environment per request serves each at once, within the SLO
+        latency = pool_latency(stream.arrivals_s, service_s, servers)
+        p99 = float(np.quantile(latency, 0.99, method="inverted_cdf"))
         if p99 <= slo_s:
             return servers, p99
-    return None
+        servers += 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -249,10 +258,6 @@ class _Layout:
     on_gpu_group: np.ndarray  # (L, E) bool
     on_cpu: np.ndarray  # (L, E) bool
     group_gib: np.ndarray  # (L,) int, 0: no group
-
-
-def _smallest_size(sizes: Sequence[int], gib: float) -> int | None:
-    return next((s for s in sizes if s >= gib), None)
 
 
 def activations_gib(model: _Model, tokens: int, cal: Calibration) -> float:
@@ -275,19 +280,21 @@ def runtime_gib(cal: Calibration) -> float:
 
 def _layout(
     model: _Model,
+    gpu: GpuSpeed,
     sizes: Sequence[int],
     driver_gib: int,
     gpu_share: float,
     activations: float,
     runtime: float,
 ) -> _Layout | str:
-    """The driver of `driver_gib` with the most popular experts that fit; of each layer's
-    others the popular `gpu_share` on a GPU group, the rest on CPU. A string says why none."""
-    room = driver_gib - runtime - model.nonmoe_gib - activations
+    """The driver of `driver_gib` on `gpu` with the most popular experts that fit its room
+    (`GpuSpeed.room_gib`); of each layer's others the popular `gpu_share` on a GPU group of
+    the smallest size whose room holds them, the rest on CPU. A string says why none."""
+    room = gpu.room_gib(driver_gib) - runtime - model.nonmoe_gib - activations
     if room < 0:
         return (
-            f"the non-MoE stack ({model.nonmoe_gib:.1f} GiB) does not fit a {driver_gib}-GiB "
-            "accelerator"
+            f"the non-MoE stack ({model.nonmoe_gib:.1f} GiB with {runtime:g} GiB of runtime and "
+            f"{activations:.1f} GiB of activations) does not fit {gpu.bound(driver_gib)}"
         )
     gib = model.expert_params * BF16 / 2**30
     order = np.argsort(-model.share, axis=None, kind="stable")  # hottest first, every layer
@@ -305,11 +312,11 @@ def _layout(
     for layer in range(gib.shape[0]):
         held = float(gib[layer, on_gpu[layer]].sum())
         if held:
-            size = _smallest_size(sizes, held + runtime)
+            size = gpu.smallest_size(sizes, held + runtime)
             if size is None:
                 return (
-                    f"layer {layer}'s remote experts ({held:.1f} GiB) exceed Lambda's largest "
-                    f"accelerator ({max(sizes)} GiB)"
+                    f"layer {layer}'s remote experts ({held:.1f} GiB with {runtime:g} GiB of "
+                    f"runtime) exceed {gpu.bound(max(sizes))}"
                 )
             group_gib[layer] = size
     return _Layout(driver_gib, local, on_gpu, remote & ~on_gpu, group_gib)
@@ -320,6 +327,7 @@ class _Request:
     """One warm request through a layout: its latency and what each part is busy or billed."""
 
     latency_s: float
+    gpu_s: float  # the driver's GPU computing: its layer stages, local experts and tail
     layer_s: np.ndarray  # (L,) each layer's time in the driver
     group_busy_s: np.ndarray  # (L,) per replica
     group_replicas: np.ndarray  # (L,)
@@ -394,14 +402,12 @@ def _request(
     base = instance_for(
         model.manifest, rows, cal, tokens=tokens, arch="x86_64", workflow="express"
     )
-    stages = speed.seconds(model.layer_params, np.full_like(model.layer_params, n))
-    tail = float(speed.seconds(np.array(model.tail_params), np.array(n)))
-    dinst = dataclasses.replace(
+    dinst = on_gpu(
         driver_instance(base, model.manifest, cal, memory_mb=[cal.lambda_max_memory_mb]),
-        u_layer=(stages / n)[None, :],
-        u_tail=np.array([tail / n]),
-        local_s=np.where(layout.local, speed.seconds(model.expert_params, rows), 0.0),
-        side_finish_s=group_s,
+        model.manifest,
+        speed,
+        layout.local,
+        group_s,
     )
     fastest = base.memory_mb.size - 1
     wanted = _calls(model, rows, cal.invoke_payload_bytes)
@@ -415,16 +421,19 @@ def _request(
     s3_usd = cal.s3_get_request_usd + cal.s3_put_request_usd
     if ev.overflow:  # the request's prefix listed and deleted
         s3_usd += base.s3_list_usd + base.s3_delete_usd
-    driver_bytes = model.nonmoe_params * BF16 + float(
-        (model.expert_params * layout.local).sum() * BF16
-    )
+    # what it downloads: the export's weights (`moe.StageLoader` casts them on the device)
+    width = model.manifest.dtype_bytes
+    driver_bytes = (
+        model.nonmoe_params + float((model.expert_params * layout.local).sum())
+    ) * width
     load = {"driver": driver_bytes / cal.s3_bandwidth_bytes_per_s}
     for layer in np.flatnonzero(layout.group_gib):
-        held = float(model.expert_params[layer, layout.on_gpu_group[layer]].sum()) * BF16
+        held = float(model.expert_params[layer, layout.on_gpu_group[layer]].sum()) * width
         load[f"group{layer:02d}"] = held / cal.s3_bandwidth_bytes_per_s
     return _Request(
         latency_s=ev.latency,
-        layer_s=stages + ev.layer_latency,
+        gpu_s=gpu_s(dinst),
+        layer_s=n * dinst.u_layer[0] + ev.layer_latency,
         group_busy_s=group_s,
         group_replicas=group_replicas,
         cpu_replicas=np.where(busy, choice.replicas, 0),
@@ -440,6 +449,40 @@ def _request(
         s3_usd=s3_usd,
         load_s=load,
     )
+
+
+def scaling_target(requests: int, gpu_s: float, environments: int, period_s: float) -> float:
+    """The GPU-utilisation target of a pool: its GPUs' computing share of the period, the
+    `requests` each computing `gpu_s` on `environments` GPUs (not their S3 reads and Invoke
+    waits, which leave the GPU idle), at least `SCALING_FLOOR`."""
+    share = requests * gpu_s / max(environments * period_s, 1e-9)
+    return round(max(share, SCALING_FLOOR), 4)
+
+
+def host_memory_mb(
+    model: _Model,
+    cal: Calibration,
+    vcpus: int,
+    experts: np.ndarray,
+    layers: np.ndarray | None = None,
+    head: bool = False,
+    tail: bool = False,
+) -> float:
+    """The Lambda memory a GPU-backed function is planned at: its `vcpus`' share, or more
+    where its host side must hold the CUDA runtime (`gpu_host_runtime_mb`) beside the largest
+    weight file it streams onto the device (`moe.StageLoader` reads a stage's file a tensor
+    at a time, so the file bounds it): of its `experts` ((L, E) mask), its `layers` ((L,)
+    mask of layer stages), the head and the tail, as the export stores them."""
+    runtime = cal.required("gpu_host_runtime_mb", "sizing a GPU-backed function's host memory")
+    experts = np.broadcast_to(experts, model.expert_params.shape)
+    files = [
+        float(model.expert_params[experts].max(initial=0.0)),
+        float(model.layer_params[layers].max(initial=0.0)) if layers is not None else 0.0,
+        model.head_bytes / BF16 if head else 0.0,
+        model.tail_params if tail else 0.0,
+    ]
+    largest = max(files) * model.manifest.dtype_bytes
+    return max(vcpus * cal.mb_per_vcpu, runtime + largest / 1e6)
 
 
 def express_usd(cal: Calibration, seconds: float) -> float:

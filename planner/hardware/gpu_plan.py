@@ -9,9 +9,12 @@ and the batcher's StartExecution time per execution.
 `plan_document` writes the candidates the handlers run today: one GPU function holding the
 whole model (`monolithic`), or a GPU driver whose remote experts are CPU functions (`driver`,
 each expert its own function, as `planner.deployments.driver_plan` writes them). The driver
-(and nothing else) is managed: its environments, host memory and `accelerator_memory_gib` in
-the plan's traffic block, on the provider's GPU instance type, at the pool's busy share as the
-scaling target. Expert groups on GPUs and layer stages are planned and priced
+(and nothing else) is managed: its environments, host memory (`gpu_model.host_memory_mb`: the
+CUDA runtime beside the largest weight file it streams onto the device) and
+`accelerator_memory_gib` in the plan's traffic block, on the provider's GPU instance type, at
+its GPUs' computing share of the period as the scaling target (`gpu_model.scaling_target`).
+The CDK app builds its image with CUDA torch and places its stages on the device
+(`ground.placement.GPU`). Expert groups on GPUs and layer stages are planned and priced
 (`planner.hardware.gpu_candidates`, `planner.hardware.gpu_stages`) but not deployable: the
 driver invokes one expert per function, and no handler runs a range of layers.
 """
@@ -208,6 +211,7 @@ def plan_traffic_on_hardware(
     import time
 
     from ground.errors import InfeasibleError, UsageError
+    from ground.plan import PlanError
     from planner.hardware import AUTO, why_not
     from planner.hardware.catalogue import load_catalogue
     from planner.hardware.gpu_candidates import MIXED, plan_hardware
@@ -235,7 +239,7 @@ def plan_traffic_on_hardware(
                 "per_million_tokens_usd": summary["bill_usd"]["per_million_tokens_usd"],
                 "shape": summary["deployment"], "capacity": summary["capacity"],
             }  # fmt: skip
-        except InfeasibleError as err:
+        except (InfeasibleError, PlanError) as err:  # none meets the SLO, or the quota
             rows["cpu"] = {"hardware": "cpu", "feasible": False, "reason": err.problem}
     arrivals = load_arrivals(traffic, scale=scale, hours=hours, seed=seed)
     prompt = (

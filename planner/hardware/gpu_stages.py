@@ -6,17 +6,24 @@ routed row of every remote expert across the network at each layer: at Lambda's 
 most of a request's time. Splitting it by layers sends one hidden state per boundary instead. Stage
 s holds layers [a_s, b_s) whole (their attention blocks, routers and every expert; the first also
 the embeddings, the last the final norm and LM head), filled greedily in layer order up to the
-largest accelerator size the GPU type offers (the fewest contiguous stages that fit), and asks for
-the smallest size that holds it.
+room of the largest accelerator size the GPU type offers (the fewest contiguous stages that fit),
+and asks for the smallest size whose room holds it: a size's room is at most what the device
+exposes (`GpuSpeed.room_gib`: a 48-GiB function on an L40S has 44.99 GiB), less the runtime and a
+batch's tensors.
 
 One request, n tokens (seconds): each stage starts warm (T^str), reads its input from S3 (the
 token ids, 8 n bytes, for the first; the hidden states, n x hidden x 4 bytes, for the others:
 T^dl + bytes / B^s), computes its layers on the GPU (`GpuSpeed`: every expert local, in turn,
 on its routed rows), and writes its output (T^dl + bytes / B^s). The state machine runs the
-stages one after another (an Express workflow of one Task per stage). Each stage is a c_s-server
-FCFS queue of constant service time; the departures of one are the arrivals of the next
-(a tandem queue, `planner.hardware.gpu_model.driver_servers` per stage). Servers are added to
-the stage whose queue waits longest until the request's p99 meets the SLO.
+stages one after another (an Express workflow of one Task per stage). Each stage is a pool of c_s
+started environments serving one request at a time, which throttles a request finding all busy
+and retries it as the state machine does, failing it after the last retry
+(`planner.hardware.gpu_model.pool_latency` per stage); a request enters stage s + 1 when it
+leaves stage s. From Little's law's bound per stage, an environment is added to the stage that
+failed the most requests, else to the one whose retries waited longest (p99), until the p99
+latency meets the SLO (a failed request's latency infinite, within the p99, as the traffic
+simulator counts it). The scaling target is the stages' GPU computing share
+of the period (their layers, not their S3 reads and writes).
 
 The bill of the period: the stages' environments (one GPU each) packed onto the cheapest GPU
 instance type (`ManagedPrices`, at least its default instances) for the whole period, one
@@ -42,10 +49,12 @@ from planner.hardware.gpu_model import (
     Stream,
     _Model,
     activations_gib,
-    driver_servers,
     express_usd,
     front_door,
+    host_memory_mb,
+    pool_latency,
     runtime_gib,
+    scaling_target,
 )
 
 if TYPE_CHECKING:
@@ -58,29 +67,28 @@ _MAX_ROUNDS = 100_000  # servers added before a stream is declared beyond any po
 
 
 def stage_ranges(
-    model: _Model, largest_gib: float, fixed_gib: float
+    model: _Model, room_gib: float, fixed_gib: float, bound: str | None = None
 ) -> list[tuple[int, int, float]] | str:
     """Contiguous layer ranges (start, stop, GiB held with `fixed_gib` of runtime and a batch's
-    tensors), greedily filled up to `largest_gib`; a string says why none fits."""
+    tensors), greedily filled up to `room_gib`; a string says why none fits, naming the room
+    as `bound` (default: a `room_gib` accelerator)."""
     per_layer = (model.layer_params + model.expert_params.sum(axis=1)) * BF16 / 2**30
     head = model.head_bytes / 2**30
     tail = model.tail_params * BF16 / 2**30
-    fixed = fixed_gib
     ranges: list[tuple[int, int, float]] = []
-    start, held = 0, fixed + head
+    start, held = 0, fixed_gib + head
     for layer, gib in enumerate(per_layer):
         last = layer == per_layer.size - 1
         need = gib + (tail if last else 0.0)
-        if held + need > largest_gib + 1e-9:
-            if layer == start:
-                return (
-                    f"layer {layer} alone ({need:.1f} GiB) exceeds a {largest_gib:g}-GiB "
-                    "accelerator"
-                )
+        if held + need > room_gib + 1e-9 and layer > start:
             ranges.append((start, layer, held))
-            start, held = layer, fixed
-            if held + need > largest_gib + 1e-9:
-                return f"layer {layer} alone ({need:.1f} GiB) exceeds {largest_gib:g} GiB"
+            start, held = layer, fixed_gib
+        if held + need > room_gib + 1e-9:
+            return (
+                f"layer {layer} alone ({need:.1f} GiB with {held:.1f} GiB of runtime, "
+                f"activations{' and embeddings' if layer == 0 else ''}) exceeds "
+                f"{bound or f'a {room_gib:g}-GiB accelerator'}"
+            )
         held += need
     ranges.append((start, per_layer.size, held))
     return ranges
@@ -88,10 +96,12 @@ def stage_ranges(
 
 def _service_s(
     model: _Model, speed: GpuSpeed, cal: Calibration, ranges: list[tuple[int, int, float]], n: int
-) -> np.ndarray:
-    """Each stage's warm seconds for one request of `n` tokens (see the module docstring)."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each stage's warm seconds for one request of `n` tokens (see the module docstring), and
+    of them the seconds its GPU computes."""
     hidden_bytes = n * model.hidden * 4
     out = []
+    gpu = []
     for s, (a, b, _) in enumerate(ranges):
         rows = n * model.share[a:b]
         compute = float(
@@ -104,18 +114,21 @@ def _service_s(
         write = n * model.token_bytes if s == len(ranges) - 1 else hidden_bytes
         io = 2 * cal.s3_access_delay_s + (read + write) / cal.s3_bandwidth_bytes_per_s
         out.append(cal.warm_start_s + io + compute)
-    return np.array(out)
+        gpu.append(compute)
+    return np.array(out), np.array(gpu)
 
 
 def _tandem(arrivals: np.ndarray, service: np.ndarray, servers: np.ndarray) -> np.ndarray:
-    """(stages, requests) waits of each request at each stage, and the end-to-end latency
-    as the last row."""
-    waits = np.empty((service.size + 1, arrivals.size))
-    t = arrivals
+    """(stages, requests) waits of each request's throttled retries at each stage (inf at the
+    stage where it failed, 0 at the stages it never reached), and the end-to-end latency as the
+    last row (inf: failed). A request enters stage s + 1 when it leaves stage s."""
+    waits = np.zeros((service.size + 1, arrivals.size))
+    t = np.array(arrivals, float)
     for s, (cost, count) in enumerate(zip(service, servers, strict=True)):
-        latency = driver_servers(t, float(cost), int(count))
-        waits[s] = latency - cost
-        t = t + latency
+        alive = np.isfinite(t)
+        latency = pool_latency(t[alive], float(cost), int(count))
+        waits[s, alive] = latency - cost
+        t[alive] += latency
     waits[-1] = t - arrivals
     return waits
 
@@ -129,17 +142,21 @@ def stages_candidate(
     slo_s: float,
     sizes: list[int],
 ) -> HardwarePlan:
-    """The cheapest chain of layer stages on `pool`'s GPU type meeting the p99 SLO."""
+    """The cheapest chain of layer stages on `pool`'s GPU type meeting the p99 SLO, each stage
+    within the room of the largest size on it (`GpuSpeed.room_gib`)."""
 
     largest = max(sizes)
     runtime = runtime_gib(cal)
     ranges = stage_ranges(
-        model, largest, runtime + activations_gib(model, stream.prompt_tokens, cal)
+        model,
+        speed.room_gib(largest),
+        runtime + activations_gib(model, stream.prompt_tokens, cal),
+        speed.bound(largest),
     )
     if isinstance(ranges, str):
         return HardwarePlan("gpu", False, ranges, math.inf, None, math.inf, math.inf, {})
-    gib = [next(s for s in sizes if s >= held - 1e-9) for _, _, held in ranges]
-    service = _service_s(model, speed, cal, ranges, stream.prompt_tokens)
+    gib = [speed.smallest_size(sizes, held) for *_, held in ranges]
+    service, gpu_s = _service_s(model, speed, cal, ranges, stream.prompt_tokens)
     door_usd, door_s = front_door(cal, stream)
     latency = float(service.sum()) + door_s
     detail: dict[str, Any] = {
@@ -166,17 +183,26 @@ def stages_candidate(
         if arrivals.size == 0:
             break
         waits = _tandem(arrivals, service, servers)
-        p99 = float(np.quantile(waits[-1], 0.99)) + door_s
+        p99 = float(np.quantile(waits[-1], 0.99, method="inverted_cdf")) + door_s
         if p99 <= slo_s:
             break
-        servers[int(np.argmax(np.quantile(waits[:-1], 0.99, axis=1)))] += 1
+        failed = np.isinf(waits[:-1]).sum(axis=1)
+        # the stage that failed most requests, else the one whose retries waited longest
+        worst = failed if failed.any() else np.quantile(waits[:-1], 0.99, axis=1)
+        servers[int(np.argmax(worst))] += 1
     else:
         return HardwarePlan(
             "gpu", False, "no pool meets the SLO", latency, None, math.inf, math.inf, detail
         )
-    choice = pool.choose(
-        np.full(len(ranges), DRIVER_VCPUS * cal.mb_per_vcpu), servers, np.array(gib)
-    )
+    layers = np.arange(model.layer_params.size)
+    host_mb = [
+        host_memory_mb(
+            model, cal, DRIVER_VCPUS, ((layers >= a) & (layers < b))[:, None],
+            (layers >= a) & (layers < b), head=s == 0, tail=s == len(ranges) - 1,
+        )
+        for s, (a, b, _) in enumerate(ranges)
+    ]  # fmt: skip
+    choice = pool.choose(np.array(host_mb), servers, np.array(gib))
     if choice is None:
         return HardwarePlan(
             "gpu", False, "no GPU instance type holds a stage", latency, p99, math.inf,
@@ -188,17 +214,14 @@ def stages_candidate(
     s3 = cal.s3_get_request_usd + cal.s3_put_request_usd
     per_request = s3 * (1 + boundaries) + cal.express_request_usd + express_usd(cal, latency)
     bill = instances_usd + requests * per_request + door_usd
-    busy = (
-        requests
-        * float(service @ np.ones_like(service))
-        / max(1.0, float(servers.sum()) * stream.period_s)
-    )
     detail.update(
         {
             "instance_type": choice.instance_type,
             "instances": choice.instances,
             "stage_environments": servers.tolist(),
-            "scaling_target": round(busy, 4),
+            "scaling_target": scaling_target(
+                requests, float(gpu_s.sum()), int(servers.sum()), stream.period_s
+            ),
             "pool_usd": round(instances_usd, 6),
             "front_door_usd": round(door_usd, 6),
         }
