@@ -22,6 +22,11 @@ the warmed functions; managed as the function attached to the stack's one capaci
 (its fixed pool of environments is its limit), and, where the plan gives it
 `accelerator_memory_gib`, that much GPU memory per environment on the provider's GPU
 instances (its `AcceleratorConfig`). A plan without managed capacity has no VPC.
+
+A GPU-backed function runs the same handlers from the same Dockerfile built with CUDA torch
+(build argument `DEVICE=cuda`: its own image asset) and places its stages on the device at the
+precision the GPU model prices (`ground.placement.GPU`, through MOELAMBDA_DEVICE and
+MOELAMBDA_DTYPE); every other function's image is the CPU-only one.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from ground import access
 from ground.access import Access
 from ground.errors import UsageError
 from ground.frontdoor import BATCHER_MEMORY_MB
+from ground.placement import CPU, GPU
 from ground.plan import FunctionCapacity, Plan
 from ground.semantics import threads_for
 
@@ -56,6 +62,7 @@ __all__ = [
     "FunctionOptions",
     "ServingFunctions",
     "handler",
+    "image_build_args",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -97,6 +104,15 @@ def _instance_vcpus(plan: Plan, instance_type: str) -> int | None:
 def handler(role: str) -> str:
     """The handler string of a role (the contract's `functions.<role>.handler`)."""
     return f"functions.{role}.handler"
+
+
+def image_build_args(base_image: str | None, device: str) -> dict[str, str] | None:
+    """Dockerfile.expert's build arguments: its base image when pinned, and `DEVICE=cuda` for
+    a GPU-backed function's image (CUDA torch); None for the default CPU image."""
+    args = {"BASE_IMAGE": base_image} if base_image else {}
+    if device != CPU.device:
+        args["DEVICE"] = device
+    return args or None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -548,6 +564,7 @@ class ServingFunctions(Construct):
             managed = None
         else:
             reserved = None  # the managed pool is the limit
+        placement = GPU if managed and managed.accelerator_memory_gib is not None else CPU
         if weights is not None:
             access = access.with_weights(prefix, weights, config=role != "expert")
         self.access[id_] = access
@@ -587,9 +604,7 @@ class ServingFunctions(Construct):
                 str(REPO_ROOT),
                 file=DOCKERFILE,
                 cmd=[handler(role)],
-                build_args=(
-                    {"BASE_IMAGE": self._options.base_image} if self._options.base_image else None
-                ),
+                build_args=image_build_args(self._options.base_image, placement.device),
                 platform=self._platform,
                 exclude=_ASSET_EXCLUDE,
                 ignore_mode=IgnoreMode.DOCKER,
@@ -606,6 +621,7 @@ class ServingFunctions(Construct):
                 "MOELAMBDA_BUCKET": self.bucket_in(scope).bucket_name,
                 "MOELAMBDA_WEIGHTS_PREFIX": prefix,
                 "MOELAMBDA_THREADS": str(threads_for(memory_mb, self._mb_per_vcpu)),
+                **placement.environment(),
                 **(environment or {}),
             },
             description=f"moelambda {role} {id_}",

@@ -22,8 +22,10 @@ from typing import Any
 import numpy as np
 from botocore.exceptions import ClientError
 
-from ground.errors import MoelambdaError
+from ground.errors import ModelError, MoelambdaError
 from ground.method import METHODS
+from ground.placement import CPU, Placement
+from ground.placement import ENV as PLACEMENT_ENV
 from ground.semantics import POLL_S
 
 __all__ = [
@@ -342,6 +344,17 @@ class Config:
     def threads(self) -> int:
         """torch threads: the vCPUs of the function's memory (`ground.semantics.threads_for`)."""
         return self._int("MOELAMBDA_THREADS")
+
+    @property
+    def placement(self) -> Placement:
+        """Where this function builds and runs its stages (MOELAMBDA_DEVICE, MOELAMBDA_DTYPE;
+        default the CPU at float32): a GPU-backed function's are set by the CDK app from the
+        plan (`ground.placement`)."""
+        device, dtype = (self._env.get(name) for name in PLACEMENT_ENV)
+        try:
+            return Placement(device or CPU.device, dtype or CPU.dtype)
+        except ModelError as err:
+            raise ConfigError(str(err), _REDEPLOY) from err
 
     @property
     def payload_limit(self) -> int:

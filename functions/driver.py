@@ -8,6 +8,11 @@ rows inline or, past the Invoke payload limit, through S3 (`pipeline.transports.
 monolithic function is the driver with every expert local. A warm driver keeps every stage it
 built (`functions.weights`).
 
+A GPU-backed driver (its placement, `ground.placement`, set by the CDK app from the plan) builds
+its stages and local experts on its device at bfloat16 and runs the layer loop there; what
+crosses its boundary (the rows its remote experts get and return, its output) is float32 on
+the host, as for any function (`moe.on_host`).
+
 Its local experts come from its environment (MOELAMBDA_DRIVER_LOCAL, which a provisioned
 environment's INIT and a warmer's ping need); the remote ones, whose function names could pass
 Lambda's 4 KB of environment, from the event the one-state workflow gives it (`remote`, set by
@@ -35,6 +40,7 @@ from functions.common import (
     write_results,
 )
 from ground import layout
+from ground.errors import UsageError
 from ground.semantics import runtime_replicas
 from moe import (
     LayerOutput,
@@ -43,6 +49,8 @@ from moe import (
     gather_shards,
     generate_tokens,
     generation_request,
+    on_host,
+    place,
     routing_shards,
     run_stages,
 )
@@ -101,11 +109,17 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     key = layout.output_key(request_id)
     try:
         if request is not None:
+            if cfg.placement.device != "cpu":
+                raise UsageError(
+                    "this driver runs on a GPU, which serves forward requests only: generation "
+                    "on GPU-backed Lambda is not built yet.",
+                    "plan the decoder's generation with --hardware cpu.",
+                )
             arrays = _generate(request, s3, cfg, request_id, manifest, stages, call)
         else:
-            ids = request_ids(s3, cfg.bucket, event)
-            output = run_stages(stages, manifest.num_layers, torch.from_numpy(ids), call)
-            result = output.numpy().astype("float32")
+            ids = place(cfg.placement, torch.from_numpy(request_ids(s3, cfg.bucket, event)))
+            output = run_stages(stages, manifest.num_layers, ids, call)
+            result = on_host(output).numpy()
             write_results(s3, cfg.bucket, result, (event.get("input") or {}).get("requests"))
             arrays = (result,)
         transports.write_tensors(s3, cfg.bucket, key, *arrays)
@@ -148,7 +162,7 @@ class _RemoteExperts:
 
     def __call__(self, layer: int, out: LayerOutput) -> torch.Tensor:
         m, cfg = self.manifest, self.cfg
-        routed = out.experts.reshape(-1).numpy()
+        routed = out.experts.reshape(-1).cpu().numpy()
         counts = np.bincount(routed[routed < m.experts], minlength=m.experts)
         record = metrics.expert_counts_record(layer, counts, self.request_id)
         metrics.emit(record, cfg.metrics_file)
@@ -170,7 +184,7 @@ class _RemoteExperts:
                 cfg.bucket,
                 self.request_id,
                 layer,
-                out.ffn_in.numpy(),
+                on_host(out.ffn_in).numpy(),
                 shards,
                 [f.function for f in functions],
                 cfg.invoke,
@@ -206,7 +220,8 @@ class _RemoteExperts:
             tokens, w = shards_of[f.expert]
             pieces = [got[key] for key in sorted(got) if key[0] == slot]
             if pieces:
-                parts[f.expert] = (tokens, w, torch.from_numpy(np.concatenate(pieces)))
+                rows = torch.from_numpy(np.concatenate(pieces))
+                parts[f.expert] = (tokens, w, rows.to(out.ffn_in.device, out.ffn_in.dtype))
         # expert by expert, as the monolithic forward adds them
         ordered = [parts[e] for e in sorted(parts)]
         return gather_shards(out.ffn_in.shape[0], m.hidden_size, ordered)
@@ -297,7 +312,7 @@ def _shards(
         )
     shards = []
     for slot, (f, count) in enumerate(zip(functions, replicas, strict=True)):
-        rows = shards_of[f.expert][0].numpy().astype(np.int64)
+        rows = shards_of[f.expert][0].cpu().numpy().astype(np.int64)
         for r, chunk in enumerate(np.array_split(rows, int(count))):
             shards.append(
                 transports.ShardRows(slot, r, chunk, np.array([chunk.size], dtype=np.int64))

@@ -10,6 +10,7 @@ import torch
 from functions import config, warm, weights
 from functions.common import s3_client, use_lambda_threads
 from ground import layout
+from moe import on_host, place
 from pipeline import transports
 
 
@@ -22,6 +23,8 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     Layer, slot and hosted experts come from the environment, which decided the weights this
     container holds (all of them resident); an event naming another layer or slot was routed to
     the wrong function and is refused. The shard's rows are each hosted expert's in turn.
+    A GPU-backed expert (its placement, `ground.placement`) runs them on its device; its rows
+    come and go as float32 on the host.
     """
     if warm.is_ping(event):
         return warm.answer("expert")
@@ -45,10 +48,9 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
                 f"a shard of {x.shape[0]} rows split {hosted_rows.tolist()} reached the function "
                 f"of layer {index} slot {number}, which hosts experts {list(cfg.hosted)}"
             )
-        parts = torch.from_numpy(x).split(hosted_rows.tolist())
-        return torch.cat(
-            [stage.run(part) for stage, part in zip(stages, parts, strict=True)]
-        ).numpy()
+        parts = place(cfg.placement, torch.from_numpy(x)).split(hosted_rows.tolist())
+        out = torch.cat([stage.run(part) for stage, part in zip(stages, parts, strict=True)])
+        return on_host(out).numpy()
 
     result = {"request_id": request_id, "layer": index, "expert": number, "replica": replica}
     # A driver's expert takes rows past the payload limit through S3, as an s3 expert does.

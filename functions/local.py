@@ -19,6 +19,7 @@ from functions import config
 if TYPE_CHECKING:
     import numpy as np
 
+    from ground.placement import Placement
     from pipeline.faults import Faults
 
 __all__ = ["LocalHandlers", "run_front_door", "run_workflow"]
@@ -70,6 +71,8 @@ def run_workflow(
     metered: bool = False,
     faults: Faults | None = None,
     metrics_file: Path | None = None,
+    on_planned_device: bool = False,
+    placements: Mapping[str, Placement] | None = None,
 ) -> dict[str, Any]:
     """`pipeline.local.run_workflow` running the project's own handlers (`LocalHandlers`).
 
@@ -82,6 +85,10 @@ def run_workflow(
         faults: Faults to inject (`pipeline.faults`). Defaults to None (none).
         metrics_file: Where the gates append their routing metrics (EMF lines), as on Lambda
             they print them. Defaults to None (not written).
+        on_planned_device: Run GPU-backed functions on their planned device (a GPU here)
+            instead of this machine's CPU. Defaults to False.
+        placements: Functions' planned placements by label, where the template does not
+            carry them (a plan synthesised without its capacity). Defaults to None.
 
     Returns:
         See `pipeline.local.run_workflow`.
@@ -97,6 +104,8 @@ def run_workflow(
         metered=metered,
         faults=faults,
         metrics_file=metrics_file,
+        on_planned_device=on_planned_device,
+        placements=placements,
     )
 
 

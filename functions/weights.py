@@ -6,6 +6,9 @@ the manifest, so its policy grants no config/ at all), then only its own stage's
 file: an expert never pays for the others.
 Built stages are kept in a module-level cache keyed by (bucket, key), so a warm invocation
 makes no S3 request at all for its weights: the cost model bills a request only its own data.
+Each is built on the function's placement (`functions.config.Config.placement`: a GPU-backed
+function's stages on its device at bfloat16, tensor by tensor, `moe.StageLoader`), which is
+part of the key.
 
 The downloaded files live in a directory of this process only, removed when the process ends
 normally; a stage's file is removed as soon as the stage is built (the built stage holds its
@@ -32,6 +35,7 @@ from typing import Any, TypeVar
 
 from botocore.exceptions import ClientError
 
+from functions import config as function_config
 from ground.errors import ModelError
 from ground.manifest import HEAD_KEY, TAIL_KEY, expert_key, layer_key
 from moe import StageLoader
@@ -42,9 +46,9 @@ __all__ = ["expert", "head", "layer", "loader", "tail"]
 
 T = TypeVar("T")
 _LOCK = threading.RLock()  # one build at a time: the local runner runs handlers in threads
-_LOADERS: dict[tuple[str, str], StageLoader] = {}
-_CONFIGURED: set[tuple[str, str]] = set()  # loaders whose config/ is downloaded
-_STAGES: dict[tuple[str, str], Any] = {}
+_LOADERS: dict[tuple[str, ...], StageLoader] = {}
+_CONFIGURED: set[tuple[str, ...]] = set()  # loaders whose config/ is downloaded
+_STAGES: dict[tuple[str, ...], Any] = {}
 _ROOT: list[Path] = []  # the per-process cache directory, created on first use
 
 
@@ -75,13 +79,14 @@ def loader(s3: Any, bucket: str, prefix: str, *, config: bool = True) -> StageLo
     """A StageLoader on a local copy of the manifest of the export under `prefix`, and of its
     config/ unless `config` is False (an expert's)."""
     manifest_key = prefix + "manifest.json"
-    cache_key = (bucket, manifest_key)
+    placement = function_config.current().placement
+    cache_key = (bucket, manifest_key, *placement.environment().values())
     with _LOCK:
         if cache_key not in _LOADERS:
             digest = hashlib.sha256("\0".join(cache_key).encode()).hexdigest()[:16]
             root = _cache_dir() / digest
             _download(s3, bucket, manifest_key, root / "manifest.json")
-            _LOADERS[cache_key] = StageLoader(root)
+            _LOADERS[cache_key] = StageLoader(root, placement)
         stages = _LOADERS[cache_key]
         if config and cache_key not in _CONFIGURED:
             for key in list_keys(s3, bucket, prefix + "config/"):
@@ -98,7 +103,8 @@ def _stage(
     build: Callable[[StageLoader], T],
     config: bool = True,
 ) -> T:
-    cache_key = (bucket, prefix + key)
+    placement = function_config.current().placement
+    cache_key = (bucket, prefix + key, *placement.environment().values())
     with _LOCK:
         if cache_key not in _STAGES:
             stages = loader(s3, bucket, prefix, config=config)

@@ -41,6 +41,7 @@ from moe._model import build_model, moefy_options
 from moe._moe_model import LayerRouting, MoEModel
 from moe._moefy import LayerFit
 from moe._options import EXPERT_CHOICES, MoefyOptions, TopK, parse_top_k
+from moe._placement import check_device, on_host, place, torch_dtype
 from moe._quality import (
     QUALITY_TOKENS,
     QUALITY_WINDOW,
@@ -93,6 +94,7 @@ __all__ = [
     "Step",
     "TopK",
     "build_model",
+    "check_device",
     "check_fit_text",
     "default_cache_dir",
     "dense_reference",
@@ -114,11 +116,14 @@ __all__ = [
     "partition",
     "measure_quality",
     "moefy_options",
+    "on_host",
+    "place",
     "parse_top_k",
     "quality_of",
     "resolve_model",
     "routing_shards",
     "run_staged",
     "run_stages",
+    "torch_dtype",
     "training_windows",
 ]

@@ -143,7 +143,7 @@ class ExpertBank(nn.Module):
         useful reference for both.
         """
         # One column more for the unused slots of adaptive routing, dropped after the scatter.
-        combine = torch.zeros(x.shape[0], self.num_experts + 1, dtype=x.dtype)
+        combine = torch.zeros(x.shape[0], self.num_experts + 1, dtype=x.dtype, device=x.device)
         combine.scatter_(1, idx, weights.to(x.dtype))
         outs = torch.stack([self.expert(i, x) for i in range(self.num_experts)], dim=1)
         return (outs * combine[:, :-1, None]).sum(dim=1)
@@ -265,9 +265,10 @@ def routing_shards(
 def gather_shards(
     n_tokens: int, hidden: int, parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 ) -> torch.Tensor:
-    """Add each expert's outputs, scaled by the combine weights, back at their tokens' places."""
-    dtype = parts[0][2].dtype if parts else torch.float32
-    out = torch.zeros(n_tokens, hidden, dtype=dtype)
+    """Add each expert's outputs, scaled by the combine weights, back at their tokens' places
+    (on the outputs' device, at their dtype)."""
+    first = parts[0][2] if parts else torch.zeros(0)
+    out = torch.zeros(n_tokens, hidden, dtype=first.dtype, device=first.device)
     for tokens, weights, y in parts:
         if tokens.numel():
             out.index_add_(0, tokens, y * weights[:, None].to(y.dtype))

@@ -115,13 +115,19 @@ class BertTail(nn.Module):
 # ---------------------------------------------------------------- pre-LN decoders
 
 
-def causal_mask(length: int, sliding_window: int | None, dtype: torch.dtype) -> torch.Tensor:
-    """Additive (1, 1, T, T) mask for eager attention: causal, optionally windowed."""
-    pos = torch.arange(length)
+def causal_mask(
+    length: int,
+    sliding_window: int | None,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """Additive (1, 1, T, T) mask for eager attention: causal, optionally windowed, on the
+    hidden states' device."""
+    pos = torch.arange(length, device=device)
     allowed = pos[None, :] <= pos[:, None]
     if sliding_window is not None:
         allowed &= (pos[:, None] - pos[None, :]) < sliding_window
-    mask = torch.zeros(length, length, dtype=dtype)
+    mask = torch.zeros(length, length, dtype=dtype, device=device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[None, None]
 
@@ -156,8 +162,8 @@ class DecoderBlock(nn.Module):
         (`moe._decode_context.DecodeContext`: its positions, mask and KV cache)."""
         if context is None:
             length = hidden.shape[1]
-            positions = torch.arange(length)[None]
-            mask = causal_mask(length, self.sliding_window, hidden.dtype)
+            positions = torch.arange(length, device=hidden.device)[None]
+            mask = causal_mask(length, self.sliding_window, hidden.dtype, hidden.device)
             cache = None
         else:
             positions, mask, cache = context.positions, context.mask, context.cache

@@ -16,15 +16,17 @@ from typing import Any, Protocol
 
 import torch
 from pydantic import ValidationError
-from safetensors.torch import load_file
+from safetensors import safe_open
 from torch import nn
 
 from ground.errors import ModelError
 from ground.manifest import HEAD_KEY, MANIFEST_VERSION, TAIL_KEY, Manifest, expert_key, layer_key
+from ground.placement import CPU, Placement
 from moe._decode_context import DecodeContext
 from moe._experts import Router, SharedExpert, expert_ffn, gather_shards, routing_shards
 from moe._families import Family
 from moe._options import TopK, parse_top_k
+from moe._placement import check_device, place, torch_dtype
 
 __all__ = [
     "ExpertCall",
@@ -131,10 +133,14 @@ class TailStage:
 
 
 class StageLoader:
-    """Reads the manifest of an export and builds any one stage from its own file."""
+    """Reads the manifest of an export and builds any one stage from its own file, on the
+    device and at the dtype of its `placement` (`ground.placement`: float32 on the CPU unless
+    a GPU-backed function says otherwise). Modules are made on the device and each tensor is
+    moved there as it is read, so the host holds one tensor of the file at a time."""
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, placement: Placement = CPU) -> None:
         self.root = Path(root)
+        self.placement = check_device(placement)
         path = self.root / "manifest.json"
         if not path.is_file():
             raise ModelError(
@@ -178,17 +184,25 @@ class StageLoader:
                 f"the weights object '{key}' is missing from {self.root}.",
                 "re-export the model; do not delete files from an export.",
             )
-        return load_file(str(path))
+        where = self.placement
+        with safe_open(str(path), framework="pt", device=where.device) as f:
+            return {key: place(where, f.get_tensor(key)) for key in f.keys()}  # noqa: SIM118
 
-    @staticmethod
-    def _filled(module: nn.Module, tensors: dict[str, torch.Tensor]) -> nn.Module:
+    def _filled(
+        self, make: Callable[[], nn.Module], tensors: dict[str, torch.Tensor]
+    ) -> nn.Module:
+        """The module `make` builds, made on the placement's device at its dtype and filled."""
+        with torch.device(self.placement.device):
+            module = make().to(dtype=torch_dtype(self.placement))
         module.load_state_dict(tensors, strict=True)
         return module.eval().requires_grad_(False)
 
     def _router(self, tensors: dict[str, torch.Tensor]) -> Router:
         weight = tensors["linear.weight"]
-        linear = nn.Linear(weight.shape[1], weight.shape[0], bias="linear.bias" in tensors)
-        self._filled(linear, _sub(tensors, "linear"))
+        bias = "linear.bias" in tensors
+        linear = self._filled(
+            lambda: nn.Linear(weight.shape[1], weight.shape[0], bias=bias), _sub(tensors, "linear")
+        )
         return Router(linear, top_k=self.routing_rule, weighting=self.manifest.weighting)  # type: ignore[arg-type]
 
     @property
@@ -213,16 +227,14 @@ class StageLoader:
         ).eval()
 
     def head(self) -> HeadStage:
-        return HeadStage(
-            self._filled(self.family.new_head(), _sub(self._tensors(HEAD_KEY), "head"))
-        )
+        return HeadStage(self._filled(self.family.new_head, _sub(self._tensors(HEAD_KEY), "head")))
 
     def layer(self, layer: int) -> LayerStage:
         tensors = self._tensors(layer_key(layer))
         combine = None
         if layer > 0:
-            combine = self._filled(self.family.new_combine(), _sub(tensors, "combine"))
-        block = self._filled(self.family.new_block(layer), _sub(tensors, "block"))
+            combine = self._filled(self.family.new_combine, _sub(tensors, "combine"))
+        block = self._filled(lambda: self.family.new_block(layer), _sub(tensors, "block"))
         router = self._router(_sub(tensors, "router"))
         return LayerStage(combine, block, router, self._shared(_sub(tensors, "shared")))
 
@@ -232,8 +244,8 @@ class StageLoader:
 
     def tail(self) -> TailStage:
         tensors = self._tensors(TAIL_KEY)
-        combine = self._filled(self.family.new_combine(), _sub(tensors, "combine"))
-        return TailStage(combine, self._filled(self.family.new_tail(), _sub(tensors, "tail")))
+        combine = self._filled(self.family.new_combine, _sub(tensors, "combine"))
+        return TailStage(combine, self._filled(self.family.new_tail, _sub(tensors, "tail")))
 
 
 class Stages(Protocol):

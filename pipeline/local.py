@@ -7,6 +7,12 @@ Docker container, so `InProcessLambdas` replaces that one method with a call of 
 handler in this process, under that function's own environment and its own identity, whose IAM
 policy from the template every S3 request and direct Invoke is checked against (`pipeline.iam`).
 
+A GPU-backed function (its placement, `ground.placement`, in its environment or given by the
+caller for a plan synthesised without its capacity) runs here on this machine's CPU at
+float32, the same handler on the same stages: the run says which functions were moved
+(`placement`). `on_planned_device` runs them on their planned placement instead, on a machine
+with the GPU (scripts/gpu-check).
+
 A metered run (`pipeline.meter`) first warms every function, as the plan prices steady state,
 then counts what AWS would bill for the executions alone.
 
@@ -35,6 +41,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from ground import layout
+from ground.placement import CPU, Placement
+from ground.placement import ENV as PLACEMENT_ENV
 from pipeline.client import fetch_result, send_request
 from pipeline.faults import ExpertCrash, Faults
 from pipeline.iam import Policies, s3_request
@@ -123,6 +131,7 @@ class InProcessLambdas:
         self.meter: Meter | None = None  # set while a metered execution runs
         self.policies: Policies | None = None  # enforced when set (`run_workflow` sets them)
         self.bucket = ""  # the bucket whose keys the policies name
+        self.moved: dict[str, Placement] = {}  # functions run on the CPU: their planned placement
         self._running = 0
         self._idle = threading.Condition()
 
@@ -361,9 +370,13 @@ def _deploy(
     bucket: str,
     lambdas: InProcessLambdas,
     metrics_file: Path | None = None,
+    on_planned_device: bool = False,
+    placements: Mapping[str, Placement] | None = None,
 ) -> str:
     """Create the template's functions (registered with `lambdas`, with their policies to
-    enforce) and state machine; its ARN."""
+    enforce) and state machine; its ARN. A function placed off the CPU (by its environment or
+    by `placements`, by label) runs on the CPU unless `on_planned_device` (noted in
+    `lambdas.moved`)."""
     import boto3
 
     iam = boto3.client("iam", region_name=REGION)
@@ -393,6 +406,14 @@ def _deploy(
         if metrics_file is not None:
             env["MOELAMBDA_METRICS_FILE"] = str(metrics_file)
         handler = props["ImageConfig"]["Command"][0]
+        planned = (placements or {}).get(function_label(handler, env)) or Placement(
+            *(env.get(name) or default for name, default in _PLACEMENT)
+        )
+        env = {k: v for k, v in env.items() if k not in PLACEMENT_ENV}
+        if on_planned_device:
+            env |= planned.environment()
+        elif planned != CPU:
+            lambdas.moved[names[logical]] = planned
         client.create_function(
             FunctionName=names[logical],
             Runtime="python3.11",
@@ -410,6 +431,9 @@ def _deploy(
         roleArn=role_arn,
         type=machine["Properties"].get("StateMachineType", "STANDARD"),
     )["stateMachineArn"]
+
+
+_PLACEMENT = tuple(zip(PLACEMENT_ENV, (CPU.device, CPU.dtype), strict=True))
 
 
 @contextlib.contextmanager
@@ -463,6 +487,8 @@ def run_workflow(
     metered: bool = False,
     faults: Faults | None = None,
     metrics_file: Path | None = None,
+    on_planned_device: bool = False,
+    placements: Mapping[str, Placement] | None = None,
 ) -> dict[str, Any]:
     """Deploy `template` onto moto, upload the weights, and run one execution per request.
 
@@ -481,7 +507,10 @@ def run_workflow(
     executions (`pipeline.meter.USAGE_KEYS`), summed over them; the upload of the inputs and
     the reading of the results are the client's, not the workflow's, and do not count.
 
-    `handlers` runs the template's functions (`functions.local.LocalHandlers`).
+    `handlers` runs the template's functions (`functions.local.LocalHandlers`). A GPU-backed
+    function (by its environment, or `placements` by label) runs on this machine's CPU at
+    float32 unless `on_planned_device`; "placement" in the result names each moved function's
+    planned placement.
     """
     import boto3
     from moto import mock_aws
@@ -510,7 +539,9 @@ def run_workflow(
         for path in sorted(p for p in weights_dir.rglob("*") if p.is_file()):
             key = "weights/" + path.relative_to(weights_dir).as_posix()
             s3.upload_file(str(path), bucket, key)
-        arn = _deploy(resources, names, bucket, lambdas, metrics_file)
+        arn = _deploy(
+            resources, names, bucket, lambdas, metrics_file, on_planned_device, placements
+        )
         sfn = boto3.client("stepfunctions", region_name=REGION)
         # The caller names its executions and uploads each input under that name; the
         # workflow derives the request's keys from the execution's ARN, not from the caller.
@@ -560,6 +591,7 @@ def run_workflow(
         "seconds": seconds,
         "errors": lambdas.errors,
         "faults": dict(lambdas.faults.injected),
+        "placement": {labels[name]: p.describe() for name, p in lambdas.moved.items()},
         # Requests a function's policy refused: (function label, action, resource).
         "denied": [
             (labels.get(who, who), action, resource)

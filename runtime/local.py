@@ -20,6 +20,7 @@ from ground.errors import UsageError
 if TYPE_CHECKING:
     import numpy as np
 
+    from ground.placement import Placement
     from ground.plan import Plan
     from moe import MoEModel
     from pipeline.faults import Faults
@@ -38,6 +39,7 @@ def run_plan_locally(
     faults: Faults | None = None,
     metrics_file: Path | None = None,
     progress: Callable[[str], None] | None = None,
+    on_planned_device: bool = False,
 ) -> dict[str, Any]:
     """Run the plan's Step Functions workflow on moto, handlers in-process, and check it.
 
@@ -59,6 +61,9 @@ def run_plan_locally(
         metrics_file: Where the gates append their routing metrics (EMF, one JSON line per
             gate call), as a deployed gate prints them. Defaults to None (not written).
         progress: Called with a message as each step starts. Defaults to None.
+        on_planned_device: Run a GPU-backed plan's GPU functions on their planned device
+            (`ground.placement.GPU`: a GPU of this machine, bfloat16) instead of its CPU at
+            float32. Defaults to False; `placement` in the result says where each ran.
 
     Returns:
         The status, the largest difference from the monolithic output, per function the
@@ -112,6 +117,8 @@ def run_plan_locally(
             metered=metered,
             faults=injected,
             metrics_file=records,
+            on_planned_device=on_planned_device,
+            placements=_placements(document),
         )
         wall_s = time.perf_counter() - started
         ids_run = {r["request_id"] for r in result["requests"]}
@@ -122,6 +129,7 @@ def run_plan_locally(
     summary: dict[str, Any] = {
         "status": "SUCCEEDED" if not failed else failed[0]["status"],
         "max_abs_diff_vs_monolithic": max(diffs) if diffs else None,
+        "max_abs_monolithic": float(abs(reference).max()),  # the output's scale
         "per_function_seconds": {
             name: round(sum(times), 4) for name, times in sorted(result["seconds"].items())
         },
@@ -152,6 +160,14 @@ def run_plan_locally(
         # the shapes `plan` weighed beside this one, as it priced them for its batch
         "candidates": document.candidates,
         "gpu_backed": _gpu_backed(document),
+        # GPU-backed functions run on this machine's CPU at float32 unless on_planned_device
+        "placement": {
+            name: {"planned": planned_at, "ran": "cpu float32"}
+            for name, planned_at in result["placement"].items()
+        },
+        "gpu_memory_peak_gib": _gpu_peak_gib() if on_planned_device else None,
+        # this process's peak resident memory, the monolithic reference's included
+        "host_peak_mb": _host_peak_mb() if on_planned_device else None,
     }
     if metered:
         (run,) = runs
@@ -166,6 +182,33 @@ def run_plan_locally(
             usage, planned.usage, summary["bill"], summary["predicted_vs_measured"]
         )
     return summary
+
+
+def _gpu_peak_gib() -> float | None:
+    """The most GPU memory torch held at once in this process (None: no GPU here)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return round(torch.cuda.max_memory_allocated() / 2**30, 3)
+
+
+def _host_peak_mb() -> float:
+    """This process's peak resident memory, MB (Linux reports it in KiB)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6, 1)
+
+
+def _placements(document: Plan) -> dict[str, Placement]:
+    """The plan's GPU-backed functions' placement by name (`ground.placement.GPU`), which the
+    template synthesised without the plan's capacity does not carry."""
+    from ground.placement import GPU
+
+    traffic = document.traffic
+    if traffic is None:
+        return {}
+    return {c.function: GPU for c in traffic.capacity if c.accelerator_memory_gib is not None}
 
 
 def _gpu_backed(document: Plan) -> dict[str, Any] | None:

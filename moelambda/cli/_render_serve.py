@@ -161,11 +161,19 @@ def run_local(console: Console, summary: dict[str, Any]) -> None:
     gpu = summary.get("gpu_backed")
     if gpu:
         sizes = ", ".join(f"{name} {gib} GiB" for name, gib in gpu["accelerator_gib"].items())
+        moved = summary.get("placement") or {}
+        where = (
+            "ran on this machine's CPU at float32 ("
+            + ", ".join(f"{name} planned on {p['planned']}" for name, p in moved.items())
+            + "), the same handlers on the same stages"
+            if moved
+            else "ran on their planned device"
+        )
         console.print(
-            f"GPU-backed plan ({sizes} on {gpu['instances']} x {gpu['instance_type']}): its "
-            "handlers ran on this machine's CPU; the plan's GPU request time "
+            f"GPU-backed plan ({sizes} on {gpu['instances']} x {gpu['instance_type']}): its GPU "
+            f"functions {where}; the plan's GPU request time "
             f"({gpu['predicted_request_s']:.3f} s) and its pool's bill are the GPU model's "
-            "predictions, not measured.",
+            "predictions, not measured here (scripts/gpu-check measures them on a GPU).",
             highlight=False,
         )
     for failure in summary["failed"]:

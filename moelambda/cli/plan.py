@@ -132,8 +132,8 @@ def plan(
             "functions on Lambda Managed Instances with accelerators: a GPU function holding "
             "the model, or a GPU driver with CPU experts, gpu+cpu), or auto (both, side by "
             "side; the cheapest one meeting --slo-p99 that can run is written). A GPU pool is "
-            "billed by the hour, so GPU candidates are planned with --traffic. GPU-backed "
-            "candidates are priced and reported but not chosen until their handlers run."
+            "billed by the hour, so GPU candidates are planned with --traffic. GPU expert groups "
+            "and layer stages are priced and reported, not chosen: they have no handler yet."
         ),
     ] = "auto",
     traffic: Annotated[

@@ -148,6 +148,14 @@ def run_local(
             rich_help_panel="Traffic replay",
         ),
     ] = None,
+    on_device: Annotated[
+        bool,
+        typer.Option(
+            "--on-device",
+            help="Run a GPU-backed plan's GPU functions on this machine's GPU at their planned "
+            "placement (scripts/gpu-check does); without it they run on the CPU at float32.",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the plan's Step Functions workflow on moto, handlers in-process, and check the result.
@@ -263,6 +271,7 @@ def run_local(
             faults=injected,
             metrics_file=metrics_out,
             progress=status.update,
+            on_planned_device=on_device,
         )
     failed = summary["failed"]
     if as_json:

@@ -7,7 +7,12 @@ run today: a kind that cannot is priced and reported, never chosen (`runnable`, 
 
     cpu   CPU Lambda functions (the handlers in functions/, the image Dockerfile.expert)
     gpu   GPU-backed Lambda functions on Managed Instances (`planner.hardware.gpu_model`:
-          sizes, speeds from the GPU catalogue `planner.hardware.catalogue`, prices)
+          sizes, speeds from the GPU catalogue `planner.hardware.catalogue`, prices): the same
+          handlers from the same Dockerfile built with CUDA torch, their stages placed on the
+          device at bfloat16 (`ground.placement`). Of its shapes, a GPU function holding the
+          model and a GPU driver with CPU experts deploy; expert groups and layer stages have
+          no handler, so a candidate using them is priced, reported and never chosen
+          (`HardwarePlan.detail["deployable"]`).
 
 Adding a kind (another accelerator) is its module beside gpu_model and one line in `KINDS`.
 """
@@ -44,13 +49,7 @@ class HardwareKind:
 
 KINDS: dict[str, HardwareKind] = {
     "cpu": HardwareKind("cpu", "CPU Lambda"),
-    "gpu": HardwareKind(
-        "gpu",
-        "GPU-backed Lambda on Managed Instances",
-        not_runnable="no handler runs on a GPU yet (every function's image is CPU-only torch, "
-        "no handler places a stage on a device, and layer stages and expert groups have no "
-        "handler): GPU-backed candidates are priced and reported, never chosen",
-    ),
+    "gpu": HardwareKind("gpu", "GPU-backed Lambda on Managed Instances"),
 }
 AUTO = "auto"  # every kind weighed; the cheapest runnable candidate chosen
 CHOICES = (*KINDS, AUTO)

@@ -10,6 +10,7 @@ plan Lambda cannot run (a GPU on arm64, a size Lambda does not offer), are refus
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,36 @@ def test_exactly_the_planned_functions_get_their_gpu_memory(synthesised) -> None
         if "CapacityProviderConfig" in f["Properties"]
     )
     assert pools == sorted(ENVIRONMENTS.values())  # the GPU functions, and only they
+
+
+def _image_build_args(template: dict[str, Any], cdk_out: Path) -> dict[str, dict[str, str]]:
+    """Each function's image build arguments (its asset's, from the cloud assembly's asset
+    manifest), by its logical ID."""
+    images = json.loads((cdk_out / "MoeLambda.assets.json").read_text())["dockerImages"]
+    out = {}
+    for key, fn in _resources(template, "AWS::Lambda::Function").items():
+        uri = fn["Properties"]["Code"]["ImageUri"]["Fn::Sub"]
+        out[key] = images[uri.rsplit(":", 1)[1]]["source"].get("dockerBuildArgs", {})
+    return out
+
+
+def test_exactly_the_gpu_functions_run_cuda_torch_on_their_device(synthesised) -> None:  # type: ignore[no-untyped-def]
+    """A GPU-backed function's image is Dockerfile.expert built with DEVICE=cuda and its
+    handler places its stages on the device at bfloat16 (`ground.placement.GPU`); every other
+    function keeps the CPU image and the CPU placement."""
+    _, template, path = synthesised
+    args = _image_build_args(template, path.parent)
+    gpu = set(_accelerators(template))
+    assert len(gpu) == 2
+    for key, fn in _resources(template, "AWS::Lambda::Function").items():
+        variables = fn["Properties"].get("Environment", {}).get("Variables", {})
+        placed = {k: variables.get(k) for k in ("MOELAMBDA_DEVICE", "MOELAMBDA_DTYPE")}
+        if key in gpu:
+            assert args[key] == {"DEVICE": "cuda"}, key
+            assert placed == {"MOELAMBDA_DEVICE": "cuda", "MOELAMBDA_DTYPE": "bfloat16"}
+        else:
+            assert "DEVICE" not in args[key], key
+            assert placed == {"MOELAMBDA_DEVICE": None, "MOELAMBDA_DTYPE": None}, key
 
 
 def test_the_provider_runs_the_planned_gpu_type_and_scales_on_gpu_utilisation(  # type: ignore[no-untyped-def]
@@ -253,3 +284,32 @@ def test_a_planned_gpu_function_synthesises_with_its_accelerator(tmp_path: Path)
     (provider,) = _resources(template, "AWS::Lambda::CapacityProvider").values()
     allowed = provider["Properties"]["InstanceRequirements"]["AllowedInstanceTypes"]
     assert allowed == [candidate.detail["instance_type"]]
+
+
+def test_gpu_check_dry_names_the_plan_image_and_placement_and_refuses_without_a_gpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """scripts/gpu-check's dry form reads back from the synthesised stack what each GPU-backed
+    function would run: the CUDA image and its placement, at its planned accelerator size.
+    Without --dry, on a machine whose torch sees no GPU, it says so and exits 2."""
+    import torch
+
+    from runtime import gpu_check
+
+    path = gpu_plan().save(tmp_path / "gpu-plan.json")
+    assert gpu_check.main(["--plan", str(path), "--dry", "--json"]) == 0
+    dry = json.loads(capsys.readouterr().out)["dry"]
+    assert dry["instance_type"] == INSTANCE_TYPE and dry["instances"] == INSTANCES
+    assert {f["function"]: f["accelerator_gib"] for f in dry["functions"]} == ACCELERATOR_GIB
+    for f in dry["functions"]:
+        assert f["placement"] == "cuda bfloat16"
+        assert f["image"] == {"dockerfile": "Dockerfile.expert", "build_args": {"DEVICE": "cuda"}}
+    if not torch.cuda.is_available():
+        assert gpu_check.main(["--plan", str(path)]) == 2
+        assert "no GPU here" in capsys.readouterr().err
+    cpu = driver_plan().save(tmp_path / "cpu-plan.json")
+    script = Path(__file__).parents[2] / "scripts" / "gpu-check"  # the command itself
+    done = subprocess.run(
+        [str(script), "--plan", str(cpu), "--dry"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 2 and "no GPU-backed function" in done.stderr, done.stderr

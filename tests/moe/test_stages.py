@@ -197,3 +197,54 @@ def test_an_expert_handler_does_not_import_transformers(minilm: MoEModel, tmp_pa
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def _staged_at(root: Path, ids: torch.Tensor, placement: object) -> torch.Tensor:
+    from moe import local_experts, run_stages
+
+    loader = StageLoader(root, placement)  # type: ignore[arg-type]
+    m = loader.manifest
+    experts = local_experts(loader.expert, m.experts, m.hidden_size)
+    return run_stages(loader, m.num_layers, ids, experts)
+
+
+@pytest.mark.parametrize("model_name", ["minilm", "llama"])
+def test_stages_placed_at_bfloat16_follow_the_float32_ones(
+    model_name: str,
+    minilm: MoEModel,
+    tiny_dirs: dict[str, Path],
+    wiki_windows: np.ndarray,
+    token_windows: torch.Tensor,
+    tmp_path: Path,
+) -> None:
+    """A GPU-backed function's placement (bfloat16) on the CPU: every stage, router and
+    expert is built at that dtype and the layer loop runs through it (a float32 tensor made
+    anywhere in the loop would fail a matmul), close to the float32 stages."""
+    from ground.placement import Placement
+
+    if model_name == "minilm":
+        model, ids = minilm, torch.from_numpy(wiki_windows[:2])
+    else:
+        model, ids = _tiny_llama(tiny_dirs, experts=4, top_k=2), token_windows
+    export_model(model, tmp_path / "w")
+    full = _staged_at(tmp_path / "w", ids, Placement())
+    half = _staged_at(tmp_path / "w", ids, Placement("cpu", "bfloat16"))
+    assert full.dtype == torch.float32 and half.dtype == torch.bfloat16
+    loader = StageLoader(tmp_path / "w", Placement("cpu", "bfloat16"))
+    assert {p.dtype for p in loader.layer(0).block.parameters()} == {torch.bfloat16}
+    assert loader.expert(0, 0).w_in.dtype == torch.bfloat16
+    scale = full.abs().max()
+    assert (half.float() - full).abs().max() <= 0.05 * scale  # bfloat16's 8 bits of mantissa
+    assert not torch.equal(half.float(), full)  # it did run at bfloat16
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present here")
+def test_a_gpu_placement_where_torch_sees_no_gpu_is_refused(
+    minilm: MoEModel, tmp_path: Path
+) -> None:
+    from ground.errors import ModelError
+    from ground.placement import GPU
+
+    export_model(minilm, tmp_path / "w")
+    with pytest.raises(ModelError, match="DEVICE=cuda"):
+        StageLoader(tmp_path / "w", GPU)

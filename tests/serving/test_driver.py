@@ -3,7 +3,6 @@ IAM and fault checks as the fan-out workflow's (`ground.driver`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,6 @@ from moe import MoEModel
 from moelambda.cli import app
 from pipeline.faults import Faults
 from pipeline.stacks import flat_template
-from planner import hardware
 from predictor import PredictedCounts
 
 runner = CliRunner()
@@ -225,15 +223,11 @@ def test_a_driver_behind_the_front_door_writes_each_request_s_result(
     assert out["front_door_metered"]["s3_result_put"] == 3
 
 
-def test_a_gpu_backed_plan_runs_its_handlers_here_and_equals_the_model(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With the gpu kind marked runnable (what GPU-backed handlers will do to its registry
-    line), `plan --traffic --hardware gpu` writes one GPU function holding MiniLM; `run-local`
-    runs its real handlers on this machine's CPU: the output equals the model, every billed
-    request the plan's, and the GPU timings are reported as the plan's predictions."""
-    gpu = hardware.KINDS["gpu"]
-    monkeypatch.setitem(hardware.KINDS, "gpu", dataclasses.replace(gpu, not_runnable=None))
+def test_a_gpu_backed_plan_runs_its_handlers_here_and_equals_the_model(tmp_path: Path) -> None:
+    """`plan --traffic --hardware gpu` writes one GPU function holding MiniLM; `run-local` runs
+    its real handlers on this machine's CPU at float32 and says so: the output equals the
+    model, every billed request the plan's, and the GPU timings are reported as the plan's
+    predictions."""
     counts = _counts(tmp_path)
     out = tmp_path / "gpu.json"
     made = runner.invoke(
@@ -253,6 +247,8 @@ def test_a_gpu_backed_plan_runs_its_handlers_here_and_equals_the_model(
     assert summary["max_abs_diff_vs_monolithic"] <= TOL
     metered, planned = summary["metered"], summary["planned"]
     assert {k: metered[k] for k in EXACT} == {k: planned[k] for k in EXACT}
+    # the GPU function ran here, on the CPU at float32, and the run says so
+    assert summary["placement"] == {"driver": {"planned": "cuda bfloat16", "ran": "cpu float32"}}
     gpu = summary["gpu_backed"]
     assert gpu["instance_type"] == plan.traffic.managed_instance_type
     assert gpu["accelerator_gib"]["driver"] == plan.traffic.capacity[0].accelerator_memory_gib
