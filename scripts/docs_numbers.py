@@ -181,7 +181,7 @@ def _hardware_cell(plan: dict[str, Any]) -> str:
     where = plan.get("capacity") if plan["hardware"] == "cpu" else None
     if plan.get("instances"):
         where = f"{plan['instances']} x {plan['instance_type']}"
-    shape = plan.get("shape", "")
+    shape = plan.get("shape", "") + ("" if plan.get("deployable") else " (no handler)")
     return f"{shape}{f', {where}' if where else ''}: {usd:.3g}"
 
 

@@ -5,8 +5,10 @@ For each model shape (Zipf(1) popularity, labelled synthetic) and each rate, the
 conversation trace's arrivals scaled to that mean rate (`planner.traffic.bench.scale_for`) over
 the period of `RATES`, every request a prompt of `PROMPT_TOKENS` tokens,
 `planner.hardware.gpu_candidates` plans the cheapest deployment meeting a p99 latency of `SLO_S`
-on each hardware. `cheapest` is the cheapest that can run (`planner.hardware.runnable`: the CPU
-one until GPU-backed handlers exist), `cheapest_priced` the cheapest of all, as priced. Each row
+on each hardware, preferring a plan the handlers deploy (`HardwarePlan.detail["deployable"]`:
+a GPU function holding the model, a GPU driver with CPU experts; GPU expert groups and layer
+stages have no handler). `cheapest` is the cheapest that deploys on a kind whose handlers run
+(`planner.hardware.runnable`), `cheapest_priced` the cheapest of all, as priced. Each row
 gives the plan's bill per million prompt tokens next to the managed API's list price per million
 input tokens (`planner.generation.managed_api_quote`; "no list price" where the calibration has
 none). Every GPU timing in it is predicted by the GPU backend's model, not measured.
@@ -79,7 +81,11 @@ def bench_gpu_lambda(
             )
             described = {h: plans[h].describe() for h in HARDWARE}
             feasible = {h: d["bill_usd"] for h, d in described.items() if d["feasible"]}
-            can_run = {h: usd for h, usd in feasible.items() if runnable(h)}
+            can_run = {
+                h: usd
+                for h, usd in feasible.items()
+                if runnable(h) and described[h].get("deployable")
+            }
             runs.append(
                 {
                     "rate_per_s": rate,

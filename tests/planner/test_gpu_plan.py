@@ -98,6 +98,9 @@ def test_a_gpu_drivers_cpu_experts_are_priced_as_the_re_scorer_prices_them() -> 
             assert seconds == pytest.approx(experts[name].time_s, rel=1e-9), name
     memory = {e.memory_mb for e in experts.values()}
     assert memory <= set(load_calibration().memory_options_mb)
+    # and the driver on its GPU, as the candidate priced it: the request the plan promises
+    assert again.seconds["driver"] == pytest.approx(plan.totals.latency_s, rel=1e-9)
+    assert again.latency_s == pytest.approx(candidate.latency_s, rel=1e-9)
 
 
 def test_shapes_the_handlers_cannot_run_are_not_written() -> None:
@@ -127,12 +130,18 @@ def test_plan_hardware_gpu_needs_a_stream_and_a_known_hardware(tmp_path: Path) -
     assert not out.exists()
 
 
-def test_gpu_backed_candidates_are_priced_and_reported_never_chosen() -> None:
-    """Until GPU-backed handlers run (`planner.hardware.KINDS`), a stream on --hardware gpu has
-    no plan, and --hardware auto chooses CPU functions beside the GPU rows and their reason."""
+def test_a_kind_whose_handlers_cannot_run_is_priced_and_reported_never_chosen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hardware kind marked not runnable (`planner.hardware.KINDS`, as gpu was before its
+    handlers ran on a device): a stream on --hardware gpu has no plan, and --hardware auto
+    chooses CPU functions beside the GPU rows and their reason."""
+    gpu = hardware.KINDS["gpu"]
+    why = "no handler runs on this accelerator"
+    monkeypatch.setitem(hardware.KINDS, "gpu", dataclasses.replace(gpu, not_runnable=why))
     model = shape_model("olmoe", tokens=1000)
     stream = {"traffic": "poisson:2", "slo_p99_s": 30.0, "hours": 0.25}
-    with pytest.raises(InfeasibleError, match="no handler runs on a GPU"):
+    with pytest.raises(InfeasibleError, match=why):
         plan_traffic_on_hardware(
             model.manifest, model.counts, load_calibration(), hardware="gpu", **stream
         )
@@ -148,14 +157,12 @@ def test_gpu_backed_candidates_are_priced_and_reported_never_chosen() -> None:
     assert set(summary["hardware"]) == {"cpu", "gpu", MIXED}
     priced = [summary["hardware"][h] for h in ("gpu", MIXED)]
     assert any(r["feasible"] for r in priced)  # priced by the one model ...
-    assert all(not r["deployable"] and "no handler" in r["not_chosen_because"] for r in priced)
+    assert all(not r["deployable"] and why in r["not_chosen_because"] for r in priced)
 
 
-def test_a_runnable_gpu_kind_gets_a_deployable_gpu_plan(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The day GPU-backed handlers run (the registry's one line), the same stream is planned
-    on GPUs."""
-    gpu = hardware.KINDS["gpu"]
-    monkeypatch.setitem(hardware.KINDS, "gpu", dataclasses.replace(gpu, not_runnable=None))
+def test_a_stream_on_gpus_gets_a_deployable_gpu_plan() -> None:
+    """GPU-backed handlers run (the registry's gpu line is runnable): a stream is planned on
+    GPUs, with a shape the handlers deploy."""
     model = shape_model("olmoe", tokens=1000)
     plan, summary = plan_traffic_on_hardware(
         model.manifest, model.counts, load_calibration(), hardware="gpu",
