@@ -67,9 +67,12 @@ def _gpu_candidate(
     stream: Stream,
     slo_s: float,
     hardware: str,
+    door: tuple[float, float],
 ) -> HardwarePlan:
+    """One driver layout's candidate; `door` the stream's front door (`front_door`: USD over
+    the period, p99 wait), simulated once per stream."""
     req = _request(model, layout, speed, cal, stream.prompt_tokens)
-    door_usd, door_s = front_door(cal, stream)
+    door_usd, door_s = door
     served = _fewest_servers(stream, req.latency_s, slo_s - door_s)
     monolithic = bool(layout.local.all())
     detail: dict[str, Any] = {
@@ -293,6 +296,7 @@ def plan_hardware(
             "use the packaged calibration, or add both with their sources.",
         )
     model = _Model.of(manifest, counts)
+    door = front_door(calibration, stream) if any(h != "cpu" for h in hardware) else (0.0, 0.0)
     out: dict[str, HardwarePlan] = {}
     for kind in hardware:
         say(f"{manifest.model}: {kind} at {stream.rate:.4g} requests/s")
@@ -327,14 +331,16 @@ def plan_hardware(
                         )
                         continue
                     plan = _gpu_candidate(
-                        model, layout, speed, pool, calibration, stream, slo_s, kind
+                        model, layout, speed, pool, calibration, stream, slo_s, kind, door
                     )
                     plan.detail["gpu"] = gpu_name
                     plan.detail["gpu_usable_gib"] = round(speed.usable_gib, 2)
                     plan.detail["gpu_share_of_remote"] = share
                     best = _keep(plan, best, reasons)
             if kind == "gpu":
-                staged = stages_candidate(model, speed, pool, calibration, stream, slo_s, fitting)
+                staged = stages_candidate(
+                    model, speed, pool, calibration, stream, slo_s, fitting, door
+                )
                 staged.detail["gpu"] = gpu_name
                 staged.detail["gpu_usable_gib"] = round(speed.usable_gib, 2)
                 best = _keep(staged, best, reasons)

@@ -141,9 +141,11 @@ def stages_candidate(
     stream: Stream,
     slo_s: float,
     sizes: list[int],
+    door: tuple[float, float] | None = None,
 ) -> HardwarePlan:
     """The cheapest chain of layer stages on `pool`'s GPU type meeting the p99 SLO, each stage
-    within the room of the largest size on it (`GpuSpeed.room_gib`)."""
+    within the room of the largest size on it (`GpuSpeed.room_gib`); `door` the stream's front
+    door (`front_door`: USD, p99 wait), simulated here when not given."""
 
     largest = max(sizes)
     runtime = runtime_gib(cal)
@@ -157,7 +159,7 @@ def stages_candidate(
         return HardwarePlan("gpu", False, ranges, math.inf, None, math.inf, math.inf, {})
     gib = [speed.smallest_size(sizes, held) for *_, held in ranges]
     service, gpu_s = _service_s(model, speed, cal, ranges, stream.prompt_tokens)
-    door_usd, door_s = front_door(cal, stream)
+    door_usd, door_s = door if door is not None else front_door(cal, stream)
     latency = float(service.sum()) + door_s
     detail: dict[str, Any] = {
         "shape": "stages",
