@@ -45,12 +45,11 @@ class GpuOption:
 def free_bytes(manifest: Manifest, gpus: int, memory_gb: float) -> float:
     """Bytes left on the fullest GPU of n within the headroom (negative: the weights do not
     fit), every GPU holding the non-MoE weights and its experts (e mod n), in bf16."""
-    width = manifest.dtype_bytes
-    shared = sum(s.bytes for s in manifest.stages if s.role != "expert") / width * 2
+    shared = sum(manifest.params(s) for s in manifest.stages if s.role != "expert") * 2
     per_gpu = np.zeros(gpus)
     for stage in manifest.stages:
         if stage.role == "expert":
-            per_gpu[stage.expert % gpus] += stage.bytes / width * 2
+            per_gpu[stage.expert % gpus] += manifest.params(stage) * 2
     return float(_MEMORY_HEADROOM * memory_gb * 1e9 - shared - per_gpu.max())
 
 

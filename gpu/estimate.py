@@ -40,12 +40,11 @@ class ModelWork:
 
     @classmethod
     def of(cls, manifest: Manifest) -> ModelWork:
-        width = manifest.dtype_bytes
         nonmoe = np.zeros(manifest.num_layers)
         experts = np.zeros((manifest.num_layers, manifest.experts))
         tail = 0.0
         for stage in manifest.stages:
-            flops = 2.0 * stage.bytes / width
+            flops = 2.0 * manifest.params(stage)
             if stage.role == "layer":
                 nonmoe[stage.layer] = flops
             elif stage.role == "expert":

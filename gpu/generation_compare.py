@@ -60,12 +60,13 @@ def shape_model(name: str, *, tokens: int = 10240) -> GenerationModel:
 def _gpu_kv_bytes(counts: PlanningCounts) -> float | None:
     """One token's keys and values in bf16 on GPUs: a shape's exact ones, else None (the
     GPU model's multi-head bound)."""
-    from planner.shapes import HIDDEN_STATE_BYTES, load_shape
+    from ground.precision import parse_weights
+    from planner.shapes import load_shape
 
     shape = counts.source.get("shape")
     if shape is None:
         return None
-    return load_shape(shape).kv_bytes_per_token() * 2 / HIDDEN_STATE_BYTES
+    return load_shape(shape).kv_bytes_per_token(parse_weights("bf16"))
 
 
 def compare_generation(

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from ground.precision import Weights, parse_weights
+
 __all__ = [
     "DTYPE_BYTES",
     "HEAD_KEY",
@@ -78,6 +80,21 @@ class Manifest(BaseModel):
     # model's quality against the dense one on held-out text (`moe.Quality`), when measured.
     moefy: dict[str, Any] | None = None
     quality: dict[str, Any] | None = None
+    # The precision of the stored weights per stage kind (`ground.precision.Weights.label`);
+    # None in an export made before precisions existed: then `dtype` says it.
+    weights: str | None = None
+
+    @property
+    def precision(self) -> Weights:
+        """The weights' precision per stage kind (float32 or bfloat16 `dtype` when unnamed)."""
+        if self.weights is not None:
+            return parse_weights(self.weights)
+        return parse_weights("fp32" if self.dtype == "float32" else "bf16")
+
+    def params(self, stage: StageEntry) -> float:
+        """Weight values of `stage`: its bytes over its kind's bytes per value (an int8
+        stage's per-channel scales count as a fraction of a value: under 1 %)."""
+        return stage.bytes / self.precision.bytes_per_weight(stage.role)
 
     @property
     def dtype_bytes(self) -> int:

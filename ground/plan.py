@@ -209,6 +209,9 @@ class ModelRef(_Strict):
     # dense one (`moe.Quality`); None for native MoE models and plans made before them.
     moefy: dict[str, Any] | None = None
     quality: dict[str, Any] | None = None
+    # The weights' precision per stage kind (`ground.precision.Weights.label`, as the manifest
+    # names it); None in plans made before precisions, whose functions served float32.
+    weights: str | None = None
 
 
 class Totals(_Strict):

@@ -37,11 +37,13 @@ from moe._generate import (
     generate_tokens,
     generation_request,
 )
+from moe._int8 import cpu_bf16
 from moe._model import build_model, moefy_options
 from moe._moe_model import LayerRouting, MoEModel
 from moe._moefy import LayerFit
 from moe._options import EXPERT_CHOICES, MoefyOptions, TopK, parse_top_k
-from moe._placement import check_device, on_host, place, torch_dtype
+from moe._placement import check_device, check_precision, on_host, place, torch_dtype
+from moe._precision import at_precision
 from moe._quality import (
     QUALITY_TOKENS,
     QUALITY_WINDOW,
@@ -93,8 +95,11 @@ __all__ = [
     "Stages",
     "Step",
     "TopK",
+    "at_precision",
     "build_model",
     "check_device",
+    "check_precision",
+    "cpu_bf16",
     "check_fit_text",
     "default_cache_dir",
     "dense_reference",

@@ -49,17 +49,18 @@ import torch
 
 from ground import __version__
 from ground.errors import UsageError
-from ground.manifest import MANIFEST_VERSION
+from ground.manifest import MANIFEST_VERSION, Manifest
 from moe._experts import ExpertBank
 from moe._export import export_model
 from moe._families import NATIVE_MOE_TYPES
+from moe._int8 import Int8Matrix
 from moe._model import build_model, fit_text, moefy_options
 from moe._moe_model import MoEModel
 from moe._moefy import LayerFit
 from moe._options import MoefyOptions
 from moe._quality import QUALITY_TOKENS
 from moe._registry import ModelSource, resolve_model
-from moe._stages import StageLoader
+from moe._stages import ExpertStage, StageLoader
 
 __all__ = ["CACHE_ENV", "cached_export_dir", "default_cache_dir", "load_exported", "load_model"]
 
@@ -316,21 +317,10 @@ def load_exported(root: str | Path) -> MoEModel:
     m = loader.manifest
     layers = [loader.layer(layer) for layer in range(m.num_layers)]
     tail = loader.tail()
-    banks = []
-    for layer in range(m.num_layers):
-        experts = [loader.expert(layer, e) for e in range(m.experts)]
-        b_in = None if experts[0].b_in is None else torch.stack([x.b_in for x in experts])  # type: ignore[misc]
-        b_out = None if experts[0].b_out is None else torch.stack([x.b_out for x in experts])  # type: ignore[misc]
-        banks.append(
-            ExpertBank(
-                torch.stack([x.w_in for x in experts]),
-                b_in,
-                torch.stack([x.w_out for x in experts]),
-                kind=m.expert_kind,  # type: ignore[arg-type]
-                act=m.activation,
-                b_out=b_out,
-            )
-        )
+    banks = [
+        _bank([loader.expert(layer, e) for e in range(m.experts)], m)
+        for layer in range(m.num_layers)
+    ]
     combines = [stage.combine for stage in layers[1:]] + [tail.combine]
     return MoEModel(
         name=m.model,
@@ -350,6 +340,25 @@ def load_exported(root: str | Path) -> MoEModel:
         shared=[stage.shared for stage in layers] if any(s.shared for s in layers) else [],
         options=None if m.moefy is None else MoefyOptions.from_description(m.moefy),
         quality=m.quality,
+        weights=m.precision,
+    )
+
+
+def _bank(experts: list[ExpertStage], m: Manifest) -> ExpertBank:
+    """One layer's experts, as loaded one by one, stacked back into a bank."""
+    kind, act = m.expert_kind, m.activation
+    if isinstance(experts[0].w_in, Int8Matrix):
+        pairs = [(x.w_in, x.w_out) for x in experts]
+        return ExpertBank.of_int8(pairs, kind=kind, act=act)  # type: ignore[arg-type]
+    b_in = None if experts[0].b_in is None else torch.stack([x.b_in for x in experts])  # type: ignore[misc]
+    b_out = None if experts[0].b_out is None else torch.stack([x.b_out for x in experts])  # type: ignore[misc]
+    return ExpertBank(
+        torch.stack([x.w_in for x in experts]),  # type: ignore[misc]
+        b_in,
+        torch.stack([x.w_out for x in experts]),  # type: ignore[misc]
+        kind=kind,  # type: ignore[arg-type]
+        act=act,
+        b_out=b_out,
     )
 
 

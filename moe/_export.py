@@ -33,6 +33,7 @@ from ground.manifest import (
     expert_key,
     layer_key,
 )
+from ground.precision import ACTIVATION_DTYPE
 from moe._moe_model import MoEModel
 
 __all__ = ["describe_model", "export_model"]
@@ -53,7 +54,9 @@ def _stage_tensors(model: MoEModel) -> dict[str, dict[str, torch.Tensor]]:
         )
         shared = model.shared_expert(layer)
         if shared is not None:
-            tensors |= _prefixed("shared", shared)
+            tensors |= {
+                f"shared.{k}": v.detach().contiguous().clone() for k, v in shared.tensors().items()
+            }
         if layer > 0:
             tensors |= _prefixed("combine", model.combines[layer - 1])
         files[layer_key(layer)] = tensors
@@ -80,7 +83,7 @@ def _entry(key: str, size: int) -> StageEntry:
 
 
 def _manifest(model: MoEModel, entries: list[StageEntry]) -> Manifest:
-    dtype_bytes = torch.finfo(torch.float32).bits // 8
+    weights = model.weights
     return Manifest(
         format_version=MANIFEST_VERSION,
         model=model.name,
@@ -96,13 +99,14 @@ def _manifest(model: MoEModel, entries: list[StageEntry]) -> Manifest:
         expert_kind=model.banks[0].kind,
         activation=model.banks[0].act,
         hidden_size=model.hidden_size,
-        dtype="float32",
-        token_bytes_in=model.hidden_size * dtype_bytes,
-        token_bytes_out=model.hidden_size * dtype_bytes,
+        dtype=ACTIVATION_DTYPE[weights.stack],
+        token_bytes_in=model.hidden_size * weights.wire_bytes(),
+        token_bytes_out=model.hidden_size * weights.expert_wire_bytes(),
         stages=entries,
         router_fit=[asdict(fit) for fit in model.fits],
         moefy=None if model.options is None else model.options.describe(),
         quality=model.quality,
+        weights=weights.label(),
     )
 
 

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ground.errors import UsageError
+from ground.precision import FP32, Weights
 from moe._experts import ExpertBank, Router, SharedExpert
 from moe._families import Family
 from moe._generate import Generated, GenerationConfig, Step, eos_ids, generate_tokens
@@ -58,6 +59,7 @@ class MoEModel:
         options: The MoEfication that made the experts (None for native MoE models).
         quality: The served model against the dense one on held-out text (`moe.Quality` as a
             dict), measured when the model was MoEfied; None if never measured.
+        weights: The precision of its weights per stage kind (`moe.at_precision`).
     """
 
     name: str
@@ -77,6 +79,7 @@ class MoEModel:
     shared: list[SharedExpert | None] = field(default_factory=list)
     options: MoefyOptions | None = None
     quality: dict[str, Any] | None = None
+    weights: Weights = FP32
 
     def shared_expert(self, layer: int) -> SharedExpert | None:
         return self.shared[layer] if self.shared else None
@@ -113,10 +116,11 @@ class MoEModel:
             x = out.ffn_in.reshape(batch * length, -1)
             idx, weights, probs = router(x)
             y = bank.dense_masked(x, idx, weights) if reference else bank.sparse(x, idx, weights)
+            residual = out.residual
             shared = self.shared_expert(layer)
-            if shared is not None:
-                y = y + shared(x)
-            hidden = combine(out.residual, y.view(batch, length, -1))
+            if shared is not None:  # added where the layer function adds it (`LayerStage`)
+                residual = residual + shared(x).view_as(residual)
+            hidden = combine(residual, y.view(batch, length, -1))
             if routing is not None:
                 most_attended = out.attention.sum(dim=1).argmax(dim=-1)
                 routing.append(

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from ground.errors import ModelError
+from ground.errors import ModelError, UsageError
 from ground.placement import Placement
+from ground.precision import Weights
+from moe._int8 import cpu_bf16
 
-__all__ = ["check_device", "on_host", "place", "torch_dtype"]
+__all__ = ["check_device", "check_precision", "on_host", "place", "torch_dtype"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -45,3 +47,28 @@ def on_host(value: torch.Tensor) -> torch.Tensor:
     """`value` as it leaves a function: on the host, float32 if floating point."""
     value = value.detach().cpu()
     return value.float() if value.is_floating_point() else value
+
+
+def check_precision(weights: Weights, placement: Placement | None = None) -> Weights:
+    """`weights`, once the hardware that would run them can.
+
+    Raises:
+        UsageError: bf16 asked on a CPU without bfloat16 instructions, or int8 on a GPU (its
+            kernels are CPU kernels: `moe._int8`).
+    """
+    device = "cpu" if placement is None else placement.device
+    kinds = {weights.stack, weights.experts}
+    if device == "cpu" and "bf16" in kinds and cpu_bf16() is None:
+        raise UsageError(
+            f"--weights {weights.label()}: this CPU has no bfloat16 instructions (neither "
+            "AVX512-BF16 nor AMX-BF16 in /proc/cpuinfo), so torch would emulate bfloat16, "
+            "slower than float32.",
+            "use --weights int8 (any CPU) or fp32 here, or run bf16 on a GPU or a CPU that "
+            "has them.",
+        )
+    if device == "cuda" and "int8" in kinds:
+        raise UsageError(
+            "--weights int8 runs on CPUs only: its kernels are torch's CPU int8 GEMMs.",
+            "serve GPU functions at bf16 (their default) and int8 on CPU functions.",
+        )
+    return weights

@@ -99,6 +99,9 @@ class Quality(BaseModel):
     # written before conversions were metered.
     convert_s: float | None = None
     convert_peak_rss_mib: float | None = None
+    # The precision of the judged model's weights (`ground.precision`): the float32 model
+    # unless `--weights` asked for another.
+    weights: str = "fp32"
     wall_s: float = 0.0
 
     @property
@@ -176,7 +179,7 @@ def flops_share(model: MoEModel, routing: list[LayerRouting]) -> list[float]:
     shares = []
     for layer, route in enumerate(routing):
         bank = model.banks[layer]
-        expert_width = int(bank.w_out.shape[2])
+        expert_width = bank.expert_width
         shared = model.shared_expert(layer)
         shared_width = 0 if shared is None else shared.width
         dense_width = bank.num_experts * expert_width + shared_width
@@ -302,7 +305,12 @@ def measure_quality(
             "cosine_min": round(float(cos.min()), 6),
             "neighbour_overlap_10": round(_neighbour_overlap(d, m, NEIGHBOURS), 6),
         }
-    return Quality(**common, **metrics, wall_s=round(time.perf_counter() - started, 3))
+    return Quality(
+        **common,
+        **metrics,
+        weights=model.weights.label(),
+        wall_s=round(time.perf_counter() - started, 3),
+    )
 
 
 def native_model_error(name: str) -> Exception:

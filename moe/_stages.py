@@ -23,10 +23,18 @@ from ground.errors import ModelError
 from ground.manifest import HEAD_KEY, MANIFEST_VERSION, TAIL_KEY, Manifest, expert_key, layer_key
 from ground.placement import CPU, Placement
 from moe._decode_context import DecodeContext
-from moe._experts import Router, SharedExpert, expert_ffn, gather_shards, routing_shards
+from moe._experts import (
+    Router,
+    SharedExpert,
+    expert_ffn,
+    gather_shards,
+    matrix_of,
+    routing_shards,
+)
 from moe._families import Family
+from moe._int8 import int8_shells
 from moe._options import TopK, parse_top_k
-from moe._placement import check_device, place, torch_dtype
+from moe._placement import check_device, check_precision, torch_dtype
 
 __all__ = [
     "ExpertCall",
@@ -85,6 +93,7 @@ class LayerStage:
         self.block = block
         self.router = router
         self.shared = shared
+        self.dtype = _dtype_of(block)
 
     @torch.inference_mode()
     def run(
@@ -94,7 +103,11 @@ class LayerStage:
         context: DecodeContext | None = None,
     ) -> LayerOutput:
         """`hidden` is the head's output (layer 0) or the previous layer's residual; `context`
-        the KV cache, positions and mask of a generation step (`moe._generate`), if any."""
+        the KV cache, positions and mask of a generation step (`moe._generate`), if any. Both
+        come at the stage's dtype, or as float32 from another function (cast here)."""
+        hidden = hidden.to(self.dtype)
+        if expert_sum is not None:
+            expert_sum = expert_sum.to(self.dtype)
         if self.combine is not None:
             if expert_sum is None:
                 raise ValueError("a layer after the first needs the previous layer's expert sum")
@@ -109,11 +122,11 @@ class LayerStage:
 
 
 class ExpertStage:
+    """One expert as its file stores it: float weights, or int8 ones with their scales."""
+
     def __init__(self, tensors: dict[str, torch.Tensor], kind: str, act: str) -> None:
-        self.w_in = tensors["w_in"]
-        self.b_in = tensors.get("b_in")
-        self.w_out = tensors["w_out"]
-        self.b_out = tensors.get("b_out")
+        self.w_in, self.b_in = matrix_of(tensors, "w_in", "b_in")
+        self.w_out, self.b_out = matrix_of(tensors, "w_out", "b_out")
         self.kind = kind
         self.act = act
 
@@ -126,17 +139,28 @@ class TailStage:
     def __init__(self, combine: nn.Module, tail: nn.Module) -> None:
         self.combine = combine
         self.tail = tail
+        self.dtype = _dtype_of(combine, tail)
 
     @torch.inference_mode()
     def run(self, residual: torch.Tensor, expert_sum: torch.Tensor) -> torch.Tensor:
+        residual, expert_sum = residual.to(self.dtype), expert_sum.to(self.dtype)
         return self.tail(self.combine(residual, expert_sum.view_as(residual)))
+
+
+def _dtype_of(*modules: nn.Module) -> torch.dtype:
+    """The dtype a stage computes in: its floating parameters' (an int8 stage's norms are
+    float32), float32 for modules without any."""
+    params = (p for m in modules for p in m.parameters() if p.is_floating_point())
+    return next((p.dtype for p in params), torch.float32)
 
 
 class StageLoader:
     """Reads the manifest of an export and builds any one stage from its own file, on the
     device and at the dtype of its `placement` (`ground.placement`: float32 on the CPU unless
-    a GPU-backed function says otherwise). Modules are made on the device and each tensor is
-    moved there as it is read, so the host holds one tensor of the file at a time."""
+    a GPU-backed function says otherwise) and of the export's precision
+    (`ground.precision`: a bf16 stage runs in bfloat16, an int8 one in int8 with float32
+    activations; the gate stays float32 on the CPU). Modules are made on the device and each
+    tensor is moved there as it is read, so the host holds one tensor of the file at a time."""
 
     def __init__(self, root: str | Path, placement: Placement = CPU) -> None:
         self.root = Path(root)
@@ -159,6 +183,18 @@ class StageLoader:
                 f"version {MANIFEST_VERSION}.",
                 "re-export the model with this version of moelambda.",
             )
+        check_precision(self.manifest.precision, self.placement)
+
+    def dtype(self, role: str) -> torch.dtype:
+        """The dtype a stage of `role` computes in: the placement's bfloat16 (a GPU), else its
+        precision's (bfloat16, or float32 for fp32 and int8)."""
+        if self.placement.dtype == "bfloat16" or self.manifest.precision.of(role) == "bf16":
+            return torch.bfloat16
+        return torch_dtype(self.placement)
+
+    @property
+    def _int8_stack(self) -> bool:
+        return self.manifest.precision.stack == "int8"
 
     @cached_property
     def family(self) -> Family:
@@ -177,23 +213,41 @@ class StageLoader:
 
         return AutoTokenizer.from_pretrained(self.root / "config")
 
-    def _tensors(self, key: str) -> dict[str, torch.Tensor]:
+    def _tensors(
+        self, key: str, dtype: torch.dtype, keep: str | None = None
+    ) -> dict[str, torch.Tensor]:
+        """The file's tensors on the device, floating ones at `dtype` (those under the prefix
+        `keep` at the placement's: the gate)."""
         path = self.root / key
         if not path.is_file():
             raise ModelError(
                 f"the weights object '{key}' is missing from {self.root}.",
                 "re-export the model; do not delete files from an export.",
             )
-        where = self.placement
-        with safe_open(str(path), framework="pt", device=where.device) as f:
-            return {key: place(where, f.get_tensor(key)) for key in f.keys()}  # noqa: SIM118
+        kept = torch_dtype(self.placement)
+
+        def cast(name: str, value: torch.Tensor) -> torch.Tensor:
+            if not value.is_floating_point():
+                return value
+            return value.to(kept if keep and name.startswith(keep) else dtype)
+
+        with safe_open(str(path), framework="pt", device=self.placement.device) as f:
+            return {key: cast(key, f.get_tensor(key)) for key in f.keys()}  # noqa: SIM118
 
     def _filled(
-        self, make: Callable[[], nn.Module], tensors: dict[str, torch.Tensor]
+        self,
+        make: Callable[[], nn.Module],
+        tensors: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        *,
+        int8: bool = False,
     ) -> nn.Module:
-        """The module `make` builds, made on the placement's device at its dtype and filled."""
+        """The module `make` builds, made on the placement's device at `dtype` (its linear
+        layers and embeddings int8 when `int8`) and filled."""
         with torch.device(self.placement.device):
-            module = make().to(dtype=torch_dtype(self.placement))
+            module = make().to(dtype=dtype)
+        if int8:
+            int8_shells(module)
         module.load_state_dict(tensors, strict=True)
         return module.eval().requires_grad_(False)
 
@@ -201,7 +255,9 @@ class StageLoader:
         weight = tensors["linear.weight"]
         bias = "linear.bias" in tensors
         linear = self._filled(
-            lambda: nn.Linear(weight.shape[1], weight.shape[0], bias=bias), _sub(tensors, "linear")
+            lambda: nn.Linear(weight.shape[1], weight.shape[0], bias=bias),
+            _sub(tensors, "linear"),
+            torch_dtype(self.placement),
         )
         return Router(linear, top_k=self.routing_rule, weighting=self.manifest.weighting)  # type: ignore[arg-type]
 
@@ -217,35 +273,37 @@ class StageLoader:
         if "w_out" not in tensors:
             return None
         m = self.manifest
-        return SharedExpert(
-            tensors["w_in"],
-            tensors.get("b_in"),
-            tensors["w_out"],
-            tensors["b_out"],
+        return SharedExpert.stored(
+            tensors,
             kind=m.expert_kind,  # type: ignore[arg-type]
             act=m.activation,
         ).eval()
 
+    def _stack(self, make: Callable[[], nn.Module], tensors: dict[str, torch.Tensor]) -> nn.Module:
+        return self._filled(make, tensors, self.dtype("layer"), int8=self._int8_stack)
+
     def head(self) -> HeadStage:
-        return HeadStage(self._filled(self.family.new_head, _sub(self._tensors(HEAD_KEY), "head")))
+        tensors = self._tensors(HEAD_KEY, self.dtype("head"))
+        return HeadStage(self._stack(self.family.new_head, _sub(tensors, "head")))
 
     def layer(self, layer: int) -> LayerStage:
-        tensors = self._tensors(layer_key(layer))
+        tensors = self._tensors(layer_key(layer), self.dtype("layer"), keep="router.")
         combine = None
         if layer > 0:
-            combine = self._filled(self.family.new_combine, _sub(tensors, "combine"))
-        block = self._filled(lambda: self.family.new_block(layer), _sub(tensors, "block"))
+            combine = self._stack(self.family.new_combine, _sub(tensors, "combine"))
+        block = self._stack(lambda: self.family.new_block(layer), _sub(tensors, "block"))
         router = self._router(_sub(tensors, "router"))
         return LayerStage(combine, block, router, self._shared(_sub(tensors, "shared")))
 
     def expert(self, layer: int, expert: int) -> ExpertStage:
         m = self.manifest
-        return ExpertStage(self._tensors(expert_key(layer, expert)), m.expert_kind, m.activation)
+        tensors = self._tensors(expert_key(layer, expert), self.dtype("expert"))
+        return ExpertStage(tensors, m.expert_kind, m.activation)
 
     def tail(self) -> TailStage:
-        tensors = self._tensors(TAIL_KEY)
-        combine = self._filled(self.family.new_combine, _sub(tensors, "combine"))
-        return TailStage(combine, self._filled(self.family.new_tail, _sub(tensors, "tail")))
+        tensors = self._tensors(TAIL_KEY, self.dtype("tail"))
+        combine = self._stack(self.family.new_combine, _sub(tensors, "combine"))
+        return TailStage(combine, self._stack(self.family.new_tail, _sub(tensors, "tail")))
 
 
 class Stages(Protocol):
@@ -303,8 +361,9 @@ def local_experts(
             for e, (tokens, weights) in enumerate(
                 routing_shards(out.experts, out.weights, num_experts)
             )
+            if tokens.numel()
         ]
-        return gather_shards(out.ffn_in.shape[0], hidden, parts)
+        return gather_shards(out.ffn_in.shape[0], hidden, parts, like=out.ffn_in)
 
     return call
 

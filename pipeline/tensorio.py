@@ -4,6 +4,11 @@ Layout: magic b"MLT1", uint8 count, then per tensor: uint8 dtype code, uint8 ndi
 shape (little endian), raw C-order bytes. A fixed binary header instead of JSON or npy keeps
 floats exact, lets several tensors share one object (routing: experts and weights), and is
 trivial to parse in any language.
+
+A float32 array whose every value is a bfloat16 (the low 16 bits of each value zero: what a
+stage computing in bfloat16 hands on, `ground.precision`) travels as bfloat16, the high half of
+each value (code 4), and is decoded back to the same float32 values: half the bytes through S3
+and Invoke payloads, exactly. numpy has no bfloat16, so the caller sees float32 either way.
 """
 
 from __future__ import annotations
@@ -22,6 +27,18 @@ _CODES: dict[int, np.dtype] = {
     3: np.dtype("<i4"),
 }
 _BY_DTYPE = {dtype: code for code, dtype in _CODES.items()}
+BFLOAT16 = 4  # float32 values that are bfloat16s, stored as their high 16 bits (`encode`)
+_F32 = np.dtype("<f4")
+
+
+def _as_bfloat16(a: np.ndarray) -> np.ndarray | None:
+    """The high halves of a float32 array's values when its low halves are all zero, else None."""
+    if a.dtype != _F32 or not a.size:
+        return None
+    bits = np.ascontiguousarray(a, dtype=_F32).view("<u4")
+    if np.any(bits & 0xFFFF):
+        return None
+    return (bits >> 16).astype("<u2")
 
 
 class TensorIOError(ValueError):
@@ -42,8 +59,11 @@ def encode(*arrays: np.ndarray) -> bytes:
             )
         if a.ndim > 255:
             raise TensorIOError(f"at most 255 dimensions are encodable, got {a.ndim}")
-        chunks.append(struct.pack(f"<BB{a.ndim}I", _BY_DTYPE[dtype], a.ndim, *a.shape))
-        chunks.append(np.ascontiguousarray(a, dtype=dtype).tobytes())
+        halves = _as_bfloat16(a)
+        code = _BY_DTYPE[dtype] if halves is None else BFLOAT16
+        chunks.append(struct.pack(f"<BB{a.ndim}I", code, a.ndim, *a.shape))
+        body = np.ascontiguousarray(a, dtype=dtype) if halves is None else halves
+        chunks.append(body.tobytes())
     return b"".join(chunks)
 
 
@@ -65,15 +85,18 @@ def decode(data: bytes) -> list[np.ndarray]:
     for i in range(header[0]):
         head, offset = _take(data, offset, 2, f"the header of tensor {i}")
         code, ndim = head
-        if code not in _CODES:
+        if code not in _CODES and code != BFLOAT16:
             raise TensorIOError(f"tensor {i} has unknown dtype code {code}")
         raw_shape, offset = _take(data, offset, 4 * ndim, f"the shape of tensor {i}")
         shape = struct.unpack(f"<{ndim}I", raw_shape)
-        dtype = _CODES[code]
+        dtype = np.dtype("<u2") if code == BFLOAT16 else _CODES[code]
         raw, offset = _take(data, offset, int(np.prod(shape)) * dtype.itemsize, f"tensor {i}")
-        arrays.append(
-            np.frombuffer(raw, dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
-        )
+        values = np.frombuffer(raw, dtype=dtype).reshape(shape)
+        if code == BFLOAT16:
+            bits = values.astype("<u4")
+            bits <<= 16  # in place: a 0-d array stays an array
+            values = bits.view(_F32)
+        arrays.append(values.astype(values.dtype.newbyteorder("=")))
     if offset != len(data):
         raise TensorIOError(f"{len(data) - offset} unexpected bytes after the last tensor")
     return arrays

@@ -21,6 +21,7 @@ Example (counts written by `moelambda predict --counts-out out/counts.json`)::
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,8 +36,10 @@ from ground.plan import PlanError
 if TYPE_CHECKING:
     from ground.manifest import Manifest
     from ground.plan import Plan
+    from ground.precision import Weights
     from planner.calibration import Calibration
     from planner.costmodel import Solution
+    from planner.deployments import Candidate
     from planner.exact import Frontier
     from planner.generation import GenerationSolution
 
@@ -68,6 +71,7 @@ __all__ = [
     "serverless_best",
     "shape_counts_for_plan",
     "slo_of",
+    "weights_on_cpu",
     "write_pareto",
 ]
 
@@ -139,6 +143,7 @@ def counts_for_plan(
         "top_k": trace.top_k,
         "seed": int(trace.meta.get("moefy_seed", 0)),
         "moefy": trace.meta.get("moefy"),
+        "weights": trace.meta.get("weights"),  # the precision it was profiled at (None: fp32)
     }
     source = {"traces": str(traces), "method": DEFAULT_METHOD, "tokens": batch, "seed": seed}
     return PlanningCounts(predicted, tokens, source, model)
@@ -200,8 +205,10 @@ def shape_counts_for_plan(
     counts: Path | None = None,
     tokens: int,
     seed: int = 0,
+    weights: str | Weights | None = None,
 ) -> PlanningCounts:
-    """The counts (labelled synthetic) and manifest of a model known by its architecture alone.
+    """The counts (labelled synthetic) and manifest of a model known by its architecture alone,
+    its weights at the precision `weights` names.
 
     Example::
 
@@ -216,7 +223,13 @@ def shape_counts_for_plan(
         counts: Must be None: a counts file is a measured model's, refused here.
         tokens: Tokens per batch to plan for.
         seed: Seeds the synthetic popularity.
+        weights: The weights' precision (`ground.precision.parse_weights`: "int8",
+            "stack=bf16,experts=int8"). Defaults to None: the shape's published precision.
+
+    Raises:
+        UsageError: A counts file, or `weights` that name no precision.
     """
+    from ground.precision import parse_weights
     from planner.shapes import load_shape, shape_counts
     from predictor import RoutingTrace
 
@@ -225,11 +238,12 @@ def shape_counts_for_plan(
             "--counts are a measured model's predictions; --shape plans a model without weights.",
             "drop --counts, or drop --shape and plan the model the counts were predicted for.",
         )
+    precision = None if weights is None else parse_weights(weights)
     described = load_shape(shape)
     trace = RoutingTrace.load(traces) if traces is not None else None
     predicted, label = shape_counts(described, tokens, popularity, trace, seed)
     source = {"shape": described.name, **label}
-    return PlanningCounts(predicted, tokens, source, manifest=described.manifest())
+    return PlanningCounts(predicted, tokens, source, manifest=described.manifest(precision))
 
 
 def plan_deployment(
@@ -286,6 +300,7 @@ def plan_deployment(
     o = options or PlanOptions()
     methods, confidence = o.check(counts)
     check_shape(o)
+    weights = weights_on_cpu(manifest, calibration, o.arch)
     if o.generating:
         if slo_s is not None or whole_curve:
             raise UsageError(
@@ -293,7 +308,7 @@ def plan_deployment(
                 "prompts') and --slo-tpot (each further token's).",
                 "drop --slo/--throughput and --pareto, or the generation options.",
             )
-        return _plan_generating(manifest, counts, calibration, o, progress)
+        return _plan_generating(manifest, counts, calibration, o, progress, weights)
     started = time.perf_counter()
     shapes = shapes_for(o)
     request = ShapeRequest(
@@ -333,19 +348,82 @@ def plan_deployment(
             raise errors[shapes[0]]
         raise infeasible_everywhere(candidates, slo_s)
     chosen = min(feasible, key=lambda c: (c.bill_usd, shapes.index(c.deployment)))
-    listed = [c.describe() for c in candidates]
+    listed = [_weighed(c, chosen, manifest) for c in candidates]
     won = planned[chosen.deployment]
     # the workflow's cost-vs-SLO curve whichever shape won (`write_pareto` draws it)
     frontier = next((p.frontier for p in planned.values() if p.frontier is not None), None)
     document = won.plan.model_copy(update={"candidates": listed})
-    summary = won.summary | {
-        "seconds": round(time.perf_counter() - started, 4),
-        "deployment": chosen.deployment,
-        "candidates": listed,
-    }
+    summary = (
+        won.summary
+        | weights
+        | {
+            "seconds": round(time.perf_counter() - started, 4),
+            "deployment": chosen.deployment,
+            "candidates": listed,
+        }
+    )
     shaped = {name: p.plan for name, p in planned.items()}
     shaped[chosen.deployment] = document
     return PlannedDeployment(document, summary, won.solution, frontier, shaped)
+
+
+def weights_on_cpu(manifest: Manifest, calibration: Calibration, arch: str) -> dict[str, Any]:
+    """The summary's `weights` (the precision's label) and `weights_note`: why CPU Lambda
+    would not run them (`planner.hardware.why_not`), None when it does. A shape's plan is
+    priced all the same (no export of it exists to deploy) and says so; a real export's is
+    refused, since its handlers would refuse the weights.
+
+    Raises:
+        UsageError: A real export at a precision CPU Lambda does not compute.
+    """
+    from planner.hardware import why_not
+
+    label = manifest.precision.label()
+    reason = why_not("cpu", manifest.precision, calibration, arch)
+    if reason is not None and manifest.family != "shape":
+        raise UsageError(
+            f"{manifest.model}'s {label} weights cannot run on CPU Lambda: {reason}.",
+            "plan CPU functions for the model at --weights fp32 or int8 (profile it so: "
+            "`moelambda profile --weights int8`), or GPU-backed ones for a stream (plan "
+            "--traffic SPEC --slo-p99 S --hardware gpu).",
+        )
+    note = None
+    if reason is not None:
+        note = (
+            f"priced at {label}, but not runnable as planned: {reason}; plan --weights fp32 or "
+            "int8 for CPU functions that run"
+        )
+    return {"weights": label, "weights_note": note}
+
+
+def _weighed(candidate: Candidate, chosen: Candidate, manifest: Manifest) -> dict[str, Any]:
+    """A shape as `plan --json` lists it (`Candidate.describe`), with the weights its
+    function holding the most holds (a driver's or one function's: every weight of the model;
+    None for the fan-out workflow, whose functions each hold one stage) and why it was or was
+    not chosen: its bill against the chosen one's, or why it is infeasible."""
+    from ground.topology import topology
+    from planner.instance import MB
+
+    entry = candidate.describe()
+    plan = candidate.plan
+    if topology(candidate.deployment).expert_functions == "none":  # one function holds all
+        entry["weights_mb"] = round(sum(s.bytes for s in manifest.stages) / MB, 1)
+    elif plan is not None and plan.driver is not None:
+        entry["weights_mb"] = round(plan.driver.weights_mb, 1)
+    else:
+        entry["weights_mb"] = None
+    if candidate.plan is None:
+        entry["verdict"] = f"infeasible: {candidate.reason}"
+    elif candidate is chosen:
+        entry["verdict"] = "chosen: the cheapest feasible shape"
+    else:
+        assert candidate.bill_usd is not None and chosen.bill_usd is not None
+        extra = candidate.bill_usd - chosen.bill_usd
+        ratio = candidate.bill_usd / chosen.bill_usd if chosen.bill_usd > 0 else math.inf
+        entry["verdict"] = (
+            f"not chosen: ${extra:.6f} ({ratio:.2f}x) a batch more than the {chosen.deployment}"
+        )
+    return entry
 
 
 def _reason(error: Exception) -> str:
@@ -364,9 +442,11 @@ def _plan_generating(
     calibration: Calibration,
     o: PlanOptions,
     progress: Callable[[str], None] | None,
+    weights: dict[str, Any],
 ) -> PlannedDeployment:
     """The cheapest generating plan of every shape `o` allows (`planner.generation`), with
-    each shape's TTFT, TPOT and bills, or why it is infeasible, as `candidates`."""
+    each shape's TTFT, TPOT and bills, or why it is infeasible, as `candidates`; `weights`
+    the summary's precision keys (`weights_on_cpu`)."""
     from planner import generation as gen
     from planner.batch_shapes import driver_summary, shapes_for
     from planner.deployments import generation_plan
@@ -375,7 +455,7 @@ def _plan_generating(
 
     started = time.perf_counter()
     shape = counts.source.get("shape")
-    kv = None if shape is None else load_shape(shape).kv_bytes_per_token()
+    kv = None if shape is None else load_shape(shape).kv_bytes_per_token(manifest.precision)
     listed: list[dict[str, Any]] = []
     planned: dict[str, tuple[Plan, GenerationSolution]] = {}
     errors: dict[str, Exception] = {}
@@ -420,12 +500,16 @@ def _plan_generating(
     plan, solution = planned[name]
     plan = plan.model_copy(update={"candidates": listed})
     chosen = next(c for c in listed if c["deployment"] == name)
-    summary = driver_summary(plan, manifest, counts, None) | {
-        "seconds": round(time.perf_counter() - started, 4),
-        "deployment": name,
-        "candidates": listed,
-        "generation": chosen,
-    }
+    summary = (
+        driver_summary(plan, manifest, counts, None)
+        | weights
+        | {
+            "seconds": round(time.perf_counter() - started, 4),
+            "deployment": name,
+            "candidates": listed,
+            "generation": chosen,
+        }
+    )
     return PlannedDeployment(plan, summary, None, None, {d: p for d, (p, _) in planned.items()})
 
 

@@ -3,7 +3,10 @@
 The model's facts come from its manifest (`moe.describe_model`): stage sizes in bytes (the
 expert sizes P_{e,i}, the layer and head/tail sizes for the non-MoE functions) and the bytes per
 token. Compute times scale the calibrated reference expert by FLOPs, counting two FLOPs per
-weight per token (one multiply-add), which holds for the matmul-dominated stages.
+weight per token (one multiply-add), which holds for the matmul-dominated stages; a stage's
+weights are its bytes over its kind's bytes per value (`ground.precision`: the experts' and the
+stack's precisions may differ), and its time is scaled by its precision's speed on CPUs against
+fp32 (`Calibration.speed_ratio`).
 """
 
 from __future__ import annotations
@@ -20,9 +23,20 @@ from planner.costmodel import Solution, bill, replica_limits
 from planner.instance import Instance, Method
 from planner.plan_writer import write_plan
 
-__all__ = ["instance_for", "make_plan"]
+__all__ = ["instance_for", "make_plan", "stage_compute_s"]
 
 NONMOE_MEMORY_MB = 1769  # one full vCPU for the head, gate and tail functions
+
+
+def stage_compute_s(
+    calibration: Calibration, manifest: Manifest, stage_bytes: float, role: str
+) -> np.ndarray:
+    """U_j of a stage of `role` holding `stage_bytes` of `manifest`'s weights at each memory
+    option: its FLOPs at its kind's bytes per value, at its precision's speed on CPUs."""
+    precision = manifest.precision
+    flops = flops_per_token(stage_bytes, precision.bytes_per_weight(role))
+    ratio = calibration.speed_ratio(precision.of(role))
+    return np.asarray(expert_compute_s(calibration, flops)) * ratio
 
 
 def instance_for(
@@ -42,14 +56,13 @@ def instance_for(
     layers, experts = manifest.num_layers, manifest.experts
     expert_bytes = np.array(manifest.expert_bytes(), dtype=float)
     layer_bytes = np.array([sizes[("layer", layer, None)] for layer in range(layers)], float)
-    width = manifest.dtype_bytes
-    expert_u = expert_compute_s(calibration, flops_per_token(float(expert_bytes.mean()), width))
+    expert_u = stage_compute_s(calibration, manifest, float(expert_bytes.mean()), "expert")
     options = np.asarray(calibration.memory_options_mb, dtype=float)
-    layer_u_ref = expert_compute_s(calibration, flops_per_token(float(layer_bytes.mean()), width))
+    layer_u_ref = stage_compute_s(calibration, manifest, float(layer_bytes.mean()), "layer")
     nonmoe_u = float(np.interp(NONMOE_MEMORY_MB, options, layer_u_ref))
     # The tail stage computes too: a decoder's LM head is a (vocab x hidden) matmul per token.
     tail_bytes = float(sizes[("tail", None, None)])
-    tail_u_ref = expert_compute_s(calibration, flops_per_token(tail_bytes, width))
+    tail_u_ref = stage_compute_s(calibration, manifest, tail_bytes, "tail")
     tail_u = float(np.interp(NONMOE_MEMORY_MB, options, tail_u_ref))
     if counts.shape != (layers, experts):
         raise ValueError(f"counts have shape {counts.shape}, the model ({layers}, {experts})")

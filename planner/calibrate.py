@@ -23,7 +23,7 @@ from typing import Any
 
 from ground.errors import UsageError
 
-__all__ = ["BUSY_CPUS", "calibrate_compute", "check_calibrate"]
+__all__ = ["BUSY_CPUS", "calibrate_compute", "calibrate_weights", "check_calibrate"]
 
 BUSY_CPUS = 0.25  # other processes' CPU use above which the timings are flagged as inflated
 
@@ -94,3 +94,59 @@ def calibrate_compute(
             for m, u in zip(written.memory_options_mb, written.expert_token_compute_s, strict=True)
         ],
     }
+
+
+def calibrate_weights(
+    source: Path,
+    target: Path,
+    *,
+    repeats: int = 5,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Measure each weight precision's speed against float32 on this machine
+    (`planner.precision_bench`) and write it into `target` (from `source`) as `weights_speed`:
+    per precision the `compute` ratio (U_j's scale) and the `decode_floor` ratio
+    (`decode_layer_floor_s`'s scale). Returns the bench report, with the file written."""
+    import copy
+
+    import torch
+
+    from planner import compute
+    from planner.precision_bench import CALIBRATION_PROMPTS, bench_precision
+
+    if repeats < 1:
+        raise UsageError(f"--repeats {repeats} times nothing.", "pass --repeats 1 or more.")
+    if target.is_dir():
+        raise UsageError(f"--out '{target}' is a directory.", "pass a calibration file name.")
+    document = compute.read_document(source)
+    if "weights_speed" not in document["parameters"]:
+        raise UsageError(
+            f"{source} has no weights_speed entry to fill in.",
+            "start from the packaged calibration (leave --calibration out) or one written by "
+            "this version of moelambda.",
+        )
+    report = bench_precision(repeats=repeats, prompts=CALIBRATION_PROMPTS, progress=progress)
+    speeds = {
+        key: {
+            "compute": row["speed_vs_fp32"]["compute"],
+            "decode_floor": row["speed_vs_fp32"]["decode_floor"],
+        }
+        for key, row in report["rows"].items()
+        if key in ("bf16", "int8")  # this CPU's kernels; fp32 is the unit
+    }
+    updated = copy.deepcopy(document)
+    updated["parameters"]["weights_speed"] |= {
+        "value": compute._rounded(speeds),
+        "source": (
+            f"measured by `moelambda calibrate --weights` ({repeats} interleaved rounds, one "
+            f"torch thread) on {compute.cpu_model()}, torch "
+            f"{torch.__version__}: the reference expert on 1,024 tokens (compute) and the "
+            "SmolLM2 MoE (E8 k4 + correction) decoding one sequence (decode_floor)"
+        ),
+        "source_kind": "measured",
+        "as_of": date.today().isoformat(),
+    }
+    compute.write_calibration(updated, target)
+    report["file"] = str(target)
+    report["weights_speed"] = speeds
+    return report

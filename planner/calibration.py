@@ -28,6 +28,7 @@ from pydantic import (
 
 from ground.errors import CalibrationError, did_you_mean
 from ground.kinds import refuse_other_kind
+from ground.precision import PRECISIONS, Precision
 from planner.calibration_entries import (
     SOURCE_KINDS,
     ColdStartReference,
@@ -61,6 +62,7 @@ __all__ = [
     "ProvisionedPrice",
     "SnapStartPrice",
     "SourceKind",
+    "WeightsSpeed",
     "default_calibration_path",
     "is_aws_url",
     "load_calibration",
@@ -78,6 +80,18 @@ class _File(BaseModel):
     region: str = Field(min_length=1)
     about: str | None = None
     parameters: dict[str, Parameter]
+
+
+class WeightsSpeed(BaseModel):
+    """How fast a CPU computes at one weight precision, as seconds there over seconds at fp32
+    (fp32 is 1 by definition and not stored): `compute` scales the per-token compute U_j of a
+    stage of that precision, `decode_floor` a decode step's floor per layer
+    (`decode_layer_floor_s`) when the stack is of that precision."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    compute: PositiveFloat
+    decode_floor: PositiveFloat
 
 
 class Calibration(BaseModel):
@@ -176,6 +190,11 @@ class Calibration(BaseModel):
     invoke_round_trip_s: PositiveFloat | None = None
     decode_layer_floor_s: PositiveFloat | None = None
     managed_api_prices: dict[str, ManagedApiPrice] | None = None  # model name -> list price
+    # Weight precisions (`ground.precision`): optional, for the calibration of plans made
+    # before them (which served fp32 only). Precision -> its speed on CPUs against fp32's.
+    weights_speed: dict[str, WeightsSpeed] | None = None
+    # Architecture -> whether CPU Lambda computes bfloat16 (AVX512-BF16, AMX or Arm's BF16).
+    lambda_cpu_bf16: dict[str, bool] | None = None
     provenance: dict[str, Parameter] = Field(default_factory=dict, repr=False)
     source_path: Path | None = None
 
@@ -208,6 +227,18 @@ class Calibration(BaseModel):
                 "give one time per memory option"
             )
         return times
+
+    @field_validator("weights_speed")
+    @classmethod
+    def _precisions(cls, speeds: dict[str, WeightsSpeed] | None) -> dict[str, WeightsSpeed] | None:
+        """Keys are precisions other than fp32, whose speed is the unit the others are in."""
+        others = [p for p in PRECISIONS if p != "fp32"]
+        unknown = sorted(set(speeds or {}) - set(others))
+        if unknown:
+            raise ValueError(
+                f"{unknown} are not precisions measured against fp32; use {', '.join(others)}"
+            )
+        return speeds
 
     @field_validator("lambda_accelerator_memory_gib")
     @classmethod
@@ -256,6 +287,45 @@ class Calibration(BaseModel):
                 " into it, or make the plan again with the current moelambda.",
             )
         return value
+
+    def speed_ratio(self, precision: Precision, part: str = "compute") -> float:
+        """Seconds at `precision` over seconds at fp32 on CPUs, for the per-token `compute`
+        or a decode step's `decode_floor` (`WeightsSpeed`); 1 for fp32.
+
+        Raises:
+            CalibrationError: The calibration has no speed for `precision`; names the command
+                that measures it.
+        """
+        if precision == "fp32":
+            return 1.0
+        speed = (self.weights_speed or {}).get(precision)
+        if speed is None:
+            raise CalibrationError(
+                f"{self.source_path or 'the calibration'} has no weights_speed for "
+                f"{precision}, which planning {precision} weights on CPUs needs.",
+                "measure it with `moelambda calibrate --weights` (it times each precision "
+                "against fp32), copy weights_speed from the packaged calibration file "
+                "(planner/data/calibration.json), or make the plan again with the current "
+                "moelambda.",
+            )
+        return float(getattr(speed, part))
+
+    def cpu_refuses(self, precision: Precision, arch: str) -> str | None:
+        """Why a CPU Lambda function on `arch` cannot compute at `precision` (None: it can).
+        Only bfloat16 needs an instruction set Lambda may lack (`lambda_cpu_bf16`).
+
+        Raises:
+            CalibrationError: bf16 asked of a calibration without `lambda_cpu_bf16`.
+        """
+        if precision != "bf16":
+            return None
+        computes = self.required("lambda_cpu_bf16", "planning bf16 weights on CPU Lambda")
+        if computes.get(arch, False):
+            return None
+        return (
+            f"CPU Lambda ({arch}) is not known to compute bfloat16 (calibration lambda_cpu_bf16 "
+            f"{arch}: false), and the handlers refuse bf16 weights on a CPU without it"
+        )
 
     def vcpus_at(self, memory_mb: float) -> float:
         """The CPU share, in vCPUs, that Lambda grants a function of `memory_mb`.

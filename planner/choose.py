@@ -93,6 +93,13 @@ class OptionResult:
     meets_floor: bool = False
     convert_s: float | None = None  # measured where it was converted (`moe._meter`)
     convert_peak_rss_mib: float | None = None
+    weights: str = "fp32"  # the precision it is served at (`ground.precision`)
+
+    @property
+    def label(self) -> str:
+        """The MoEfication's label, and its precision when not float32."""
+        base = self.options.label()
+        return base if self.weights == "fp32" else f"{base} @ {self.weights}"
 
     @property
     def feasible(self) -> bool:
@@ -106,8 +113,9 @@ class OptionResult:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "label": self.options.label(),
+            "label": self.label,
             "moefy": self.options.describe(),
+            "weights": self.weights,
             "fitted_on_judged_text": self.fitted_on_judged_text,
             "quality": self.quality,
             "validation_quality": self.validation,
@@ -196,7 +204,7 @@ class Selection:
         return InfeasibleError(
             f"no option of the grid meets {self.floor.describe()} on the validation text: the "
             "best reached is "
-            f"{reached:.4f} ({best.options.label()})"
+            f"{reached:.4f} ({best.label})"
             + ("." if best.feasible else f", which has no plan: {best.why}"),
             "loosen the floor, or widen the grid (more experts per token: --top-k, a shared "
             "expert: --shared, --correction on).",
@@ -295,8 +303,10 @@ def choose(
     seed: int = 0,
     progress: Progress | None = None,
     max_convert_minutes: float | None = None,
+    precisions: list[Any] | None = None,
 ) -> Selection:
-    """Measure and plan every MoEfication of `grid`; choose the cheapest meeting `floor`.
+    """Measure and plan every MoEfication of `grid` at every precision of `precisions`;
+    choose the cheapest meeting `floor`.
 
     With `max_convert_minutes`, an option whose conversion takes longer (measured if it is
     cached, else estimated: `moe._meter.conversion_cost`) is skipped before it is converted,
@@ -315,12 +325,23 @@ def choose(
         seed: Seeds the windows and the held-out batch.
         progress: Called with a short description before each slow step.
         max_convert_minutes: The conversion-time budget of an option (None: no budget).
+        precisions: The weight precisions (`ground.precision.Weights`) each option is served
+            at: one more grid dimension, each judged on its own quality (None: float32).
 
     Raises:
         UsageError: An empty grid, a model that is not MoEfied, a floor of the wrong kind, or
             a budget no option of the grid converts within.
     """
-    from moe import QUALITY_WINDOW, load_corpus, load_model, make_windows, quality_of
+    from ground.precision import FP32
+    from moe import (
+        QUALITY_WINDOW,
+        at_precision,
+        check_precision,
+        load_corpus,
+        load_model,
+        make_windows,
+        quality_of,
+    )
     from moe._meter import conversion_cost
     from moe._model import check_judged_text
     from moe._quality import check_held_out
@@ -329,6 +350,7 @@ def choose(
 
     if not grid:
         raise UsageError("the grid of options is empty.", "give at least one option.")
+    precisions = [check_precision(p) for p in (precisions or [FP32])]
     check_held_out(corpus, quality_tokens, QUALITY_WINDOW, "--quality-tokens")
     for fitted in {options.fit_corpus: options for options in grid}.values():
         check_judged_text(model, fitted, corpus)  # no option is judged on text it fits on
@@ -359,12 +381,18 @@ def choose(
                 "--local-steps or --distil-steps).",
             )
     results = []
-    for number, options in enumerate(grid, start=1):
-        label = f"[{number}/{len(grid)}] {options.label()}"
-        say(f"{label}: MoEfying (cached after the first time)")
-        moe_model = load_model(
-            model, options=options, progress=lambda m, lb=label: say(f"{lb}: {m}")
-        )
+    cells = [(options, weights) for options in grid for weights in precisions]
+    loaded: tuple[Any, Any] | None = None  # (options, the float32 model): one load per option
+    for number, (options, weights) in enumerate(cells, start=1):
+        at = "" if weights.is_fp32 else f" @ {weights.label()}"
+        label = f"[{number}/{len(cells)}] {options.label()}{at}"
+        if loaded is None or loaded[0] is not options:
+            say(f"{label}: MoEfying (cached after the first time)")
+            loaded = (
+                options,
+                load_model(model, options=options, progress=lambda m, lb=label: say(f"{lb}: {m}")),
+            )
+        moe_model = at_precision(loaded[1], weights)
         say(f"{label}: quality against the dense model (validation and test text)")
         validation, _ = quality_of(
             moe_model, corpus=corpus, tokens=quality_tokens, seed=seed, split="validation"
@@ -385,13 +413,14 @@ def choose(
         ).trace
         # The model's options pin the hash of the text it was fitted on.
         fitted = moe_model.options or options
+        stored = loaded[1].quality or {}  # recorded at conversion, in the cached model's block
         result = OptionResult(
             fitted,
             quality.model_dump(),
             validation.model_dump(),
-            # Recorded at conversion, in the block the cached model carries.
-            convert_s=(moe_model.quality or {}).get("convert_s"),
-            convert_peak_rss_mib=(moe_model.quality or {}).get("convert_peak_rss_mib"),
+            convert_s=stored.get("convert_s"),
+            convert_peak_rss_mib=stored.get("convert_peak_rss_mib"),
+            weights=weights.label(),
         )
         result.meets_floor = floor.met(result.validation)
         say(f"{label}: planning")
@@ -453,7 +482,7 @@ def _plot(path: Path, selection: Selection) -> None:
         label="options",
     )
     for r in feasible:
-        ax.annotate(r.options.label(), (r.bill_usd * 1e6, r.validation[metric]), fontsize=7)
+        ax.annotate(r.label, (r.bill_usd * 1e6, r.validation[metric]), fontsize=7)
     front = [selection.results[i] for i in selection.frontier]
     ax.plot(
         [r.bill_usd * 1e6 for r in front],
@@ -470,7 +499,7 @@ def _plot(path: Path, selection: Selection) -> None:
         marker="*",
         s=250,
         color="tab:orange",
-        label=f"chosen: {chosen.options.label()}",
+        label=f"chosen: {chosen.label}",
         zorder=3,
     )
     ax.set_xlabel("bill per batch (µ$)")

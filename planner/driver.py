@@ -22,6 +22,9 @@ invokes the remote experts' functions. What the model says, per request (times i
 
 The driver's memory must hold the runtime, the non-MoE stages, its local experts (each counted
 at the model's largest expert) and a batch's activations (`ground.driver.activation_bytes`).
+Each u (u_layer, u_expert, u_tail) counts a stage's FLOPs from its bytes at its kind's bytes
+per value and runs at its kind's precision's speed on CPUs (`Calibration.speed_ratio`), as
+`planner.build` prices U_j.
 
 The exact solver of both shapes is `planner.driver_solver`.
 """
@@ -166,7 +169,6 @@ def driver_instance(
 
     `memory_mb` replaces the driver's memory options (a plan's own memory, to re-evaluate it).
     """
-    width = manifest.dtype_bytes
     sizes = {(s.role, s.layer, s.expert): s.bytes for s in manifest.stages}
     layer_bytes = np.array([sizes[("layer", e, None)] for e in range(base.layers)], float)
     nonmoe = sizes[("head", None, None)] + sizes[("tail", None, None)] + layer_bytes.sum()
@@ -186,9 +188,19 @@ def driver_instance(
         memory = np.unique(np.r_[memory, smallest])
     if memory_mb is not None:
         memory = np.asarray(memory_mb, dtype=float)
-    layer_flops = np.array([flops_per_token(b, width) for b in layer_bytes])
-    tail_flops = flops_per_token(sizes[("tail", None, None)], width)
-    expert_flops = flops_per_token(float(np.asarray(base.expert_bytes).mean()), width)
+    precision = manifest.precision
+
+    def flops(stage_bytes: float, role: str) -> float:
+        return flops_per_token(stage_bytes, precision.bytes_per_weight(role))
+
+    def seconds(stage_flops: float, role: str) -> np.ndarray:
+        """Per-token seconds at each memory option, at `role`'s precision's speed."""
+        at = compute_s_at(calibration, stage_flops, memory)
+        return np.asarray(at) * calibration.speed_ratio(precision.of(role))
+
+    layer_flops = np.array([flops(b, "layer") for b in layer_bytes])
+    tail_flops = flops(sizes[("tail", None, None)], "tail")
+    expert_flops = flops(float(np.asarray(base.expert_bytes).mean()), "expert")
     return DriverInstance(
         base=base,
         top_k=manifest.top_k,
@@ -200,9 +212,9 @@ def driver_instance(
         tail_flops=tail_flops,
         expert_flops=expert_flops,
         memory_mb=memory,
-        u_layer=np.stack([compute_s_at(calibration, f, memory) for f in layer_flops], axis=1),
-        u_expert=np.asarray(compute_s_at(calibration, expert_flops, memory)),
-        u_tail=np.asarray(compute_s_at(calibration, tail_flops, memory)),
+        u_layer=np.stack([seconds(f, "layer") for f in layer_flops], axis=1),
+        u_expert=seconds(expert_flops, "expert"),
+        u_tail=seconds(tail_flops, "tail"),
         activations_mb=acts(True) / MB,
         activations_local_mb=acts(False) / MB,
         payload_limit=calibration.invoke_payload_bytes,

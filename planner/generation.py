@@ -15,7 +15,9 @@ replicas in the prefill; times in seconds, prices as the calibration file states
   (`ground.generation.rows_per_hit`), D the bytes of a row in and out; after the layers the
   tail, B u_tail(d); plus a floor of F per layer (`decode_layer_floor_s`, measured: a step of
   a few rows is bound by a layer's per-operation overhead and weight reads, not by the FLOPs
-  that u and U_j, measured on 1,024-token batches, price). TPOT = the sum.
+  that u and U_j, measured on 1,024-token batches, price), times the stack's precision's
+  `decode_floor` speed against fp32 (`Calibration.speed_ratio`: int8 weights read a quarter of
+  the bytes). TPOT = the sum.
 * a step's bill: the driver's GB-s for the whole step (waits included) and Express's
   duration, rho(d) TPOT, plus each remote expert's expected calls, p = 1 - (1 - q)^B, each a
   Lambda request and billed T^str + r (D^o / B^f + U_j) at memory j (so p r = B q rows).
@@ -24,8 +26,8 @@ replicas in the prefill; times in seconds, prices as the calibration file states
   B x P tokens, the bill per million output tokens the decode steps' over the B x G tokens.
 * the driver's memory holds, beside what `planner.driver` counts, the KV cache: B (P + G)
   tokens of keys and values (`ModelShape.kv_bytes_per_token`; for a model known by its
-  manifest alone, 2 x hidden float32 per layer, exact for multi-head attention and an upper
-  bound for grouped-query attention).
+  manifest alone, 2 hidden states per layer at the wire's width, the stack's activation dtype,
+  exact for multi-head attention and an upper bound for grouped-query attention).
 
 Left out: the attention's reads of the KV cache in a decode step (4 x context x hidden FLOPs
 per layer and token, beside the layer's 2 x its weights), and the floor a step has when its
@@ -75,6 +77,7 @@ __all__ = [
     "GenerationEvaluation",
     "GenerationInstance",
     "GenerationSolution",
+    "decode_floor_s",
     "decode_step",
     "evaluate_generation",
     "generation_instance",
@@ -155,7 +158,7 @@ def generation_instance(
 ) -> GenerationInstance:
     """The generation problem of `manifest`'s decoder with routing shares `share` (L, E).
 
-    `kv_bytes_per_token` defaults to 2 x hidden float32 per layer (module docstring).
+    `kv_bytes_per_token` defaults to 2 hidden states per layer (module docstring).
 
     Raises:
         UsageError: An encoder, or a batch or length below 1.
@@ -193,9 +196,15 @@ def generation_instance(
         prompt_tokens=prompt_tokens,
         new_tokens=new_tokens,
         round_trip_s=float(calibration.required("invoke_round_trip_s", "planning generation")),
-        layer_floor_s=float(calibration.required("decode_layer_floor_s", "planning generation")),
+        layer_floor_s=decode_floor_s(calibration, manifest, "planning generation"),
         kv_bytes_per_token=float(kv),
     )
+
+
+def decode_floor_s(calibration: Calibration, manifest: Manifest, needed_for: str) -> float:
+    """F: a decode step's least time per layer, at the stack's precision's speed."""
+    floor = float(calibration.required("decode_layer_floor_s", needed_for))
+    return floor * calibration.speed_ratio(manifest.precision.stack, "decode_floor")
 
 
 @dataclass(frozen=True)
@@ -396,7 +405,7 @@ def _plan_instance(
         prompt_tokens=prompt_tokens,
         new_tokens=new_tokens,
         round_trip_s=float(cal.required("invoke_round_trip_s", "pricing generation")),
-        layer_floor_s=float(cal.required("decode_layer_floor_s", "pricing generation")),
+        layer_floor_s=decode_floor_s(cal, manifest, "pricing generation"),
         kv_bytes_per_token=2.0 * manifest.num_layers * manifest.token_bytes_in,
     )
     remote = ~choice.local

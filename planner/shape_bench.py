@@ -68,8 +68,8 @@ def _real(name: str, spec: dict[str, Any], progress: Callable[[str], None]) -> t
 
 
 def _params(manifest: Any) -> float:
-    """The model's parameters: its stages' bytes over the weights' width."""
-    return sum(s.bytes for s in manifest.stages) / manifest.dtype_bytes
+    """The model's parameters: each stage's bytes over its kind's width (`Manifest.params`)."""
+    return sum(manifest.params(s) for s in manifest.stages)
 
 
 def bench_shapes(

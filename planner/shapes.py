@@ -13,6 +13,11 @@ The stage layout follows the exporter's (`moe._export`):
     layer   one MoE layer's attention block, its two norms, the router and the shared experts
     expert  one routed expert's FFN
     tail    final norm and LM head (a separate copy even when tied, as the exporter writes it)
+
+Every stage is sized at a weight precision (`ground.precision.Weights`, `--weights`): the
+stack's for the head, layer and tail stages, the experts' for the expert stages, int8 with a
+float32 scale per output channel; by default the precision the model is published in
+(`ModelShape.published_weights`). The hidden states and the KV cache follow the stack's.
 """
 
 from __future__ import annotations
@@ -36,7 +41,6 @@ from pydantic import (
 
 from ground.errors import UsageError, did_you_mean
 from ground.manifest import (
-    DTYPE_BYTES,
     HEAD_KEY,
     MANIFEST_VERSION,
     TAIL_KEY,
@@ -45,6 +49,7 @@ from ground.manifest import (
     expert_key,
     layer_key,
 )
+from ground.precision import ACTIVATION_DTYPE, BYTES, Precision, Weights, scale_bytes
 from predictor import RoutingTrace
 
 __all__ = [
@@ -57,7 +62,6 @@ __all__ = [
     "shape_from_config",
 ]
 
-HIDDEN_STATE_BYTES = 4  # the handlers exchange float32 hidden states, whatever the weights' dtype
 # The Hugging Face config classes whose MoE fields `shape_from_config` knows how to read.
 FAMILIES = {
     "olmoe": "OlmoeConfig",
@@ -92,6 +96,10 @@ class GQAAttention(_Frozen):
         """Elements of one token's keys and values that a KV cache keeps per layer."""
         return 2 * self.kv_heads * self.head_dim
 
+    def rows(self, hidden: int) -> int:
+        """Output channels of the q/k/v/o projections (one int8 scale each)."""
+        return self.heads * self.head_dim + self.kv_width() + hidden
+
 
 class MLAAttention(_Frozen):
     """DeepSeek-V2's multi-head latent attention: keys and values pass a low-rank latent."""
@@ -117,6 +125,14 @@ class MLAAttention(_Frozen):
         """Elements of one token's keys and values that a KV cache keeps per layer: Hugging
         Face's DeepseekV2 attention caches the expanded keys and values, not the latent."""
         return self.heads * (self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim)
+
+    def rows(self, hidden: int) -> int:
+        """Output channels of the query, compressed key/value, expansion and output
+        projections (one int8 scale each)."""
+        q_out = self.heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
+        latent = self.kv_lora_rank + self.qk_rope_head_dim
+        expand = self.heads * (self.qk_nope_head_dim + self.v_head_dim)
+        return self.q_lora_rank + q_out + latent + expand + hidden
 
 
 class ModelShape(_Frozen):
@@ -159,6 +175,10 @@ class ModelShape(_Frozen):
     def _ffn_params(self, width: int) -> int:
         return (3 if self.gated else 2) * self.hidden * width
 
+    def _ffn_rows(self, width: int) -> int:
+        """Output channels of an FFN of `width`: gate and up give `width` each, down `hidden`."""
+        return ((2 if self.gated else 1) * width + self.hidden) if width else 0
+
     @property
     def expert_params(self) -> int:
         """Weights of one routed expert."""
@@ -183,6 +203,22 @@ class ModelShape(_Frozen):
         """Final norm and LM head."""
         return self.hidden + self.vocab * self.hidden
 
+    def stage_rows(self) -> dict[str, int]:
+        """Output channels of each stage kind's matrices: what int8 stores a float32 scale for
+        (`ground.precision.scale_bytes`). Counted per matrix as its output width (the router's
+        E rows, an embedding's one row per token id, the LM head's one per token); the norms'
+        and biases' vectors have none. An approximation of the exporter's own layout, within
+        a few rows a matrix: the scales are under 1 % of an int8 stage either way."""
+        attention = self.attention.rows(self.hidden)
+        shared = self._ffn_rows(self.shared_ffn) + self.shared_gate
+        dense = attention + self._ffn_rows(self.dense_ffn)
+        return {
+            "head": self.vocab + self.dense_layers * dense,
+            "layer": attention + self.experts + shared,
+            "expert": self._ffn_rows(self.expert_ffn),
+            "tail": self.vocab,
+        }
+
     def _params(self, experts_per_layer: int) -> int:
         tied = self.vocab * self.hidden * self.tied_embeddings  # the tail's copy is no new weight
         per_layer = self.layer_params + experts_per_layer * self.expert_params
@@ -196,40 +232,60 @@ class ModelShape(_Frozen):
         """Weights one token touches: every non-expert weight and top_k experts per layer."""
         return self._params(self.top_k)
 
-    def kv_bytes_per_token(self) -> int:
+    @property
+    def published_weights(self) -> Weights:
+        """The precision the model is published in (its config's dtype): float32 is fp32,
+        bfloat16 and float16 are bf16 (2 bytes a value either way), every stage kind alike."""
+        precision: Precision = "fp32" if self.dtype == "float32" else "bf16"
+        return Weights(stack=precision, experts=precision)
+
+    def kv_bytes_per_token(self, weights: Weights | None = None) -> int:
         """Bytes one token's keys and values take in a driver's KV cache, every decoder layer
-        (dense ones included), kept as float32 like the hidden states."""
+        (dense ones included), in the stack's activation dtype (`Weights.kv_bytes`; default
+        the published precision)."""
+        weights = weights or self.published_weights
         layers = self.moe_layers + self.dense_layers
-        return layers * self.attention.kv_width() * HIDDEN_STATE_BYTES
+        return layers * self.attention.kv_width() * weights.kv_bytes()
 
-    def manifest(self) -> Manifest:
-        """A synthetic manifest: the stage sizes an export of this model would have.
+    def stage_bytes(self, role: str, weights: Weights) -> int:
+        """Bytes of one stage of `role` at `weights`: its parameters at the bytes per value of
+        its kind (the stack's or the experts'), plus int8's scale per output channel."""
+        params = {
+            "head": self.head_params,
+            "layer": self.layer_params,
+            "expert": self.expert_params,
+            "tail": self.tail_params,
+        }[role]
+        precision = weights.of(role)
+        return params * BYTES[precision] + scale_bytes(self.stage_rows()[role], precision)
 
-        Stage bytes are in the shape's dtype; tokens travel as float32 hidden states. The fields
-        that describe real weights say plainly that there are none (family "shape", no classes).
+    def manifest(self, weights: Weights | None = None) -> Manifest:
+        """A synthetic manifest: the stage sizes an export of this model at `weights` would have
+        (default: the published precision, `published_weights`).
+
+        Hidden states travel at the stack's activation width (`Weights.wire_bytes`: bfloat16
+        when the stack computes in it, else float32), which `dtype` names too. The fields that
+        describe real weights say plainly that there are none (family "shape", no classes).
         """
-        width = DTYPE_BYTES[self.dtype]
-        stages = [StageEntry(role="head", key=HEAD_KEY, bytes=self.head_params * width)]
-        for layer in range(self.moe_layers):
-            stages.append(
-                StageEntry(
-                    role="layer",
-                    layer=layer,
-                    key=layer_key(layer),
-                    bytes=self.layer_params * width,
-                )
-            )
+        weights = weights or self.published_weights
+        head, layer, expert, tail = (
+            self.stage_bytes(role, weights) for role in ("head", "layer", "expert", "tail")
+        )
+        stages = [StageEntry(role="head", key=HEAD_KEY, bytes=head)]
+        for index in range(self.moe_layers):
+            stages.append(StageEntry(role="layer", layer=index, key=layer_key(index), bytes=layer))
             stages.extend(
                 StageEntry(
                     role="expert",
-                    layer=layer,
-                    expert=expert,
-                    key=expert_key(layer, expert),
-                    bytes=self.expert_params * width,
+                    layer=index,
+                    expert=e,
+                    key=expert_key(index, e),
+                    bytes=expert,
                 )
-                for expert in range(self.experts)
+                for e in range(self.experts)
             )
-        stages.append(StageEntry(role="tail", key=TAIL_KEY, bytes=self.tail_params * width))
+        stages.append(StageEntry(role="tail", key=TAIL_KEY, bytes=tail))
+        token_bytes = self.hidden * weights.wire_bytes()
         return Manifest(
             format_version=MANIFEST_VERSION,
             model=self.name,
@@ -245,10 +301,11 @@ class ModelShape(_Frozen):
             expert_kind="glu" if self.gated else "mlp",
             activation=self.activation,
             hidden_size=self.hidden,
-            dtype=self.dtype,
-            token_bytes_in=self.hidden * HIDDEN_STATE_BYTES,
-            token_bytes_out=self.hidden * HIDDEN_STATE_BYTES,
+            dtype=ACTIVATION_DTYPE[weights.stack],
+            token_bytes_in=token_bytes,
+            token_bytes_out=token_bytes,
             stages=stages,
+            weights=weights.label(),
         )
 
 

@@ -77,6 +77,7 @@ def profile_windows(
             "moefied": model.moefied,
             "moefy_seed": model.seed,
             "moefy": None if model.options is None else model.options.describe(),
+            "weights": model.weights.label(),
             "layers": model.num_layers,
             "experts": model.experts,
             "top_k": model.top_k,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from moelambda.cli._app import app
 from moelambda.cli import model  # noqa: F401  (importing a command module registers it)
 from moelambda.cli import quality  # noqa: F401
+from moelambda.cli import precision  # noqa: F401
 from moelambda.cli import choose  # noqa: F401
 from moelambda.cli import predict  # noqa: F401
 from moelambda.cli import plan  # noqa: F401

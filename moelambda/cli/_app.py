@@ -122,6 +122,14 @@ ForceOpt = Annotated[
     bool,
     typer.Option(help="Replace the files this command writes (--out, --plot, ...) if they exist."),
 ]
+WeightsOpt = Annotated[
+    str,
+    typer.Option(
+        help="Precision of the served weights: fp32; bf16 (a GPU, or a CPU with AVX512-BF16 or "
+        "AMX); int8 (CPUs: weight-only, one scale per output channel); or per stage kind, "
+        "e.g. stack=bf16,experts=int8 (stack: embeddings, attention, LM head).",
+    ),
+]
 CacheOpt = Annotated[
     bool,
     typer.Option(
@@ -231,6 +239,15 @@ def moefy_flags(
     return options
 
 
+def weights_flag(spec: str | None) -> Any:
+    """The `ground.precision.Weights` of `--weights` (or of a plan's or trace's record),
+    checked against this machine before any model is loaded."""
+    from ground.precision import parse_weights
+    from moe import check_precision
+
+    return check_precision(parse_weights(spec))
+
+
 def load_with_status(
     model: str,
     experts: int | None,
@@ -238,16 +255,19 @@ def load_with_status(
     seed: int,
     cache: bool,
     moefy: Any = None,
+    weights: Any = None,
 ) -> Any:
     """Load (MoEfying on first use) the model; `moefy` is a `MoefyOptions` or its description
-    as traces, counts and plans record it, and wins over `experts`/`top_k`/`seed`."""
-    from moe import MoefyOptions, load_model
+    as traces, counts and plans record it, and wins over `experts`/`top_k`/`seed`; `weights`
+    (a `Weights` or its label) is the precision it is served at (float32 when None)."""
+    from moe import MoefyOptions, at_precision, load_model
 
     if isinstance(moefy, dict):
         moefy = MoefyOptions.from_description(moefy)
+    precision = weights_flag(weights) if weights is None or isinstance(weights, str) else weights
     experts, top_k = _defaults(model, experts, top_k)
     with err.status("loading the model") as status:
-        return load_model(
+        loaded = load_model(
             model,
             experts=experts,
             top_k=top_k,
@@ -256,6 +276,10 @@ def load_with_status(
             cache=cache,
             progress=lambda msg: status.update(msg),
         )
+        if precision.is_fp32:
+            return loaded
+        status.update(f"converting the weights to {precision.label()}")
+        return at_precision(loaded, precision)
 
 
 def check_writable(path: Path, flag: str) -> None:
@@ -318,6 +342,7 @@ def manifest_of_trace(trace: Any) -> Any:
         int(trace.meta.get("moefy_seed", 0)),
         True,
         trace.meta.get("moefy"),
+        trace.meta.get("weights"),
     )
     return describe_model(model)
 
@@ -330,6 +355,12 @@ def manifest_of_counts(counts: Any) -> Any:
     model = counts.model
     return describe_model(
         load_with_status(
-            model["model"], model["experts"], model["top_k"], model["seed"], True, model["moefy"]
+            model["model"],
+            model["experts"],
+            model["top_k"],
+            model["seed"],
+            True,
+            model["moefy"],
+            model.get("weights"),
         )
     )

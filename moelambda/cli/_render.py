@@ -104,7 +104,10 @@ def plan(out: Console, summary: dict[str, Any]) -> None:
         _generation_plan(out, summary)
         return
     slo = "no SLO (cheapest)" if summary["slo_s"] is None else f"SLO {summary['slo_s']:.3f} s"
-    title = f"Plan for {summary['model']}: {summary['tokens']:,} tokens per batch, {slo}"
+    title = (
+        f"Plan for {summary['model']}{weights_words(summary)}: {summary['tokens']:,} tokens per "
+        f"batch, {slo}"
+    )
     if len(summary.get("candidates", [])) > 1:
         out.print(candidates(summary, title="Deployment shapes: " + title))
         title = f"The {summary['deployment']} plan"
@@ -140,6 +143,7 @@ def plan(out: Console, summary: dict[str, Any]) -> None:
         + f"Wrote {summary['plan']}"
         + (f", {', '.join(summary['pareto'])}" if "pareto" in summary else "")
     )
+    weights_note(out, summary)
     if summary["quality"]:
         from moe import Quality
 
@@ -150,16 +154,32 @@ def plan(out: Console, summary: dict[str, Any]) -> None:
         )
 
 
+def weights_words(summary: dict[str, Any]) -> str:
+    """ " (int8 weights)": the precision a plan's summary names, for its title."""
+    label = summary.get("weights")
+    return "" if label is None else f" ({label} weights)"
+
+
+def weights_note(out: Console, summary: dict[str, Any]) -> None:
+    """Why CPU Lambda would not run the plan's weights, when it would not."""
+    note = summary.get("weights_note")
+    if note:
+        out.print(f"[yellow]note:[/] {note}.", highlight=False)
+
+
 def candidates(summary: dict[str, Any], *, title: str) -> Table:
-    """The deployment shapes `plan` weighed: bill, latency, functions, or why not."""
+    """The deployment shapes `plan` weighed: bill, latency, functions, the weights of the
+    function holding the most, and why each was or was not chosen."""
     grid = Table(title=title)
-    for column in ("shape", "bill per batch", "latency", "smallest SLO", "functions", "local"):
+    columns = ("shape", "bill per batch", "latency", "smallest SLO", "functions", "local")
+    for column in (*columns, "weights"):
         left = column == "shape"
         grid.add_column(column, justify="left" if left else "right", no_wrap=left)
-    grid.add_column("why not", justify="left")
+    grid.add_column("why (not)", justify="left")
     for c in summary["candidates"]:
         chosen = c["deployment"] == summary["deployment"]
         name = f"[bold]{c['deployment']}[/bold] (chosen)" if chosen else c["deployment"]
+        weights_mb = c.get("weights_mb")
         grid.add_row(
             name,
             "-" if c["bill_usd"] is None else f"${c['bill_usd']:.6f}",
@@ -167,7 +187,8 @@ def candidates(summary: dict[str, Any], *, title: str) -> Table:
             "-" if c["smallest_slo_s"] is None else f"{c['smallest_slo_s']:.2f} s",
             "-" if c["functions"] is None else str(c["functions"]),
             "-" if c["local_experts"] is None else str(c["local_experts"]),
-            c["reason"] or "",
+            "-" if weights_mb is None else f"{weights_mb:,.0f} MB",
+            c.get("verdict") or c["reason"] or "",
         )
     return grid
 
@@ -182,7 +203,8 @@ def _generation_plan(out: Console, summary: dict[str, Any]) -> None:
         if value is not None
     )
     title = (
-        f"Generation plan for {summary['model']}: {g['batch_sequences']} sequence(s) of "
+        f"Generation plan for {summary['model']}{weights_words(summary)}: "
+        f"{g['batch_sequences']} sequence(s) of "
         f"{g['prompt_tokens']:,} prompt tokens, {g['new_tokens']:,} new tokens each"
         + (f", {slos}" if slos else " (no SLO: the cheapest)")
     )
@@ -224,6 +246,7 @@ def _generation_plan(out: Console, summary: dict[str, Any]) -> None:
         f"${g['bill_per_million_output_usd']:,.2f} per million output tokens. "
         f"Wrote {summary['plan']}"
     )
+    weights_note(out, summary)
 
 
 def _workflow_layers(out: Console, summary: dict[str, Any], title: str) -> None:

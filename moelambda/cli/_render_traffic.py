@@ -127,8 +127,10 @@ def generation_traffic(out: Console, summary: dict[str, Any]) -> None:
 def plan_traffic(out: Console, summary: dict[str, Any]) -> None:
     """`moelambda plan --traffic`: the chosen batch and capacity policies, simulated."""
     bill, stream = summary["bill_usd"], summary["traffic"]
+    weights = summary.get("weights")
     out.print(
-        f"For {stream['requests']:,} requests ({stream['rate_per_s']:.4g}/s) with "
+        (f"{weights} weights. " if weights else "")
+        + f"For {stream['requests']:,} requests ({stream['rate_per_s']:.4g}/s) with "
         f"p99 <= {summary['slo_p99_s']:g} s: batches of at most "
         f"{summary['max_batch_tokens']:,} tokens, waiting at most {summary['max_wait_s']:g} s; "
         f"capacity: {summary['capacity']}. Simulated p99 "
@@ -138,8 +140,9 @@ def plan_traffic(out: Console, summary: dict[str, Any]) -> None:
         f"Wrote {summary['plan']}.",
         highlight=False,
     )
-    for note in summary.get("notes", []):
-        out.print(f"note: {note}.", highlight=False)
+    for note in [*summary.get("notes", []), summary.get("weights_note")]:
+        if note:
+            out.print(f"note: {note}.", highlight=False)
 
 
 def bench_traffic(out: Console, report: dict[str, Any]) -> None:
@@ -225,6 +228,6 @@ def hardware(out: Console, summary: dict[str, Any]) -> None:
             "-" if usd is None or not row.get("feasible") else f"{usd:.4f}",
             pool,
             "yes" if row.get("deployable") else "no",
-            row.get("reason") or "",
+            row.get("reason") or row.get("not_chosen_because") or "",
         )
     out.print(table)

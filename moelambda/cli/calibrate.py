@@ -9,11 +9,13 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from ground.errors import UsageError
 from moelambda.cli._app import JsonOpt, app, check_file_out, err, stdout, user_errors
 
 # The calibration entries each form of the command measures (their `command` in the file).
 COMPUTE_ENTRIES = ("expert_token_compute_s", "expert_compute_reference")
 COLD_ENTRIES = ("cold_start_reference",)
+WEIGHTS_ENTRIES = ("weights_speed",)
 
 
 def _dry_run(entries: tuple[str, ...], source: Path, target: Path, as_json: bool) -> None:
@@ -80,6 +82,15 @@ def calibrate(
     cold_repeats: Annotated[
         int, typer.Option(help="With --cold: fresh processes per handler role (median).")
     ] = 3,
+    weights: Annotated[
+        bool,
+        typer.Option(
+            "--weights",
+            help="Measure each weight precision's speed against float32 instead (bf16, int8: "
+            "the reference expert and a SmolLM2 MoE decode step, `bench precision`) and store "
+            "it as weights_speed.",
+        ),
+    ] = False,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -95,20 +106,37 @@ def calibrate(
     Times the default model's expert FFN with torch on 1 and 2 threads, scales by the CPU share
     Lambda gives each memory option, and writes expert_token_compute_s and
     expert_compute_reference into the calibration file. Run it on an idle machine. With
-    --cold, measures the handlers' INIT instead (`runtime.coldstart.calibrate_cold`).
+    --cold, measures the handlers' INIT instead (`runtime.coldstart.calibrate_cold`); with
+    --weights, each precision's speed (`planner.calibrate.calibrate_weights`).
     """
     from planner import default_calibration_path
 
     source = calibration or default_calibration_path()
     target = out or source
+    if cold and weights:
+        raise UsageError("--cold and --weights measure different entries.", "pass one of them.")
     if dry_run:
-        _dry_run(COLD_ENTRIES if cold else COMPUTE_ENTRIES, source, target, as_json)
+        entries = COLD_ENTRIES if cold else WEIGHTS_ENTRIES if weights else COMPUTE_ENTRIES
+        _dry_run(entries, source, target, as_json)
         return
     check_file_out(target, True, "--out" if out is not None else "--calibration")
     if cold:
         from moelambda.cli.traffic import calibrate_cold
 
         calibrate_cold(source, target, cold_repeats, as_json)
+        return
+    if weights:
+        from planner.calibrate import calibrate_weights
+
+        with err.status("measuring the precisions") as status:
+            report = calibrate_weights(source, target, progress=status.update)
+        if as_json:
+            print(json.dumps(report))
+            return
+        from moelambda.cli.precision import print_report
+
+        print_report(report)
+        stdout().print(f"weights_speed written to {target}", highlight=False)
         return
     from planner.calibrate import BUSY_CPUS, calibrate_compute, check_calibrate
 

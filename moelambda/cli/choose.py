@@ -21,6 +21,7 @@ from moelambda.cli._app import (
     err,
     stdout,
     user_errors,
+    weights_flag,
 )
 
 
@@ -169,6 +170,13 @@ def choose(
             "checked) each option's quality is measured on."
         ),
     ] = 16384,
+    weights: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Grid: weight precisions each option is served at, repeatable: --weights fp32 "
+            "--weights int8 (or stack=bf16,experts=int8). Default fp32."
+        ),
+    ] = None,
     seed: SeedOpt = 0,
     out: Annotated[
         Path,
@@ -190,6 +198,7 @@ def choose(
         slo_s=slo,
     )
     check_out(out, force)
+    precisions = list(dict.fromkeys(weights_flag(spec) for spec in weights or ["fp32"]))
     grid = grid_of(
         model,
         experts,
@@ -210,7 +219,8 @@ def choose(
             f"--max-convert-minutes {max_convert_minutes:g} is not positive.",
             "pass e.g. --max-convert-minutes 60.",
         )
-    with err.status(f"evaluating {len(grid)} MoEfications") as status:
+    cells = len(grid) * len(precisions)
+    with err.status(f"evaluating {cells} MoEfications and precisions") as status:
         selection = run_choose(
             model,
             grid,
@@ -222,6 +232,7 @@ def choose(
             seed=seed,
             progress=status.update,
             max_convert_minutes=max_convert_minutes,
+            precisions=precisions,
         )
     summary = selection.summary(model, tokens, slo)
     if selection.chosen is None:

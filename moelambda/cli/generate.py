@@ -69,7 +69,9 @@ def generate(
     from runtime.generate import check_generation, check_request, generate_locally
 
     check_request(document, texts, settings)  # before the model loads
-    model = load_with_status(ref.model, ref.experts, ref.top_k, ref.seed, True, ref.moefy)
+    model = load_with_status(
+        ref.model, ref.experts, ref.top_k, ref.seed, True, ref.moefy, ref.weights
+    )
     check_generation(document, model, texts, settings)  # before moto, the CDK and Node start
     console = stdout()
     streamed = not as_json and len(texts) == 1

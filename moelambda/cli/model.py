@@ -28,6 +28,7 @@ from moelambda.cli._app import (
     SeedOpt,
     SharedOpt,
     TopKOpt,
+    WeightsOpt,
     app,
     bench_app,
     check_out,
@@ -37,6 +38,7 @@ from moelambda.cli._app import (
     progress,
     stdout,
     user_errors,
+    weights_flag,
 )
 
 if TYPE_CHECKING:
@@ -55,6 +57,7 @@ def run_profile(
     batch_size: int,
     cache: bool = True,
     moefy: Any = None,
+    weights: Any = None,
 ) -> tuple[Any, Any, float]:
     from rich.progress import BarColumn, MofNCompleteColumn, TimeRemainingColumn
 
@@ -71,7 +74,7 @@ def run_profile(
         )
     text = load_corpus(corpus)
     started = time.perf_counter()
-    moe_model = load_with_status(model, experts, top_k, seed, cache, moefy)
+    moe_model = load_with_status(model, experts, top_k, seed, cache, moefy, weights)
     load_s = time.perf_counter() - started
     windows = make_windows(text, moe_model.tokenizer, tokens=tokens, window=window, seed=seed)
     with progress(
@@ -114,6 +117,7 @@ def profile(
     fit_tokens: FitTokensOpt = 8192,
     fit_corpus: FitCorpusOpt = None,
     batch_size: Annotated[int, typer.Option(help="Windows per forward pass.")] = DEFAULT_BATCH,
+    weights: WeightsOpt = "fp32",
     force: ForceOpt = False,
     cache: CacheOpt = True,
     as_json: JsonOpt = False,
@@ -125,6 +129,7 @@ def profile(
     from moe import load_corpus
 
     check_out(out, force)
+    precision = weights_flag(weights)
     load_corpus(corpus)  # a missing or unreadable --corpus is said as such, first
     options = moefy_flags(
         model,
@@ -152,6 +157,7 @@ def profile(
         batch_size=batch_size,
         cache=cache,
         moefy=options,
+        weights=precision,
     )
     trace = result.trace
     path = trace.save(out, force=force)
@@ -180,6 +186,7 @@ def profile(
             for f in moe_model.fits
         ],
         "moefy": None if moe_model.options is None else moe_model.options.describe(),
+        "weights": moe_model.weights.label(),
         "quality": moe_model.quality,
     }
     if as_json:
@@ -212,6 +219,7 @@ def export(
             "file, split by document into fit, validation and test parts. Defaults to wiki."
         ),
     ] = None,
+    weights: WeightsOpt = "fp32",
     force: ForceOpt = False,
     cache: CacheOpt = True,
     as_json: JsonOpt = False,
@@ -220,6 +228,7 @@ def export(
     from moe import export_model
 
     check_out(out, force)
+    precision = weights_flag(weights)
     options = moefy_flags(
         model,
         experts,
@@ -234,11 +243,12 @@ def export(
         fit_tokens=fit_tokens,
         fit_corpus=fit_corpus,
     )
-    loaded = load_with_status(model, experts, top_k, seed, cache, options)
+    loaded = load_with_status(model, experts, top_k, seed, cache, options, precision)
     manifest = export_model(loaded, out, force=force)
     sizes = manifest.expert_bytes()
     summary = {
         "model": manifest.model,
+        "weights": manifest.weights,
         "out": str(out),
         "stages": len(manifest.stages),
         "total_bytes": sum(s.bytes for s in manifest.stages),
@@ -249,7 +259,8 @@ def export(
         print(json.dumps(summary))
         return
     stdout().print(
-        f"Exported {summary['stages']} stages ({summary['total_bytes'] / 1e6:.1f} MB) to {out}; "
+        f"Exported {summary['stages']} stages ({summary['total_bytes'] / 1e6:.1f} MB, "
+        f"{summary['weights']} weights) to {out}; "
         f"each expert is {sizes[0][0] / 1e6:.2f} MB (layer 0)."
     )
 

@@ -53,6 +53,17 @@ def plan(
             "the --traces of a smaller model). Labelled synthetic in the plan."
         ),
     ] = "zipf:1.0",
+    weights: Annotated[
+        str | None,
+        typer.Option(
+            help="With --shape: the precision of the served weights, which sizes every stage, "
+            "the hidden states on the wire and the compute: fp32, bf16 (GPU-backed functions; "
+            "CPU Lambda is not known to compute it), int8 (CPU functions: weight-only, one "
+            "scale per output channel), or per stage kind, e.g. stack=bf16,experts=int8. "
+            "Default: the shape's published precision (bf16 for the built-ins). A measured "
+            "model's precision is the one it was profiled at."
+        ),
+    ] = None,
     tokens: Annotated[
         int | None,
         typer.Option(
@@ -199,6 +210,8 @@ def plan(
     (a decoder), plans a generating driver or one function instead and reports the time to
     first token, per output token and the bill per million input and output tokens.
     """
+    from ground.errors import UsageError
+    from ground.precision import parse_weights
     from planner import load_calibration
     from planner.api import (
         PlanOptions,
@@ -207,6 +220,15 @@ def plan(
         plan_confidence,
         shape_counts_for_plan,
     )
+
+    if weights is not None and shape is None:
+        raise UsageError(
+            "--weights sets the precision of a model planned by its --shape; a measured "
+            "model's is the one its traces were profiled at.",
+            "drop --weights, or profile the model at that precision (`moelambda profile "
+            "--weights SPEC`) and plan its traces.",
+        )
+    precision = None if weights is None else parse_weights(weights)
 
     options = PlanOptions(
         solver=solver,
@@ -258,7 +280,13 @@ def plan(
     batch = DEFAULT_TOKENS if tokens is None else tokens
     if shape is not None:
         planning = shape_counts_for_plan(
-            shape, popularity, traces=traces, counts=counts, tokens=batch, seed=seed
+            shape,
+            popularity,
+            traces=traces,
+            counts=counts,
+            tokens=batch,
+            seed=seed,
+            weights=precision,
         )
     else:
         planning = counts_for_plan(traces=traces, counts=counts, tokens=batch, seed=seed)

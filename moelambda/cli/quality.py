@@ -24,6 +24,7 @@ from moelambda.cli._app import (
     SeedOpt,
     SharedOpt,
     TopKOpt,
+    WeightsOpt,
     app,
     bench_app,
     err,
@@ -31,6 +32,7 @@ from moelambda.cli._app import (
     moefy_flags,
     stdout,
     user_errors,
+    weights_flag,
 )
 
 _ENCODER = (
@@ -78,6 +80,7 @@ def quality(
         ),
     ] = "test",
     seed: SeedOpt = 0,
+    weights: WeightsOpt = "fp32",
     cache: CacheOpt = True,
     as_json: JsonOpt = False,
 ) -> None:
@@ -86,6 +89,7 @@ def quality(
     itself, so a model fitted on your text is judged on documents of it that it never saw)."""
     from moe import load_corpus, quality_of
 
+    precision = weights_flag(weights)
     load_corpus(corpus)  # a missing or unreadable --corpus is said as such, first
     options = moefy_flags(
         model,
@@ -113,7 +117,7 @@ def quality(
     from moe._model import check_judged_text
 
     check_judged_text(model, options, corpus)  # not judged on text it fits on, said now
-    loaded = load_with_status(model, experts, top_k, seed, cache, options)
+    loaded = load_with_status(model, experts, top_k, seed, cache, options, precision)
     with err.status("comparing with the dense model"):
         measured, fresh = quality_of(
             loaded,
@@ -126,6 +130,7 @@ def quality(
     summary: dict[str, Any] = {
         "model": loaded.name,
         "moefy": loaded.options.describe() if loaded.options else None,
+        "weights": loaded.weights.label(),
         "quality": measured.model_dump(),
         "measured_now": fresh,
         # Repeats of an earlier document, dropped before the corpus was split (`moe.Corpus`).
@@ -134,7 +139,8 @@ def quality(
     if as_json:
         print(json.dumps(summary))
         return
-    _print(summary, options.label() if options else loaded.name)
+    label = options.label() if options else loaded.name
+    _print(summary, label if precision.is_fp32 else f"{label} at {precision.label()}")
 
 
 def _print(summary: dict[str, Any], label: str) -> None:

@@ -260,7 +260,9 @@ def run_local(
     # Every argument is checked: only now start the model, moto and (through the CDK) Node.
     from runtime.local import run_plan_locally
 
-    model = load_with_status(ref.model, ref.experts, ref.top_k, ref.seed, True, ref.moefy)
+    model = load_with_status(
+        ref.model, ref.experts, ref.top_k, ref.seed, True, ref.moefy, ref.weights
+    )
     ids = _batch(model.tokenizer, text, tokens or document.totals.tokens, corpus, seed, max_tokens)
     with err.status("running the plan locally") as status:
         summary = run_plan_locally(
@@ -336,7 +338,9 @@ def _front_door(
     _check_corpus(corpus)
     document = front_door_plan(plan)
     ref = document.model
-    model = load_with_status(ref.model, ref.experts, ref.top_k, ref.seed, True, ref.moefy)
+    model = load_with_status(
+        ref.model, ref.experts, ref.top_k, ref.seed, True, ref.moefy, ref.weights
+    )
     ids = _batch(model.tokenizer, text, tokens or WINDOW * count, corpus, seed, max_tokens)
     if count > ids.shape[0]:
         raise UsageError(
@@ -398,7 +402,9 @@ def _replay(
     # Every argument is checked: only now start the model, moto, the CDK and the processes.
     from runtime.traffic_replay import replay_traffic
 
-    model = load_with_status(ref.model, ref.experts, ref.top_k, ref.seed, True, ref.moefy)
+    model = load_with_status(
+        ref.model, ref.experts, ref.top_k, ref.seed, True, ref.moefy, ref.weights
+    )
     with err.status("replaying the traffic") as status:
         summary = replay_traffic(
             plan,

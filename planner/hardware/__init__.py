@@ -3,7 +3,11 @@
 A deployment's functions each run on one hardware kind; a candidate that uses several (a GPU
 driver calling CPU expert functions) is named by its kinds joined with "+" (`candidate_name`:
 "gpu+cpu"), so the kinds are the only words there are. Each kind says whether a plan on it can
-run today: a kind that cannot is priced and reported, never chosen (`runnable`, `why_not`).
+run today: a kind that cannot is priced and reported, never chosen (`runnable`, `why_not`),
+and so is a candidate whose weights' precision (`ground.precision`) one of its kinds does not
+compute: bf16 on CPU Lambda, whose CPUs are not known to have bfloat16 instructions (the
+calibration's `lambda_cpu_bf16`), and int8 on a GPU, for which no kernel runs here (its kernel
+is a CPU one).
 
     cpu   CPU Lambda functions (the handlers in functions/, the image Dockerfile.expert)
     gpu   GPU-backed Lambda functions on Managed Instances (`planner.hardware.gpu_model`:
@@ -21,8 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ground.errors import UsageError
+
+if TYPE_CHECKING:
+    from ground.precision import Precision, Weights
+    from planner.calibration import Calibration
 
 __all__ = [
     "AUTO",
@@ -32,6 +41,7 @@ __all__ = [
     "candidate_name",
     "check_hardware",
     "kinds_of",
+    "refuses",
     "runnable",
     "why_not",
 ]
@@ -85,12 +95,50 @@ def kinds_of(name: str) -> list[str]:
     return kinds
 
 
-def why_not(name: str) -> str | None:
-    """Why the candidate `name` cannot run (None: it can)."""
-    reasons = [KINDS[k].not_runnable for k in kinds_of(name) if KINDS[k].not_runnable]
+def refuses(kind: str, precision: Precision, calibration: Calibration, arch: str) -> str | None:
+    """Why functions of `kind` on `arch` cannot compute weights of `precision` (None: they
+    can): bf16 on CPUs without bfloat16 instructions (`Calibration.cpu_refuses`), int8 on a
+    GPU (int8's kernels are torch's CPU ones, `moe._int8`; a GPU function runs bf16,
+    `ground.placement.GPU`)."""
+    if kind == "cpu":
+        return calibration.cpu_refuses(precision, arch)
+    if kind == "gpu" and precision == "int8":
+        return (
+            "GPU-backed functions have no int8 kernel (int8 runs on CPUs: moe._int8), they run "
+            "bf16 weights"
+        )
+    return None
+
+
+def why_not(
+    name: str,
+    weights: Weights | None = None,
+    calibration: Calibration | None = None,
+    arch: str = "x86_64",
+) -> str | None:
+    """Why the candidate `name` cannot run (None: it can): a kind without handlers, or with
+    `weights` given, a precision one of its kinds does not compute (`refuses`; the first kind
+    runs the driver, so the stack and its local experts, the others the experts only).
+
+    Raises:
+        ValueError: `weights` without the `calibration` that says what CPUs compute.
+    """
+    kinds = kinds_of(name)
+    reasons = [KINDS[k].not_runnable for k in kinds if KINDS[k].not_runnable]
+    if weights is not None:
+        if calibration is None:
+            raise ValueError("a precision's runnability needs the calibration")
+        for position, kind in enumerate(kinds):
+            computed = (weights.stack, weights.experts) if position == 0 else (weights.experts,)
+            reasons += [refuses(kind, p, calibration, arch) for p in dict.fromkeys(computed)]
     return "; ".join(r for r in reasons if r) or None
 
 
-def runnable(name: str) -> bool:
-    """Whether every kind of the candidate `name` runs its handlers today."""
-    return why_not(name) is None
+def runnable(
+    name: str,
+    weights: Weights | None = None,
+    calibration: Calibration | None = None,
+    arch: str = "x86_64",
+) -> bool:
+    """Whether every kind of the candidate `name` runs its handlers today (at `weights`)."""
+    return why_not(name, weights, calibration, arch) is None

@@ -7,11 +7,15 @@ the period of `RATES`, every request a prompt of `PROMPT_TOKENS` tokens,
 `planner.hardware.gpu_candidates` plans the cheapest deployment meeting a p99 latency of `SLO_S`
 on each hardware, preferring a plan the handlers deploy (`HardwarePlan.detail["deployable"]`:
 a GPU function holding the model, a GPU driver with CPU experts; GPU expert groups and layer
-stages have no handler). `cheapest` is the cheapest that deploys on a kind whose handlers run
-(`planner.hardware.runnable`), `cheapest_priced` the cheapest of all, as priced. Each row
-gives the plan's bill per million prompt tokens next to the managed API's list price per million
-input tokens (`planner.generation.managed_api_quote`; "no list price" where the calibration has
-none). Every GPU timing in it is predicted by the GPU backend's model, not measured.
+stages have no handler). Each shape is planned at its published precision (bf16 for these:
+`ModelShape.published_weights`), hidden states crossing functions at bf16 too. `cheapest` is
+the cheapest that deploys on a kind whose handlers run and compute that precision
+(`planner.hardware.why_not`, each row's `not_runnable`: CPU Lambda is not known to compute
+bf16, the calibration's `lambda_cpu_bf16`), `cheapest_priced` the cheapest of all, as
+priced. Each row gives the plan's bill per million prompt tokens next to the managed API's list
+price per million input tokens (`planner.generation.managed_api_quote`; "no list price" where
+the calibration has none). Every GPU timing in it is predicted by the GPU backend's model, not
+measured.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ def bench_gpu_lambda(
     from planner import load_calibration
     from planner.api import shape_counts_for_plan
     from planner.generation import managed_api_quote
-    from planner.hardware import runnable
+    from planner.hardware import why_not
     from planner.hardware.catalogue import load_catalogue
     from planner.hardware.gpu_candidates import HARDWARE, cpu_plan, plan_hardware
     from planner.hardware.gpu_model import Stream
@@ -60,6 +64,7 @@ def bench_gpu_lambda(
         assert manifest is not None
         say(f"{name}: the CPU plan")
         cpu = cpu_plan(manifest, counts, calibration, slo_s=slo_s, prompt_tokens=prompt_tokens)
+        blocked = {h: why_not(h, manifest.precision, calibration) for h in HARDWARE}
         runs = []
         for rate, hours in rates:
             arrivals = load_arrivals("azure-conv", scale=scale_for(rate), hours=hours)
@@ -79,12 +84,12 @@ def bench_gpu_lambda(
                 cpu=cpu,
                 progress=say,
             )
-            described = {h: plans[h].describe() for h in HARDWARE}
+            described = {h: plans[h].describe() | {"not_runnable": blocked[h]} for h in HARDWARE}
             feasible = {h: d["bill_usd"] for h, d in described.items() if d["feasible"]}
             can_run = {
                 h: usd
                 for h, usd in feasible.items()
-                if runnable(h) and described[h].get("deployable")
+                if blocked[h] is None and described[h].get("deployable")
             }
             runs.append(
                 {
@@ -102,6 +107,7 @@ def bench_gpu_lambda(
             {
                 "model": name,
                 "label": manifest.model,
+                "weights": manifest.precision.label(),
                 "counts": counts.source,
                 "managed_api": managed_api_quote(calibration, manifest.model),
                 "runs": runs,

@@ -181,7 +181,10 @@ def cpu_plan(
     shape = counts.source.get("shape")
     planning = (
         shape_counts_for_plan(
-            shape, counts.source.get("popularity", "zipf:1.0"), tokens=prompt_tokens
+            shape,
+            counts.source.get("popularity", "zipf:1.0"),
+            tokens=prompt_tokens,
+            weights=manifest.precision,
         )
         if shape is not None
         else counts

@@ -4,8 +4,10 @@ which run-local reads) both price a GPU driver with.
 
 Compute on a GPU is the GPU backend's per-token model (the speeds in
 planner/data/gpu_catalogue.json): a stage of p parameters on n tokens takes
-max(2 p n / (peak x mfu), 2 p / memory bandwidth) + kernel_s (bfloat16 weights, read once per
-call: the precision a GPU-backed function's handler runs, `ground.placement.GPU`).
+max(2 p n / (peak x mfu), 2 p / memory bandwidth) + kernel_s: bfloat16 weights, read once per
+call, whatever the export's precision (`DEVICE_BYTES`: the precision a GPU-backed function's
+handler runs, `ground.placement.GPU`, casting fp32 weights as it loads them; int8 weights have
+no GPU kernel, so `planner.hardware.why_not` refuses them before any GPU is priced).
 
 Below the candidates and the re-scorer: it imports neither, nor the traffic simulator.
 """
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ground.errors import UsageError
+from ground.precision import BYTES
 
 if TYPE_CHECKING:
     from ground.manifest import Manifest
@@ -29,9 +32,9 @@ if TYPE_CHECKING:
     from planner.driver import DriverInstance
     from planner.hardware.catalogue import Catalogue
 
-__all__ = ["BF16", "GpuSpeed", "gpu_driver_of", "gpu_s", "model_sizes", "on_gpu"]
+__all__ = ["DEVICE_BYTES", "GpuSpeed", "gpu_driver_of", "gpu_s", "model_sizes", "on_gpu"]
 
-BF16 = 2  # bytes per weight on a GPU
+DEVICE_BYTES = BYTES["bf16"]  # bytes a weight takes on a GPU, whatever the export's precision
 
 
 @dataclass(frozen=True)
@@ -84,26 +87,26 @@ class GpuSpeed:
         gets no token)."""
         params, tokens = np.broadcast_arrays(np.asarray(params, float), np.asarray(tokens, float))
         compute = 2.0 * params * tokens / self.flops
-        read = BF16 * params / self.bytes_per_s
+        read = DEVICE_BYTES * params / self.bytes_per_s
         return np.where(tokens > 0, np.maximum(compute, read) + self.kernel_s, 0.0)
 
 
 def model_sizes(manifest: Manifest) -> tuple[np.ndarray, np.ndarray, float, float]:
     """Parameters of each layer stage (L,), each expert (L, E), the tail and the head, from the
-    export's stage sizes."""
-    width = manifest.dtype_bytes
+    export's stage sizes at each stage kind's precision (`Manifest.params`)."""
     layers = np.zeros(manifest.num_layers)
     experts = np.zeros((manifest.num_layers, manifest.experts))
     tail = head = 0.0
     for stage in manifest.stages:
+        params = manifest.params(stage)
         if stage.role == "layer":
-            layers[stage.layer] = stage.bytes / width
+            layers[stage.layer] = params
         elif stage.role == "expert":
-            experts[stage.layer, stage.expert] = stage.bytes / width
+            experts[stage.layer, stage.expert] = params
         elif stage.role == "tail":
-            tail = stage.bytes / width
+            tail = params
         else:
-            head += stage.bytes / width
+            head += params
     return layers, experts, tail, head
 
 

@@ -27,7 +27,10 @@ handlers place their stages on the device, `ground.placement`); the candidates a
 `planner.hardware.gpu_candidates`.
 
 Compute on a GPU is the GPU backend's per-token model (`planner.hardware.gpu_driver.GpuSpeed`,
-the speeds in planner/data/gpu_catalogue.json; bf16 weights, as the handlers run them).
+the speeds in planner/data/gpu_catalogue.json), its weights held and read as bfloat16
+(`planner.hardware.gpu_driver.DEVICE_BYTES`: the handlers cast fp32 weights as they load them;
+int8 weights have no GPU kernel and are refused, `planner.hardware.why_not`); a function
+downloads the export's own bytes (`Manifest.precision`).
 An environment holds one whole GPU (`planner.traffic.managed`: AWS exposes accelerator devices
 to an environment, not shares of one), so it computes at the whole GPU's speed and asks for
 the smallest AcceleratorMemorySize that holds its weights. Its room is that size or what the
@@ -79,7 +82,7 @@ from ground.coldstart import retry_waits
 from ground.driver import remote_call_s
 from ground.errors import UsageError
 from ground.semantics import direct_event_bytes
-from planner.hardware.gpu_driver import BF16, GpuSpeed, gpu_s, model_sizes, on_gpu
+from planner.hardware.gpu_driver import DEVICE_BYTES, GpuSpeed, gpu_s, model_sizes, on_gpu
 
 if TYPE_CHECKING:
     from ground.manifest import Manifest
@@ -130,10 +133,10 @@ class _Model:
     nonmoe_params: float  # every layer stage
     layer_params: np.ndarray  # (L,)
     tail_params: float
-    head_bytes: float
+    head_params: float
     expert_params: np.ndarray  # (L, E)
     share: np.ndarray  # (L, E) rows per token routed to each expert
-    token_bytes: int  # a hidden state on the wire (float32)
+    token_bytes: int  # a hidden state on the wire (`Weights.wire_bytes` per value)
     token_bytes_out: int  # one token of the model's output
     manifest: Manifest  # whose stages the CPU driver model prices the CPU experts from
 
@@ -152,7 +155,7 @@ class _Model:
             float(layers.sum() + tail + head),
             layers,
             tail,
-            head * BF16,
+            head,
             experts,
             np.zeros_like(experts),
             max(manifest.token_bytes_in, manifest.token_bytes_out),
@@ -160,9 +163,19 @@ class _Model:
             manifest,
         )
 
+    @staticmethod
+    def device_gib(params: Any) -> Any:
+        """GiB that `params` weights take on a GPU (`DEVICE_BYTES`)."""
+        return params * DEVICE_BYTES / 2**30
+
+    def file_bytes(self, params: Any, role: str) -> Any:
+        """Bytes of `params` weights of a stage of `role` as the export stores them: what a
+        function downloads and streams onto its GPU."""
+        return params * self.manifest.precision.bytes_per_weight(role)
+
     @property
     def nonmoe_gib(self) -> float:
-        return self.nonmoe_params * BF16 / 2**30
+        return self.device_gib(self.nonmoe_params)
 
 
 @dataclass(frozen=True, eq=False)
@@ -296,7 +309,7 @@ def _layout(
             f"the non-MoE stack ({model.nonmoe_gib:.1f} GiB with {runtime:g} GiB of runtime and "
             f"{activations:.1f} GiB of activations) does not fit {gpu.bound(driver_gib)}"
         )
-    gib = model.expert_params * BF16 / 2**30
+    gib = model.device_gib(model.expert_params)
     order = np.argsort(-model.share, axis=None, kind="stable")  # hottest first, every layer
     taken = np.cumsum(gib.reshape(-1)[order]) <= room + 1e-9
     local = np.zeros(gib.size, bool)
@@ -422,14 +435,14 @@ def _request(
     if ev.overflow:  # the request's prefix listed and deleted
         s3_usd += base.s3_list_usd + base.s3_delete_usd
     # what it downloads: the export's weights (`moe.StageLoader` casts them on the device)
-    width = model.manifest.dtype_bytes
-    driver_bytes = (
-        model.nonmoe_params + float((model.expert_params * layout.local).sum())
-    ) * width
+    local_params = float((model.expert_params * layout.local).sum())
+    driver_bytes = model.file_bytes(model.nonmoe_params, "layer") + model.file_bytes(
+        local_params, "expert"
+    )
     load = {"driver": driver_bytes / cal.s3_bandwidth_bytes_per_s}
     for layer in np.flatnonzero(layout.group_gib):
-        held = float(model.expert_params[layer, layout.on_gpu_group[layer]].sum()) * width
-        load[f"group{layer:02d}"] = held / cal.s3_bandwidth_bytes_per_s
+        held = float(model.expert_params[layer, layout.on_gpu_group[layer]].sum())
+        load[f"group{layer:02d}"] = model.file_bytes(held, "expert") / cal.s3_bandwidth_bytes_per_s
     return _Request(
         latency_s=ev.latency,
         gpu_s=gpu_s(dinst),
@@ -476,12 +489,14 @@ def host_memory_mb(
     runtime = cal.required("gpu_host_runtime_mb", "sizing a GPU-backed function's host memory")
     experts = np.broadcast_to(experts, model.expert_params.shape)
     files = [
-        float(model.expert_params[experts].max(initial=0.0)),
-        float(model.layer_params[layers].max(initial=0.0)) if layers is not None else 0.0,
-        model.head_bytes / BF16 if head else 0.0,
-        model.tail_params if tail else 0.0,
+        model.file_bytes(float(model.expert_params[experts].max(initial=0.0)), "expert"),
+        model.file_bytes(float(model.layer_params[layers].max(initial=0.0)), "layer")
+        if layers is not None
+        else 0.0,
+        model.file_bytes(model.head_params, "head") if head else 0.0,
+        model.file_bytes(model.tail_params, "tail") if tail else 0.0,
     ]
-    largest = max(files) * model.manifest.dtype_bytes
+    largest = max(files)
     return max(vcpus * cal.mb_per_vcpu, runtime + largest / 1e6)
 
 

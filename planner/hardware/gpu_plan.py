@@ -196,9 +196,10 @@ def plan_traffic_on_hardware(
     """`plan --traffic --hardware gpu|auto`: the CPU traffic plan (`planner.traffic.api
     .plan_traffic`, with auto) beside the GPU-backed candidates (`planner.hardware
     .gpu_candidates.plan_hardware`, gpu and gpu+cpu) for the same stream and p99 SLO; the
-    cheapest meeting it that can run (`planner.hardware.runnable`: a plan document, on kinds
-    whose handlers exist) is returned with the summary `plan --traffic` prints, plus
-    `hardware`, every candidate with why it was not chosen.
+    cheapest meeting it that can run (`planner.hardware.why_not`: a plan document, on kinds
+    whose handlers exist and compute the manifest's precision: a CPU row they refuse is not
+    planned) is returned with the summary `plan --traffic` prints, plus `hardware`, every
+    candidate with why it was not chosen, and `weights`, the precision planned.
 
     The GPU candidates serve every request as a prompt of the stream's p99 prompt length (their
     queue has one service time), which overstates what the shorter ones cost them.
@@ -224,7 +225,15 @@ def plan_traffic_on_hardware(
         raise UsageError(f"--hardware {hardware!r} is not gpu or auto.", "pass cpu, gpu or auto.")
     rows: dict[str, dict[str, Any]] = {}
     cpu: tuple[Plan, dict[str, Any]] | None = None
-    if hardware == AUTO:
+    weights = manifest.precision
+    arch = getattr(options, "arch", "x86_64")
+    cpu_blocked = why_not("cpu", weights, calibration, arch)
+    if hardware == AUTO and cpu_blocked is not None:  # refused: not planned for the stream
+        rows["cpu"] = {
+            "hardware": "cpu", "feasible": False, "deployable": False, "reason": cpu_blocked,
+            "not_chosen_because": cpu_blocked,
+        }  # fmt: skip
+    elif hardware == AUTO:
         try:
             choice, summary = plan_traffic(
                 manifest, counts, calibration, traffic=traffic, slo_p99_s=slo_p99_s,
@@ -256,7 +265,9 @@ def plan_traffic_on_hardware(
         for h, c in gpu.items()
     }
     for h, c in gpu.items():
-        blocked = why_not(h) or (None if documents[h] is not None else "planned, not deployable")
+        blocked = why_not(h, weights, calibration) or (
+            None if documents[h] is not None else "planned, not deployable"
+        )
         rows[h] = c.describe() | {"deployable": blocked is None, "not_chosen_because": blocked}
         if c.feasible:
             rows[h]["per_million_tokens_usd"] = round(c.bill_usd / max(tokens, 1) * 1e6, 4)
@@ -271,8 +282,12 @@ def plan_traffic_on_hardware(
             )
             + ").",
             "raise --slo-p99"
+            + (", or pass --hardware auto (CPU functions run today)." if hardware != AUTO else ".")
             + (
-                ", or pass --hardware auto (CPU functions run today)." if hardware != AUTO else "."
+                f" The {weights.label()} weights refuse some kinds: pass --weights fp32 (every "
+                "kind runs it), int8 (CPU functions) or bf16 (GPU-backed ones)."
+                if any(why_not(h, weights, calibration, arch) for h in rows)
+                else ""
             ),
         )
     chosen = min(deployable, key=deployable.__getitem__)
@@ -289,6 +304,8 @@ def plan_traffic_on_hardware(
     assert plan.traffic is not None
     c = gpu[chosen]
     summary = {
+        "weights": weights.label(),
+        "weights_note": None,
         "traffic": arrivals.describe(),
         "slo_p99_s": slo_p99_s,
         "max_batch_tokens": plan.traffic.max_batch_tokens,

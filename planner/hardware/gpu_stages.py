@@ -12,7 +12,8 @@ exposes (`GpuSpeed.room_gib`: a 48-GiB function on an L40S has 44.99 GiB), less 
 batch's tensors.
 
 One request, n tokens (seconds): each stage starts warm (T^str), reads its input from S3 (the
-token ids, 8 n bytes, for the first; the hidden states, n x hidden x 4 bytes, for the others:
+token ids, 8 n bytes, for the first; the hidden states, n x hidden values at the wire's width,
+`Weights.wire_bytes`, 2 bytes for a bf16 stack and 4 otherwise, for the others:
 T^dl + bytes / B^s), computes its layers on the GPU (`GpuSpeed`: every expert local, in turn,
 on its routed rows), and writes its output (T^dl + bytes / B^s). The state machine runs the
 stages one after another (an Express workflow of one Task per stage). Each stage is a pool of c_s
@@ -42,7 +43,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from planner.hardware.gpu_model import (
-    BF16,
     DRIVER_VCPUS,
     GpuSpeed,
     HardwarePlan,
@@ -72,9 +72,9 @@ def stage_ranges(
     """Contiguous layer ranges (start, stop, GiB held with `fixed_gib` of runtime and a batch's
     tensors), greedily filled up to `room_gib`; a string says why none fits, naming the room
     as `bound` (default: a `room_gib` accelerator)."""
-    per_layer = (model.layer_params + model.expert_params.sum(axis=1)) * BF16 / 2**30
-    head = model.head_bytes / 2**30
-    tail = model.tail_params * BF16 / 2**30
+    per_layer = model.device_gib(model.layer_params + model.expert_params.sum(axis=1))
+    head = model.device_gib(model.head_params)
+    tail = model.device_gib(model.tail_params)
     ranges: list[tuple[int, int, float]] = []
     start, held = 0, fixed_gib + head
     for layer, gib in enumerate(per_layer):
@@ -99,7 +99,7 @@ def _service_s(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each stage's warm seconds for one request of `n` tokens (see the module docstring), and
     of them the seconds its GPU computes."""
-    hidden_bytes = n * model.hidden * 4
+    hidden_bytes = n * model.token_bytes
     out = []
     gpu = []
     for s, (a, b, _) in enumerate(ranges):

@@ -95,7 +95,7 @@ def plan_traffic(
         UsageError: A bad option, or a stream without a request.
         InfeasibleError: No candidate meets the SLO.
     """
-    from planner.api import PlanOptions
+    from planner.api import PlanOptions, weights_on_cpu
     from planner.batch_shapes import check_shape, shapes_for
     from planner.traffic import load_arrivals
     from planner.traffic.planning import moe_plan_at, plan_for_traffic
@@ -104,6 +104,7 @@ def plan_traffic(
     o = options or PlanOptions()
     methods, confidence = o.check(counts)
     check_shape(o)
+    weights = weights_on_cpu(manifest, calibration, o.arch)
     if not slo_p99_s > 0:
         raise UsageError(f"--slo-p99 {slo_p99_s} is not positive.", "pass e.g. --slo-p99 10.")
     init_model(calibration)  # fail on missing traffic parameters before any planning
@@ -164,7 +165,7 @@ def plan_traffic(
         )
     t = choice.plan.traffic
     assert t is not None
-    summary = {
+    summary = weights | {
         "traffic": arrivals.describe(),
         "slo_p99_s": slo_p99_s,
         "max_batch_tokens": t.max_batch_tokens,

@@ -31,6 +31,7 @@ import numpy as np
 from ground.manifest import Manifest, StageEntry
 from ground.method import Method
 from ground.plan import Plan, PlanError
+from ground.precision import parse_weights
 from ground.semantics import adapts, runtime_replicas
 from planner.replay import driver_of, evaluate_plan, instance_of, runtime_choice
 
@@ -105,15 +106,27 @@ class WorkflowModel:
 def manifest_of_plan(plan: Plan) -> Manifest:
     """The manifest of the plan's model, from the plan alone (no weights are loaded).
 
-    A model shape's comes from its definition (its dtype is not in the plan); a real model's
-    export is float32, so its stage list and token sizes in the plan are the whole manifest the
-    cost model reads.
+    A model shape's comes from its definition at the plan's precision (`ModelRef.weights`; a
+    plan made before precisions: the shape's published one, in which its stages were sized),
+    with the token sizes the plan was made with. A real model's stage list, token sizes and
+    precision in the plan are the whole manifest the cost model reads (a plan made before
+    precisions: float32, as every export then was).
     """
     ref = plan.model
     if ref.model_type.startswith("shape:"):
         from planner.shapes import load_shape
 
-        return load_shape(ref.model).manifest()
+        weights = None if ref.weights is None else parse_weights(ref.weights)
+        return (
+            load_shape(ref.model)
+            .manifest(weights)
+            .model_copy(
+                update={
+                    "token_bytes_in": ref.token_bytes_in,
+                    "token_bytes_out": ref.token_bytes_out,
+                }
+            )
+        )
     return Manifest(
         format_version=2,
         model=ref.model,
@@ -135,6 +148,7 @@ def manifest_of_plan(plan: Plan) -> Manifest:
         stages=[StageEntry(**s.model_dump()) for s in ref.stages],
         moefy=ref.moefy,
         quality=ref.quality,
+        weights=ref.weights,
     )
 
 

@@ -330,11 +330,11 @@ def test_a_gpu_functions_host_holds_its_runtime_beside_its_largest_weight_file()
     assert runtime is not None
     one = np.zeros(model.expert_params.shape, bool)
     one[0, 0] = True
-    width = model.manifest.dtype_bytes
+    width = model.manifest.precision.bytes_per_weight("expert")  # bf16, as published
     expert_mb = model.expert_params[0, 0] * width / 1e6  # one Mixtral expert: 704 MB
     assert host_memory_mb(model, cal, 1, one) == pytest.approx(runtime + expert_mb)
     assert host_memory_mb(model, cal, 4, one) == 4 * cal.mb_per_vcpu  # the vCPUs' share
     nothing = np.zeros_like(one)
-    head_mb = model.head_bytes / 2 * width / 1e6  # the embeddings, the largest non-MoE file
+    head_mb = model.head_params * width / 1e6  # the embeddings, the largest non-MoE file
     assert host_memory_mb(model, cal, 1, nothing, head=True) == pytest.approx(runtime + head_mb)
     assert host_memory_mb(model, cal, 1, nothing) == pytest.approx(max(runtime, cal.mb_per_vcpu))

@@ -18,7 +18,7 @@ from ground.errors import InfeasibleError
 from ground.plan import Plan
 from moelambda.cli import app
 from planner import hardware, load_calibration
-from planner.api import PlanOptions
+from planner.api import PlanOptions, shape_counts_for_plan
 from planner.hardware.catalogue import load_catalogue
 from planner.hardware.gpu_candidates import MIXED, plan_hardware
 from planner.hardware.gpu_model import Stream, front_door
@@ -139,16 +139,17 @@ def test_a_kind_whose_handlers_cannot_run_is_priced_and_reported_never_chosen(
     gpu = hardware.KINDS["gpu"]
     why = "no handler runs on this accelerator"
     monkeypatch.setitem(hardware.KINDS, "gpu", dataclasses.replace(gpu, not_runnable=why))
-    model = shape_model("olmoe", tokens=1000)
+    # at fp32, which CPU functions compute (its published bf16 they are not known to)
+    counts = shape_counts_for_plan("olmoe", "zipf:1.0", tokens=1000, weights="fp32")
+    manifest = counts.manifest
+    assert manifest is not None
     stream = {"traffic": "poisson:2", "slo_p99_s": 30.0, "hours": 0.25}
     with pytest.raises(InfeasibleError, match=why):
-        plan_traffic_on_hardware(
-            model.manifest, model.counts, load_calibration(), hardware="gpu", **stream
-        )
+        plan_traffic_on_hardware(manifest, counts, load_calibration(), hardware="gpu", **stream)
     # The CPU side as the fan-out workflow: the driver's solver for OLMoE's 4,096-token batches
     # takes more memory than a test may (noted in the closing note).
     plan, summary = plan_traffic_on_hardware(
-        model.manifest, model.counts, load_calibration(), hardware="auto",
+        manifest, counts, load_calibration(), hardware="auto",
         options=PlanOptions(deployment="workflow", concurrency_quota=None),
         **(stream | {"slo_p99_s": 600.0}),
     )  # fmt: skip

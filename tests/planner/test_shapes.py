@@ -263,9 +263,10 @@ def test_manifest_stages_follow_the_export_layout() -> None:
     assert manifest.stages[-1].key == "tail.safetensors"
     assert (manifest.dtype, manifest.token_bytes_in, manifest.model) == (
         "bfloat16",
-        2048 * 4,
+        2048 * 2,  # published in bfloat16: its stack computes, and sends hidden states, in it
         "Qwen1.5-MoE-A2.7B",
     )
+    assert manifest.weights == "bf16"
     assert manifest.family == "shape" and manifest.model_type == "shape:qwen2_moe"
     total_bytes = sum(stage.bytes for stage in manifest.stages)
     assert total_bytes == 2 * shape.total_params()  # untied: the tail's LM head is its own

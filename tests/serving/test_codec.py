@@ -50,6 +50,27 @@ def test_header_is_the_contract_layout() -> None:
     assert len(data) == 15 + 16
 
 
+def test_bfloat16_values_travel_in_half_the_bytes_exactly() -> None:
+    """Hidden states a bfloat16 stage computed (float32 on the host, low halves zero) take two
+    bytes a value on the wire and decode to the very same float32 values; any other float32
+    keeps four."""
+    import torch
+
+    rng = np.random.default_rng(1)
+    rows = torch.from_numpy(rng.standard_normal((6, 384)).astype(np.float32))
+    halves = rows.bfloat16().float().numpy()
+    small, full = encode(halves), encode(rows.numpy())
+    assert len(small) == 4 + 1 + 2 + 8 + 6 * 384 * 2
+    assert len(full) == 4 + 1 + 2 + 8 + 6 * 384 * 4
+    (back,) = decode(small)
+    assert back.dtype == np.float32 and np.array_equal(
+        back.view(np.uint32), halves.view(np.uint32)
+    )
+    assert np.array_equal(decode(full)[0], rows.numpy())
+    signs = np.array([-0.0, np.inf, -np.inf], np.float32)  # bfloat16 has them too
+    assert np.array_equal(decode(encode(signs))[0].view(np.uint32), signs.view(np.uint32))
+
+
 def test_bad_magic_truncation_and_trailing_bytes_are_clear_errors() -> None:
     data = encode(np.ones((4, 3), np.float32), np.arange(2))
     with pytest.raises(TensorIOError, match="magic"):
@@ -147,7 +168,7 @@ def test_direct_envelope_is_within_the_bound_the_planner_uses(function: str | No
 def test_direct_event_bytes_bounds_the_real_event(tokens: int, hosted: int) -> None:
     """An event carries the rows and the rows per hosted expert; a response the rows alone."""
     hidden = 384
-    rows = np.ones((tokens, hidden), np.float32)
+    rows = np.full((tokens, hidden), 1.1, np.float32)  # no bfloat16 value: four bytes each
     hosted_rows = np.full(hosted, tokens // hosted, np.int64)
     bound = direct_event_bytes(tokens, 4 * hidden, hosted)
     event = transports.direct_event(
@@ -164,13 +185,14 @@ def test_direct_event_bytes_bounds_the_real_event(tokens: int, hosted: int) -> N
 
 @pytest.mark.parametrize("limit", [262144, 6291456])
 def test_the_planners_direct_capacity_is_accepted_and_one_byte_less_refused(limit: int) -> None:
-    rows = np.ones((max_direct_tokens(limit, 4 * 384, 4), 384), np.float32)
+    # 1.1 is no bfloat16 value: the rows take the four bytes a value the bound assumes
+    rows = np.full((max_direct_tokens(limit, 4 * 384, 4), 384), 1.1, np.float32)
     hosted_rows = np.array([rows.shape[0], 0, 0, 0])
     shipped = {"function": "f" * 64, "hosted_rows": hosted_rows}
     event = transports.direct_event(**WIDEST, rows=rows, limit=limit, **shipped)
     size = len(json.dumps(event))
     with pytest.raises(transports.TransportError, match=f"is {size:,} bytes of JSON, above"):
         transports.direct_event(**WIDEST, rows=rows, limit=size - 1, **shipped)
-    more = np.ones((rows.shape[0] + 1, 384), np.float32)
+    more = np.full((rows.shape[0] + 1, 384), 1.1, np.float32)
     with pytest.raises(transports.TransportError):
         transports.direct_event(**WIDEST, rows=more, limit=limit, **shipped)

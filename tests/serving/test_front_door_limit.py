@@ -23,11 +23,13 @@ STEP_FUNCTIONS_PAYLOAD = 262_144  # 256 KiB, `step_functions_payload_bytes`
 
 @pytest.fixture(scope="module")
 def olmoe_driver(tmp_path_factory: pytest.TempPathFactory) -> Plan:
-    """OLMoE as a driver: its 13.8 GB do not fit one function, so most experts are remote."""
+    """OLMoE as a driver at fp32: its 27.7 GB do not fit one function, so most experts are
+    remote."""
     out = tmp_path_factory.mktemp("olmoe") / "plan.json"
     made = CliRunner().invoke(
         app,
-        ["plan", "--shape", "olmoe", "--deployment", "driver", "--tokens", "2048"]
+        ["plan", "--shape", "olmoe", "--weights", "fp32", "--deployment", "driver"]
+        + ["--tokens", "2048"]
         + ["--concurrency-quota", "10000"]
         + ["--out", str(out)],
     )
