@@ -32,6 +32,7 @@ BLOCK = re.compile(r"(<!-- numbers: ([a-z0-9-]+) -->\n)(.*?)(<!-- /numbers -->)"
 SOURCES = {
     "bench-gpu-lambda.json": "moelambda bench gpu-lambda --json (2026-12-06)",
     "bench-shapes.json": "moelambda bench shapes --plot out/shapes.png --json (2026-12-06)",
+    "bench-precision.json": "moelambda bench precision --json (2026-12-06)",
     "bench-quality.json": (
         "moelambda bench quality --models minilm --seeds 1,0 --cached-only --json "
         "(2026-11-28; the options it names as not converted were not in the model cache)"
@@ -206,6 +207,34 @@ def gpu_lambda() -> str:
     return "\n".join(lines) + "\n"
 
 
+def precision() -> str:
+    """`bench precision`: per precision MiniLM's batch and the SmolLM2 MoE's decode speeds,
+    the weight bytes a token reads, and the planner's TPOT beside the measured one."""
+    report = _load("bench-precision.json")
+    lines = [
+        "| weights | MiniLM tokens/s (batch) | SmolLM2 decode tokens/s, 1 sequence | bytes/token "
+        "| 8 sequences | bytes/token | decode vs fp32 (1) | TPOT (1) planned / measured |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, row in report["rows"].items():
+        one, eight = row["decode"]["1"], row["decode"]["8"]
+        planned = one["predicted_tpot_s"]
+        cells = [
+            name,
+            f"{row['minilm_tokens_per_s']:,.0f}",
+            f"{one['tokens_per_s']:.1f}",
+            f"{one['bytes_per_token'] / 1e6:.0f} MB",
+            f"{eight['tokens_per_s']:.1f}",
+            f"{eight['bytes_per_token'] / 1e6:.0f} MB",
+            f"{row['speed_vs_fp32']['decode_1_speedup']:.2f}x",
+            "not priced"
+            if planned is None
+            else f"{planned * 1e3:.0f} / {one['tpot_s'] * 1e3:.0f} ms",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def shapes() -> str:
     """`bench shapes`: per model every shape's cheapest plan of one batch (bold: the cheapest
     batch) and that plan over a day at one request a minute ("cheapest": the cheapest stream)."""
@@ -279,6 +308,7 @@ def shapes_summary() -> str:
 
 RENDERERS: dict[str, Callable[[], str]] = {
     "gpu-lambda": gpu_lambda,
+    "precision": precision,
     "shapes": shapes,
     "shapes-summary": shapes_summary,
     "quality-minilm": quality_minilm,
