@@ -598,10 +598,17 @@ def solve_monolithic(dinst: DriverInstance, slo_s: float | None) -> DriverSoluti
     weights_mb = dinst.nonmoe_mb + float(dinst.experts_mb.sum())
     need = dinst.runtime_mb + weights_mb + dinst.activations_local_mb
     if need > dinst.max_memory_mb:
+        if weights_mb > dinst.max_memory_mb:
+            raise InfeasibleError(
+                f"weights {_size(weights_mb)} > {dinst.max_memory_mb:,.0f} MB, Lambda's largest "
+                f"function (with the runtime and a batch's activations it needs {_size(need)}).",
+                "use a driver or the workflow (--deployment auto).",
+            )
+        # the weights fit; the runtime and this batch's activations tip it over
         raise InfeasibleError(
-            f"weights {_size(weights_mb)} > {dinst.max_memory_mb:,.0f} MB, Lambda's largest "
-            f"function (with the runtime and a batch's activations it needs {_size(need)}).",
-            "use a driver or the workflow (--deployment auto).",
+            f"weights {_size(weights_mb)}, the runtime and a batch's activations need "
+            f"{_size(need)} > {dinst.max_memory_mb:,.0f} MB, Lambda's largest function.",
+            "plan for fewer --tokens, or use a driver or the workflow (--deployment auto).",
         )
     best: DriverEvaluation | None = None
     chosen = 0

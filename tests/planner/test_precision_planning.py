@@ -180,6 +180,12 @@ def test_olmoe_at_int8_is_weighed_in_one_function() -> None:
     for other in ("driver", "workflow"):
         assert listed[other]["verdict"].startswith("not chosen: $")
         assert listed[other]["verdict"].endswith("a batch more than the monolithic")
+    # at 10,240 tokens the weights still fit, a batch's activations do not: said as such
+    big = shape_counts_for_plan("olmoe", "zipf:1.0", tokens=10240, weights="int8")
+    assert big.manifest is not None
+    with pytest.raises(InfeasibleError, match=r"weights 6\.9 GB, the runtime and a batch's") as e:
+        plan_deployment(big.manifest, big, cal, options=alone)
+    assert "fewer --tokens" in e.value.fix
 
 
 def test_why_not_names_the_precision_a_kind_does_not_compute() -> None:
