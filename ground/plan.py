@@ -72,6 +72,7 @@ __all__ = [
     "ModelRef",
     "Plan",
     "PlanError",
+    "StreamPlan",
     "Totals",
     "TrafficPlan",
 ]
@@ -333,6 +334,43 @@ class TrafficPlan(_Strict):
         return any(c.accelerator_memory_gib is not None for c in self.capacity)
 
 
+class StreamPlan(_Strict):
+    """How a decoder serves a request stream with continuously batching workers
+    (`ground.stream`): the workers' batch, admission, results and scale, chosen by
+    `plan --traffic SPEC --slo-ttft S --slo-tpot S`. The worker is the plan's driver (or its one
+    function): its memory, hardware and remote experts are the plan's."""
+
+    traffic: dict[str, Any] = Field(description="The stream it was planned on: spec, scale, ...")
+    slots: int = Field(ge=1, description="Sequences one worker decodes together, at most.")
+    workers: int = Field(
+        ge=1, description="Workers at most: the event source mapping's maximum concurrency."
+    )
+    idle_exit_s: float = Field(gt=0, description="A worker returns after this long idle.")
+    prefill_chunk_tokens: int = Field(ge=1, description="Prompt tokens per prefill pass.")
+    flush_tokens: int = Field(ge=1, description="Tokens per result chunk after the first.")
+    poll_s: float = Field(gt=0, description="ReceiveMessage interval while decoding.")
+    max_prompt_tokens: int = Field(ge=1, description="Longest prompt admitted.")
+    max_new_tokens: int = Field(ge=1, description="Longest generation admitted.")
+    visibility_timeout_s: int = Field(
+        ge=1, description="The queue's: a dead worker's requests reappear after it."
+    )
+    step_s: list[float] = Field(
+        min_length=1, description="Planned decode step seconds at 1..slots sequences."
+    )
+    prefill_token_s: float = Field(gt=0, description="Planned prefill seconds per prompt token.")
+    slo_ttft_s: float = Field(gt=0)
+    slo_tpot_s: float = Field(gt=0)
+    simulated: dict[str, Any] = Field(
+        description="TTFT/TPOT quantiles, tokens per second, workers and bill over the period."
+    )
+
+    @model_validator(mode="after")
+    def _table_covers_slots(self) -> StreamPlan:
+        if len(self.step_s) != self.slots:
+            raise ValueError(f"step_s has {len(self.step_s)} entries for {self.slots} slots")
+        return self
+
+
 class Plan(_Strict):
     """A deployment plan; see the module docstring."""
 
@@ -357,6 +395,9 @@ class Plan(_Strict):
     )
     driver: DriverPlan | None = None
     generation: GenerationPlan | None = None
+    stream: StreamPlan | None = Field(
+        default=None, description="Continuously batching workers over a queue (generation)."
+    )
     candidates: list[dict[str, Any]] | None = Field(
         default=None,
         description="Every shape `plan` weighed for this batch: its bill and latency, or why "
@@ -476,6 +517,11 @@ class Plan(_Strict):
                 )
         if self.generation is not None and not self.topology.generates:
             raise ValueError(f"a {self.deployment} plan does not generate")
+        if self.stream is not None and (self.generation is None or self.traffic is not None):
+            raise ValueError(
+                "a stream plan generates (it has `generation`) and its workers are its front "
+                "door (it has no `traffic` batch policy)"
+            )
         limit = cal["express_max_duration_s"]
         run_s = self.totals.latency_s if self.generation is None else self.generation.run_s
         if self.workflow == "express" and run_s > limit:

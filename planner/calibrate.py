@@ -23,9 +23,21 @@ from typing import Any
 
 from ground.errors import UsageError
 
-__all__ = ["BUSY_CPUS", "calibrate_compute", "calibrate_weights", "check_calibrate"]
+__all__ = [
+    "BUSY_CPUS",
+    "DECODE_BATCHES",
+    "calibrate_compute",
+    "calibrate_decode_table",
+    "calibrate_weights",
+    "check_calibrate",
+]
 
 BUSY_CPUS = 0.25  # other processes' CPU use above which the timings are flagged as inflated
+DECODE_BATCHES = (1, 2, 4, 8, 16)  # sequences per timed decode step; planner.stream interpolates
+DECODE_CONTEXT = (
+    512  # tokens of context per sequence (the Azure conversation trace's mean is 1,155)
+)
+DECODE_STEPS = 12  # decode steps timed per batch and round (the median step is kept)
 
 
 def check_calibrate(tokens: int, repeats: int, out: Path) -> None:
@@ -150,3 +162,126 @@ def calibrate_weights(
     report["file"] = str(target)
     report["weights_speed"] = speeds
     return report
+
+
+def calibrate_decode_table(
+    source: Path,
+    target: Path,
+    *,
+    batches: tuple[int, ...] = DECODE_BATCHES,
+    context_tokens: int = DECODE_CONTEXT,
+    repeats: int = 2,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Measure the decode step of the SmolLM2 MoE (E8 k4 + correction, the cached model
+    `planner.precision_bench.DECODE_MODEL`) at each batch size, on one torch thread (a
+    1,769 MB function's one vCPU), and write it into `target` (from `source`) as
+    `decode_step_table[<planner.stream.decode_table_key>]` (other models' tables are kept).
+
+    Each batch decodes `DECODE_STEPS` steps after a prefill of `context_tokens` tokens of
+    Wikipedia text per sequence (different windows: a repeated prompt would route its rows
+    alike), end-of-sequence ignored so every sequence stays in the batch; the step is the median
+    gap between steps, the median over `repeats` rounds (batches interleaved per round). Gaps
+    are the thread's CPU seconds (`time.thread_time`), not wall time: on one thread they are the
+    step's compute, which other processes on a shared machine do not inflate by preempting it.
+
+    Returns:
+        What was measured: batches, step seconds, tokens per second, the file written.
+    """
+    import copy
+    import itertools
+    import statistics
+    import time
+
+    import torch
+
+    from moe import describe_model, generate_tokens, load_corpus, load_model, make_windows
+    from moe._generate import GenerationConfig
+    from planner import compute
+    from planner.precision_bench import DECODE_MODEL, _options
+    from planner.stream import decode_table_key
+
+    if repeats < 1:
+        raise UsageError(f"--repeats {repeats} times nothing.", "pass --repeats 1 or more.")
+    if target.is_dir():
+        raise UsageError(f"--out '{target}' is a directory.", "pass a calibration file name.")
+    say = progress or (lambda _message: None)
+    document = compute.read_document(source)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        name, experts, top_k = DECODE_MODEL
+        say("loading the SmolLM2 MoE (MoEfied and cached on first use)")
+        model = load_model(name, options=_options(name, experts, top_k), progress=say)
+        windows = make_windows(
+            load_corpus("wiki"),
+            model.tokenizer,
+            tokens=max(batches) * context_tokens,
+            window=context_tokens,
+            seed=0,
+        )
+        config = GenerationConfig(max_new_tokens=DECODE_STEPS + 1)
+        samples: dict[int, list[float]] = {b: [] for b in batches}
+        for round_ in range(repeats):
+            for b in batches:
+                say(f"round {round_ + 1}/{repeats}: {b} sequences")
+                stamps: list[float] = []
+                generate_tokens(
+                    model.stages(),
+                    model.num_layers,
+                    [list(map(int, w)) for w in windows[:b]],
+                    model.expert_call(),
+                    config,
+                    pad_id=0,
+                    on_step=lambda step, stamps=stamps: stamps.append(time.thread_time()),
+                )
+                gaps = [later - before for before, later in itertools.pairwise(stamps)]
+                samples[b].append(statistics.median(gaps))
+    finally:
+        torch.set_num_threads(threads)
+    steps = [statistics.median(samples[b]) for b in batches]
+    key = decode_table_key(describe_model(model))
+    table = {
+        "batches": list(batches),
+        "step_s": steps,
+        "memory_mb": float(document["parameters"]["mb_per_vcpu"]["value"]),
+        "context_tokens": context_tokens,
+        "repeats": repeats,
+        "torch_version": torch.__version__,
+        "cpu_model": compute.cpu_model(),
+    }
+    updated = copy.deepcopy(document)
+    entry = updated["parameters"].get("decode_step_table") or {"value": {}}
+    entry |= {
+        "value": (entry.get("value") or {}) | {key: compute._rounded(table)},
+        "unit": "s per decode step of `batches[i]` sequences (step_s[i]) on one torch thread",
+        "source": (
+            f"measured by `moelambda calibrate --decode-table` ({repeats} interleaved rounds, "
+            f"one torch thread, {DECODE_STEPS} steps each, median of the thread's CPU seconds) "
+            f"on {compute.cpu_model()}, "
+            f"torch {torch.__version__}: the SmolLM2 MoE (E8 k4 + correction), each sequence "
+            f"{context_tokens} tokens of Wikipedia context"
+        ),
+        "source_kind": "measured",
+        "command": "moelambda calibrate --decode-table",
+        "as_of": date.today().isoformat(),
+        "note": (
+            "planner.stream: a worker's decode step of b sequences, interpolated between the "
+            "batches, scaled to the function's memory by the CPU share (planner.compute"
+            ".compute_s_at) as U_j is; used for a plan of that model and weights with no remote "
+            "expert, else the step is modelled. Measured on the development machine's CPU, not "
+            "on Lambda's."
+        ),
+    }
+    updated["parameters"]["decode_step_table"] = entry
+    compute.write_calibration(updated, target)
+    return {
+        "file": str(target),
+        "model": key,
+        "batches": list(batches),
+        "step_s": steps,
+        "tokens_per_s": [b / s for b, s in zip(batches, steps, strict=True)],
+        "samples_s": {str(b): v for b, v in samples.items()},
+        "context_tokens": context_tokens,
+        "repeats": repeats,
+    }

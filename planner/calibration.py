@@ -32,6 +32,7 @@ from ground.precision import PRECISIONS, Precision
 from planner.calibration_entries import (
     SOURCE_KINDS,
     ColdStartReference,
+    DecodeStepTable,
     Ec2InstancePrice,
     ExpertComputeReference,
     IdleReclaim,
@@ -51,6 +52,7 @@ __all__ = [
     "SOURCE_KINDS",
     "Calibration",
     "ColdStartReference",
+    "DecodeStepTable",
     "Ec2InstancePrice",
     "ExpertComputeReference",
     "IdleReclaim",
@@ -189,6 +191,9 @@ class Calibration(BaseModel):
     # Generation (`planner.generation`): optional, for the calibration of plans made before it.
     invoke_round_trip_s: PositiveFloat | None = None
     decode_layer_floor_s: PositiveFloat | None = None
+    # A decoder's measured decode step per batch size, by `planner.stream.decode_table_key`
+    # (`moelambda calibrate --decode-table`); a model without one has the step modelled.
+    decode_step_table: dict[str, DecodeStepTable] | None = None
     managed_api_prices: dict[str, ManagedApiPrice] | None = None  # model name -> list price
     # Weight precisions (`ground.precision`): optional, for the calibration of plans made
     # before them (which served fp32 only). Precision -> its speed on CPUs against fp32's.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from datetime import date
+from itertools import pairwise
 from typing import Literal, get_args
 
 from pydantic import (
@@ -26,6 +27,7 @@ from pydantic import (
 __all__ = [
     "SOURCE_KINDS",
     "ColdStartReference",
+    "DecodeStepTable",
     "Ec2InstancePrice",
     "ExpertComputeReference",
     "IdleReclaim",
@@ -351,3 +353,30 @@ class ColdStartReference(BaseModel):
         if missing:
             raise ValueError(f"needs an import time for every role, missing {sorted(missing)}")
         return import_s
+
+
+class DecodeStepTable(BaseModel):
+    """A decoder's decode step measured at several batch sizes (`moelambda calibrate
+    --decode-table`): `step_s[i]` seconds for one step of `batches[i]` sequences, on one torch
+    thread, i.e. a function of `memory_mb` (one vCPU); `planner.stream` interpolates between
+    the batches and scales to a function's memory by the CPU share. A table, not a single
+    floor: a step of a few rows is bound by per-layer overhead and weight reads, and a batch
+    shares them (issue 47)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    batches: tuple[PositiveInt, ...] = Field(min_length=1)
+    step_s: tuple[PositiveFloat, ...] = Field(min_length=1)
+    memory_mb: PositiveFloat
+    context_tokens: PositiveInt  # each sequence's context while measured
+    repeats: PositiveInt
+    torch_version: str = Field(min_length=1)
+    cpu_model: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _one_time_per_batch(self) -> DecodeStepTable:
+        if len(self.batches) != len(self.step_s):
+            raise ValueError(f"{len(self.batches)} batches but {len(self.step_s)} step times")
+        if any(a >= b for a, b in pairwise(self.batches)):
+            raise ValueError(f"batches must increase, got {list(self.batches)}")
+        return self

@@ -231,3 +231,36 @@ def hardware(out: Console, summary: dict[str, Any]) -> None:
             row.get("reason") or row.get("not_chosen_because") or "",
         )
     out.print(table)
+
+
+def stream_plan(out: Console, summary: dict[str, Any]) -> None:
+    """`moelambda plan --traffic --slo-ttft --slo-tpot`: the workers chosen, what the
+    simulation of the stream gives them, and the period's bill."""
+    s, bill = summary["stream"], summary["bill_usd"]
+
+    def q(name: str) -> str:
+        v = summary[name]
+        return "none" if v["p99"] is None else f"p50 {v['p50']:.3f} s, p99 {v['p99']:.3f} s"
+
+    out.print(
+        f"Plan written to {summary['plan']}: {s['workers']} {summary['deployment']} workers "
+        f"of {summary['memory_mb']:,} MB, {s['slots']} slots each, idle exit "
+        f"{s['idle_exit_s']:g} s; admits prompts up to {s['max_prompt_tokens']:,} tokens "
+        f"generating up to {s['max_new_tokens']:,} (decode step: {summary['step_source']}).",
+        highlight=False,
+    )
+    out.print(
+        f"{summary['requests']:,} requests ({summary['refused']:,} refused as longer than "
+        f"admitted) over {summary['period_s'] / 3600:.2f} h: TTFT {q('ttft_s')} (SLO "
+        f"{s['slo_ttft_s']:g} s); TPOT {q('tpot_s')} (SLO {s['slo_tpot_s']:g} s); "
+        f"{summary['output_tokens_per_s']:.1f} output tokens/s, mean batch "
+        f"{summary['mean_decode_batch']:.2f}; {summary['invocations']:,} invocations, "
+        f"{summary['cold_starts']:,} cold starts, at most {summary['peak_workers']} workers.",
+        highlight=False,
+    )
+    table = Table(title="Bill of the period (USD)")
+    table.add_column("item")
+    table.add_column("USD", justify="right")
+    for name, value in bill.items():
+        table.add_row(name, f"{value:.6f}")
+    out.print(table)

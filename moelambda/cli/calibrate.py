@@ -16,6 +16,7 @@ from moelambda.cli._app import JsonOpt, app, check_file_out, err, stdout, user_e
 COMPUTE_ENTRIES = ("expert_token_compute_s", "expert_compute_reference")
 COLD_ENTRIES = ("cold_start_reference",)
 WEIGHTS_ENTRIES = ("weights_speed",)
+DECODE_ENTRIES = ("decode_step_table",)
 
 
 def _dry_run(entries: tuple[str, ...], source: Path, target: Path, as_json: bool) -> None:
@@ -58,6 +59,25 @@ def _print_table(summary: dict[str, Any]) -> None:
     console.print(table)
 
 
+def _decode_table(source: Path, target: Path, as_json: bool) -> None:
+    """`calibrate --decode-table`: `planner.calibrate.calibrate_decode_table`, rendered."""
+    from planner.calibrate import calibrate_decode_table
+
+    with err.status("measuring decode steps") as status:
+        report = calibrate_decode_table(source, target, progress=status.update)
+    if as_json:
+        print(json.dumps(report))
+        return
+    table = Table(title=f"decode_step_table[{report['model']}] written to {report['file']}")
+    for column in ("sequences", "step (ms)", "tokens/s"):
+        table.add_column(column, justify="right")
+    for b, step, rate in zip(
+        report["batches"], report["step_s"], report["tokens_per_s"], strict=True
+    ):
+        table.add_row(str(b), f"{step * 1e3:.1f}", f"{rate:.1f}")
+    stdout().print(table)
+
+
 @app.command()
 @user_errors
 def calibrate(
@@ -91,6 +111,15 @@ def calibrate(
             "it as weights_speed.",
         ),
     ] = False,
+    decode_table: Annotated[
+        bool,
+        typer.Option(
+            "--decode-table",
+            help="Measure the SmolLM2 MoE's decode step at 1, 2, 4, 8 and 16 sequences "
+            "instead (one torch thread, the thread's CPU seconds) and store it as "
+            "decode_step_table, which stream plans use for that model's workers.",
+        ),
+    ] = False,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -107,19 +136,35 @@ def calibrate(
     Lambda gives each memory option, and writes expert_token_compute_s and
     expert_compute_reference into the calibration file. Run it on an idle machine. With
     --cold, measures the handlers' INIT instead (`runtime.coldstart.calibrate_cold`); with
-    --weights, each precision's speed (`planner.calibrate.calibrate_weights`).
+    --weights, each precision's speed (`planner.calibrate.calibrate_weights`); with
+    --decode-table, the SmolLM2 MoE's decode step per batch size
+    (`planner.calibrate.calibrate_decode_table`).
     """
     from planner import default_calibration_path
 
     source = calibration or default_calibration_path()
     target = out or source
-    if cold and weights:
-        raise UsageError("--cold and --weights measure different entries.", "pass one of them.")
+    if cold + weights + decode_table > 1:
+        raise UsageError(
+            "--cold, --weights and --decode-table measure different entries.",
+            "pass one of them.",
+        )
     if dry_run:
-        entries = COLD_ENTRIES if cold else WEIGHTS_ENTRIES if weights else COMPUTE_ENTRIES
+        entries = (
+            COLD_ENTRIES
+            if cold
+            else WEIGHTS_ENTRIES
+            if weights
+            else DECODE_ENTRIES
+            if decode_table
+            else COMPUTE_ENTRIES
+        )
         _dry_run(entries, source, target, as_json)
         return
     check_file_out(target, True, "--out" if out is not None else "--calibration")
+    if decode_table:
+        _decode_table(source, target, as_json)
+        return
     if cold:
         from moelambda.cli.traffic import calibrate_cold
 

@@ -198,6 +198,15 @@ def plan(
             help="Generation: tokens generated per sequence (default 129, the trace's median)."
         ),
     ] = None,
+    per_request: Annotated[
+        bool,
+        typer.Option(
+            "--per-request",
+            help="With --traffic and --slo-ttft/--slo-tpot: serve each request in its own "
+            "driver invocation (one sequence), as before workers existed, instead of "
+            "continuously batching workers over a queue.",
+        ),
+    ] = False,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -293,10 +302,48 @@ def plan(
     plan_confidence(confidence, planning)
     manifest = planning.manifest or manifest_of_counts(planning)
     files = {"out": out, "force": force, "as_json": as_json}
+    if stream is not None and options.generating and not per_request:
+        _plan_workers(manifest, planning, cal, options, stream=stream, **files)
+        return
     if stream is not None:
         plan_stream(manifest, planning, cal, options, hardware=hardware, **files, **stream)
         return
     _plan_batch(manifest, planning, cal, options, slo_s=slo_s, pareto=pareto, **files)
+
+
+def _plan_workers(
+    manifest: Any,
+    planning: Any,
+    cal: Any,
+    options: Any,
+    *,
+    stream: dict[str, Any],
+    out: Path,
+    force: bool,
+    as_json: bool,
+) -> None:
+    """`moelambda plan --traffic --slo-ttft --slo-tpot`: continuously batching workers for the
+    stream (`planner.stream.plan_stream`), saved and rendered."""
+    from moelambda.cli import _render_traffic
+    from planner.stream import plan_stream as plan_workers
+
+    made, summary = plan_workers(
+        manifest,
+        planning,
+        cal,
+        traffic=stream["traffic"],
+        options=options,
+        scale=stream["scale"],
+        hours=stream["hours"],
+        seed=stream["seed"],
+        status=err.status,
+    )
+    made.save(out, force=force)
+    summary = {"plan": str(out), **summary}
+    if as_json:
+        print(json.dumps(summary))
+        return
+    _render_traffic.stream_plan(stdout(), summary)
 
 
 def _plan_batch(

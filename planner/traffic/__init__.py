@@ -2,7 +2,9 @@
 
 `load_arrivals` reads a traffic spec; `workflow_model` evaluates a plan's cost model over batch
 sizes; `simulate` replays a stream through it (the front door's batching, execution
-environments per function, cold starts, the bill); `simulate_plan` does all of it for a Plan.
+environments per function, cold starts, the bill); `simulate_plan` does all of it for a Plan;
+`simulate_workers` replays a decoder's stream through continuously batching workers (a stream
+plan's, `planner.stream`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from planner.traffic.simulate import (
     simulate,
 )
 from planner.traffic.spec import BUNDLED, Arrivals, load_arrivals, period_hours
+from planner.traffic.workers import WorkerPrices, WorkerSpec, WorkersResult, simulate_workers
 from planner.traffic.workflow import WorkflowModel, workflow_model
 
 __all__ = [
@@ -27,6 +30,9 @@ __all__ = [
     "FrontDoor",
     "Platform",
     "TrafficResult",
+    "WorkerPrices",
+    "WorkerSpec",
+    "WorkersResult",
     "WorkflowModel",
     "capacity_of",
     "load_arrivals",
@@ -34,5 +40,6 @@ __all__ = [
     "policies_of",
     "simulate",
     "simulate_plan",
+    "simulate_workers",
     "workflow_model",
 ]

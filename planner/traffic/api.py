@@ -1,6 +1,7 @@
 """Planning for a request stream in a call: what `moelambda plan --traffic` (for a batch
-plan, or a decoder's generation) and `moelambda bench traffic` do (`moelambda traffic` is
-`planner.traffic.simulate_plan`).
+plan, or a decoder's generation one request per invocation, `--per-request`) and `moelambda
+bench traffic` do (`moelambda traffic` is `planner.traffic.simulate_plan`; a decoder's stream
+served by continuously batching workers is `planner.stream.plan_stream`).
 
 Each function takes loaded inputs (the model's manifest, the predicted counts, the
 calibration), checks them, does the work and returns JSON-ready results; the command line only
@@ -212,7 +213,11 @@ def plan_generation_traffic(
     reserve: bool = True,
     status: Status = quiet,
 ) -> tuple[Plan, dict[str, Any]]:
-    """A decoder's generating plan for a request stream, and the stream simulated through it.
+    """A decoder's generating plan for a request stream, and the stream simulated through it,
+    each request in its own invocation: the per-request path (`plan --traffic --slo-ttft
+    --slo-tpot --per-request`, and what `bench generate` compares workers against). The
+    default, workers that batch requests continuously over a queue, is
+    `planner.stream.plan_stream`.
 
     Each request is its own driver invocation (one sequence; `planner.traffic.generation`).
     The plan is `moelambda plan --slo-ttft/--slo-tpot`'s (`planner.api.plan_deployment`) for
@@ -240,8 +245,9 @@ def plan_generation_traffic(
     import numpy as np
 
     from planner.api import plan_deployment
-    from planner.traffic import load_arrivals, simulate_plan
+    from planner.traffic import simulate_plan
     from planner.traffic.platform import init_model
+    from planner.traffic.spec import generation_arrivals
 
     if options.batch_sequences not in (None, 1):
         raise UsageError(
@@ -250,12 +256,7 @@ def plan_generation_traffic(
             "drop --batch-sequences.",
         )
     init_model(calibration)
-    arrivals = load_arrivals(traffic, scale=scale, hours=hours, seed=seed)
-    if arrivals.requests == 0 or arrivals.generated is None:
-        raise UsageError(
-            f"--traffic {traffic} gives no request, or does not say what each generates.",
-            "raise --scale or --hours, or pass a stream with GeneratedTokens (azure-conv).",
-        )
+    arrivals = generation_arrivals(traffic, scale=scale, hours=hours, seed=seed)
 
     def length(given: int | None, values: np.ndarray) -> int:
         if given is not None:

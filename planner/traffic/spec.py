@@ -36,6 +36,7 @@ __all__ = [
     "MAX_HOURS",
     "MAX_REQUESTS",
     "Arrivals",
+    "generation_arrivals",
     "load_arrivals",
     "period_hours",
     "trace_requests",
@@ -339,3 +340,22 @@ def load_arrivals(
     context, generated = trace_requests()
     row = rng.integers(0, context.size, size=times.size)
     return Arrivals(times, context[row].astype(np.int64), period, source, generated[row])
+
+
+def generation_arrivals(
+    spec: str, *, scale: float = 1.0, hours: float | None = None, seed: int = 0
+) -> Arrivals:
+    """`load_arrivals` for a decoder's stream: at least one request, each saying how many
+    tokens it generates.
+
+    Raises:
+        UsageError: What `load_arrivals` raises, or a stream without a request or without
+            the tokens each generates.
+    """
+    arrivals = load_arrivals(spec, scale=scale, hours=hours, seed=seed)
+    if arrivals.requests == 0 or arrivals.generated is None:
+        raise UsageError(
+            f"--traffic {spec} gives no request, or does not say what each generates.",
+            "raise --scale or --hours, or pass a stream with GeneratedTokens (azure-conv).",
+        )
+    return arrivals
