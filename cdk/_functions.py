@@ -23,6 +23,11 @@ the warmed functions; managed as the function attached to the stack's one capaci
 `accelerator_memory_gib`, that much GPU memory per environment on the provider's GPU
 instances (its `AcceleratorConfig`). A plan without managed capacity has no VPC.
 
+A stream plan (`plan.stream`, `cdk._stream`) has no workflow: the driver's construction
+(its memory, image, weights, local experts and remote expert functions) makes the stream's
+worker instead (`add_worker`, `functions.worker`), beside the endpoint (`add_endpoint`), and
+there is no cleanup function (nothing would invoke it: the worker deletes what it wrote).
+
 A GPU-backed function runs the same handlers from the same Dockerfile built with CUDA torch
 (build argument `DEVICE=cuda`: its own image asset) and places its stages on the device at the
 precision the GPU model prices (`ground.placement.GPU`, through MOELAMBDA_DEVICE and
@@ -131,6 +136,9 @@ class FunctionOptions:
         tracing: X-Ray active tracing on every function (and the workflow). Defaults to off.
         base_image: The image's base pinned by digest (`repository@sha256:<64 hex>`).
             Defaults to None: Dockerfile.expert's tag, which moves as AWS patches it.
+        concurrency_quota: The account's Lambda concurrency quota a stream plan's worker
+            reservation is checked against (`cdk._stream`). Defaults to None: the quota the plan
+            was made under, else `ground.plan.DEFAULT_CONCURRENCY_QUOTA`.
         experts_per_stack: With more expert functions than this (or more estimated template
             bytes than 400 KB: a function hosting many experts has a long policy), they go into
             nested stacks of whole layers, at most this many each (a layer with more gets one
@@ -148,6 +156,7 @@ class FunctionOptions:
     tracing: bool = False
     base_image: str | None = None
     experts_per_stack: int = 64
+    concurrency_quota: int | None = None
 
     def __post_init__(self) -> None:
         if self.experts_per_stack < 1:
@@ -187,7 +196,10 @@ class ServingFunctions(Construct):
         self._aliases: dict[str, lambda_.Alias] = {}  # by function construct path
         self._warmed: list[tuple[Construct, str, lambda_.IFunction, FunctionCapacity]] = []
         self.access: dict[str, Access] = {}  # by construct id: what each function may touch
+        self.environments: dict[str, dict[str, str]] = {}  # by construct id, as given
         self.batcher: lambda_.DockerImageFunction | None = None  # the front door's, if any
+        self.worker: lambda_.DockerImageFunction | None = None  # a stream plan's (cdk._stream)
+        self.endpoint: lambda_.DockerImageFunction | None = None  # a stream plan's
         self._architecture = (
             lambda_.Architecture.ARM_64 if plan.arch == "arm64" else lambda_.Architecture.X86_64
         )
@@ -220,13 +232,18 @@ class ServingFunctions(Construct):
             self._driver(plan, keys, options)
         else:
             self._workflow(plan, keys, options, stage_timeout)
-        self.cleanup = self._function(
-            "Cleanup",
-            role="cleanup",
-            memory_mb=options.cleanup_memory_mb,
-            timeout=stage_timeout,
-            access=access.cleanup(),
-            weights=None,
+        # Only the workflow invokes the cleanup: a stream plan has none.
+        self.cleanup: lambda_.DockerImageFunction | None = (
+            None
+            if plan.stream is not None
+            else self._function(
+                "Cleanup",
+                role="cleanup",
+                memory_mb=options.cleanup_memory_mb,
+                timeout=stage_timeout,
+                access=access.cleanup(),
+                weights=None,
+            )
         )
         self._warmers()
 
@@ -330,7 +347,8 @@ class ServingFunctions(Construct):
         options: FunctionOptions,
     ) -> None:
         """A driver or monolithic plan's functions: the driver, and each remote expert's own
-        function, which only the driver invokes (`ground.driver`)."""
+        function, which only the driver invokes (`ground.driver`). A stream plan's driver is
+        its worker, which `add_worker` makes from what this keeps (`_driven`)."""
         from ground.driver import encode_local
 
         assert plan.driver is not None
@@ -368,6 +386,10 @@ class ServingFunctions(Construct):
             stages.append(keys[("layer", layer.layer, None)])
             stages.extend(keys[("expert", layer.layer, i)] for i in local)
         remote = [layer.layer for layer in plan.layers if layer.experts]
+        environment = {"MOELAMBDA_DRIVER_LOCAL": encode_local(plan.driver.local), **limit}
+        self._driven = (stages, remote, environment)
+        if plan.stream is not None:
+            return  # its worker serves the queue (add_worker): no driver, no workflow
         self.driver = self._function(
             "Driver",
             role="driver",
@@ -375,7 +397,7 @@ class ServingFunctions(Construct):
             timeout=self._timeout(options.stage_timeout_s, plan.driver.time_s),
             access=access.driver(remote, front_door=plan.traffic is not None),
             weights=stages,
-            environment={"MOELAMBDA_DRIVER_LOCAL": encode_local(plan.driver.local), **limit},
+            environment=environment,
             invokes=[self.target(fn) for experts in self.experts for fn in experts],
             capacity="driver",
             one_stage_at_a_time=True,
@@ -383,6 +405,7 @@ class ServingFunctions(Construct):
 
     def tasks(self) -> list[lambda_.DockerImageFunction]:
         """The functions the state machine invokes as Tasks (its role may invoke them)."""
+        assert self.cleanup is not None  # a plan with a workflow
         if self.topology.driven:
             assert self.driver is not None
             return [self.driver, self.cleanup]
@@ -507,12 +530,64 @@ class ServingFunctions(Construct):
         return self._bucket
 
     def all(self) -> list[lambda_.DockerImageFunction]:
-        """Every function of the stack (the front door's batcher too, once added)."""
+        """Every function of the stack (the front door's batcher, a stream's worker and
+        endpoint too, once added)."""
         experts = [fn for layer in self.experts for fn in layer]
-        batcher = [self.batcher] if self.batcher is not None else []
         first = [self.driver] if self.topology.driven else [self.head, *self.layers]
-        last = [] if self.tail is None else [self.tail]
-        return [*first, *experts, *last, self.cleanup, *batcher]  # type: ignore[list-item]
+        last = [self.tail, self.cleanup, self.batcher, self.worker, self.endpoint]
+        return [fn for fn in [*first, *experts, *last] if fn is not None]
+
+    def add_worker(
+        self,
+        *,
+        timeout: Duration,
+        reserved: int,
+        environment: dict[str, str],
+        statements: list[iam.PolicyStatement],
+    ) -> lambda_.DockerImageFunction:
+        """A stream plan's generation worker (`functions.worker`): the driver as `_driver`
+        would make it (memory, image, weights, local experts, payload limit, Invoke on its
+        remote experts only), with the worker's access (`ground.access.worker`), `timeout`,
+        `reserved` concurrency, and `environment` and `statements` (its queue) added."""
+        stages, remote, driven = self._driven
+        self.worker = self._function(
+            "Worker",
+            role="worker",
+            memory_mb=self._plan.nonmoe_memory_mb,
+            timeout=timeout,
+            access=access.worker(remote),
+            weights=stages,
+            environment=driven | environment,
+            invokes=[self.target(fn) for experts in self.experts for fn in experts],
+            statements=statements,
+            reserved=reserved,
+            capacity="driver",
+            one_stage_at_a_time=True,
+        )
+        return self.worker
+
+    def add_endpoint(
+        self,
+        *,
+        memory_mb: int,
+        timeout: Duration,
+        environment: dict[str, str],
+        statements: list[iam.PolicyStatement],
+    ) -> lambda_.DockerImageFunction:
+        """A stream plan's endpoint (`functions.endpoint`, behind its Function URL), from the
+        same image: it reads the results and the tokenizer (`ground.access.endpoint`), no
+        weights, plus `statements` (sending to its queue)."""
+        self.endpoint = self._function(
+            "Endpoint",
+            role="endpoint",
+            memory_mb=memory_mb,
+            timeout=timeout,
+            access=access.endpoint(self._options.weights_prefix),
+            weights=None,
+            environment=environment,
+            statements=statements,
+        )
+        return self.endpoint
 
     def add_batcher(
         self, *, environment: dict[str, str], statements: list[iam.PolicyStatement]
@@ -597,6 +672,14 @@ class ServingFunctions(Construct):
             assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
             inline_policies={"Access": iam.PolicyDocument(statements=statements)},
         )
+        variables = {
+            "MOELAMBDA_BUCKET": self.bucket_in(scope).bucket_name,
+            "MOELAMBDA_WEIGHTS_PREFIX": prefix,
+            "MOELAMBDA_THREADS": str(threads_for(memory_mb, self._mb_per_vcpu)),
+            **placement.environment(),
+            **(environment or {}),
+        }
+        self.environments[id_] = variables  # references as tokens (cdk._stream sizes them)
         fn = lambda_.DockerImageFunction(
             scope,
             id_,
@@ -617,13 +700,7 @@ class ServingFunctions(Construct):
             memory_size=memory_mb if managed is None else managed.managed_memory_mb,
             timeout=timeout,
             reserved_concurrent_executions=reserved,
-            environment={
-                "MOELAMBDA_BUCKET": self.bucket_in(scope).bucket_name,
-                "MOELAMBDA_WEIGHTS_PREFIX": prefix,
-                "MOELAMBDA_THREADS": str(threads_for(memory_mb, self._mb_per_vcpu)),
-                **placement.environment(),
-                **(environment or {}),
-            },
+            environment=variables,
             description=f"moelambda {role} {id_}",
         )
         if managed is not None:

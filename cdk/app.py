@@ -5,7 +5,8 @@
 default out/plan.json) and other settings from the context too:
 `-c reserve_concurrency=false`, `-c expert_timeout_s=300`, `-c stack_name=MoeLambda`,
 `-c weights_prefix=weights/`, `-c tracing=true` (X-Ray on functions and workflow),
-`-c base_image=public.ecr.aws/lambda/python:3.12@sha256:...` (the image's base by digest). Warm
+`-c base_image=public.ecr.aws/lambda/python:3.12@sha256:...` (the image's base by digest),
+`-c concurrency_quota=N` (what a stream plan's worker reservation is checked against). Warm
 functions cache their weights by key and never look again: deploy a new export under a new
 prefix (`-c weights_prefix=weights-v2/`), not over the old one.
 """
@@ -96,6 +97,7 @@ def main() -> None:
             weights_prefix=str(ctx("weights_prefix") or defaults.weights_prefix),
             tracing=_flag(ctx("tracing"), False),
             base_image=ctx("base_image") or None,
+            concurrency_quota=int(ctx("concurrency_quota") or 0) or None,
         )
         add_stack(
             app,

@@ -40,7 +40,8 @@ _ROLE_WILDCARDS = (
     "the hash of each execution's ARN, the shards, minibatches and outputs under a layer's "
     "and expert's prefix are numbered per batch, weights/config/* holds the exported model "
     "config files, inputs/* and outputs/* are by execution name and request id, results/* "
-    "by the SQS message id of each front-door request; <log group "
+    "by the SQS message id of each front-door or stream request (results/*/final.json, "
+    "the answer a stream's worker looks for before admitting one); <log group "
     "ARN>:* are the log streams Lambda creates, and with --tracing '*' is for "
     "xray:PutTraceSegments, which takes no narrower resource. run-local enforces these "
     "policies on every request, and tests/cdk asserts each role's exact resources."
@@ -98,6 +99,15 @@ def acknowledge(stack: Any, *, tracing: bool) -> None:
         bucket = "<BucketArn>" if nested else f"<{_logical_id(stack.bucket)}.Arn>"
         keys = [f"{bucket}/{p}" for p in sorted(patterns) if "*" in p]
         _accept(fn.role, [_iam5(r) for r in keys + streams + xray], _ROLE_WILDCARDS)
+    _accept(
+        stack.bucket,
+        ["AwsSolutions-S1"],
+        "Server access logs would need a second bucket for short-lived request "
+        "intermediates; reads and writes are auditable with CloudTrail data events instead.",
+    )
+    _acknowledge_managed(stack)
+    if stack.workflow is None:  # a stream plan: its workers are its front door
+        return
     machine = stack.workflow.state_machine
     _accept(
         machine.role,
@@ -107,17 +117,21 @@ def acknowledge(stack: Any, *, tracing: bool) -> None:
         "CreateLogDelivery family and xray:PutTraceSegments accept no narrower resource).",
     )
     _accept(
-        stack.bucket,
-        ["AwsSolutions-S1"],
-        "Server access logs would need a second bucket for short-lived request "
-        "intermediates; reads and writes are auditable with CloudTrail data events instead.",
-    )
-    _accept(
         machine,
         ["AwsSolutions-SF1"],
         "The workflow logs ERROR events: logging ALL would bill every state of every "
         "request and record request keys; errors are what an operator needs.",
     )
+    if not tracing:
+        _accept(
+            machine,
+            ["AwsSolutions-SF2"],
+            "X-Ray is opt-in (moelambda synth --tracing, cdk -c tracing=true): traces "
+            "are billed per request.",
+        )
+
+
+def _acknowledge_managed(stack: Any) -> None:
     managed = stack.functions.managed
     if managed is not None:
         _accept(
@@ -130,13 +144,6 @@ def acknowledge(stack: Any, *, tracing: bool) -> None:
             "EC2 instances of Lambda Managed Instances, and AWS maintains this policy for "
             "exactly that (CDK's CapacityProvider attaches it); a copy would not follow "
             "the service's changes.",
-        )
-    if not tracing:
-        _accept(
-            machine,
-            ["AwsSolutions-SF2"],
-            "X-Ray is opt-in (moelambda synth --tracing, cdk -c tracing=true): traces "
-            "are billed per request.",
         )
 
 
@@ -168,6 +175,29 @@ _CHECKOV_QUEUE = {
     "KmsMasterKeyId); a KMS key would bill its API calls and need kms:Decrypt for every client "
     "and the batcher, and protect nothing more from the roles that may read the queue.",
 }
+_CHECKOV_WORKER = {
+    "CKV_AWS_116": "Invoked synchronously by its SQS event source mapping, and it deletes each "
+    "message itself once the answer is written; a request whose worker fails reappears after "
+    "the visibility timeout and, after 5 receives, moves to the queue's dead-letter queue (a "
+    "function DLQ applies only to asynchronous invokes).",
+    "CKV_AWS_117": "Reaches only SQS, S3 and Lambda (its remote experts) through their public "
+    "endpoints under IAM; a VPC would add NAT or endpoints, cold-start latency and cost, and "
+    "guard nothing private.",
+    "CKV_AWS_173": "The environment holds no secret (bucket name, queue URL, the stream's "
+    "settings, local experts, remote expert names); Lambda encrypts it at rest with its "
+    "service key.",
+}
+_CHECKOV_ENDPOINT = {
+    "CKV_AWS_116": "Invoked synchronously through its Function URL (SigV4-signed, AWS_IAM); a "
+    "dead-letter queue applies only to asynchronous invocations.",
+    "CKV_AWS_117": "Reaches only SQS and S3 through their public endpoints under IAM; a VPC "
+    "would add NAT or endpoints, cold-start latency and cost, and guard nothing private.",
+    "CKV_AWS_173": "The environment holds no secret (bucket name, queue URL, model id, the "
+    "stream's settings); Lambda encrypts it at rest with its service key.",
+    "CKV_AWS_115": "One invocation per client request, waiting on its answer: a reservation "
+    "would take quota from the workers and experts and refuse clients beyond it; the workers' "
+    "reservation is what bounds the stream's compute.",
+}
 _CHECKOV_LOGS = {
     "CKV_AWS_158": "Error logs of the handlers and the workflow, with no tensors or execution "
     "data; CloudWatch Logs encrypts them at rest, and a customer key would add a billed key.",
@@ -192,18 +222,29 @@ _CHECKOV_BUCKET = {
 
 def skip_checkov(stack: Any) -> None:
     """Record, in each resource's Metadata, the checkov checks the design accepts and why."""
-    batcher = stack.functions.batcher
-    managed = stack.functions.managed
+    functions = stack.functions
+    managed = functions.managed
     on_instances = [] if managed is None else managed.functions
-    for fn in stack.functions.all():
+    own = {
+        id(f): checks
+        for f, checks in (
+            (functions.batcher, _CHECKOV_BATCHER),
+            (functions.worker, _CHECKOV_WORKER),
+            (functions.endpoint, _CHECKOV_ENDPOINT),
+        )
+        if f is not None
+    }
+    for fn in functions.all():
         checks = _CHECKOV_MANAGED if fn in on_instances else _CHECKOV_FUNCTION
-        _skip(fn, _CHECKOV_BATCHER if fn is batcher else checks)
+        _skip(fn, own.get(id(fn), checks))
     if managed is not None:
         _skip(managed.flow_logs, _CHECKOV_FLOW_LOGS)
-    if stack.front_door is not None:
-        _skip(stack.front_door.queue, _CHECKOV_QUEUE)
-        _skip(stack.front_door.dead_letters, _CHECKOV_QUEUE)
-    for group in [*stack.functions.log_groups(), stack.workflow.log_group]:
+    for door in (stack.front_door, stack.stream):
+        if door is not None:
+            _skip(door.queue, _CHECKOV_QUEUE)
+            _skip(door.dead_letters, _CHECKOV_QUEUE)
+    workflow = [] if stack.workflow is None else [stack.workflow.log_group]
+    for group in [*functions.log_groups(), *workflow]:
         _skip(group, _CHECKOV_LOGS)
     _skip(stack.bucket, _CHECKOV_BUCKET)
 

@@ -1,4 +1,5 @@
-"""`MoeServingStack`: the bucket, the functions and the state machine of one Plan."""
+"""`MoeServingStack`: the bucket, the functions and the state machine of one Plan (a stream
+plan's queue, workers and endpoint instead of the state machine)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from cdk._bucket import ServingBucket
 from cdk._front_door import FrontDoor
 from cdk._functions import FunctionOptions, ServingFunctions
 from cdk._state_machine import ServingStateMachine
+from cdk._stream import StreamServing
 from cdk.nag import acknowledge, skip_checkov
 from ground.plan import Plan
 
@@ -17,7 +19,9 @@ __all__ = ["MoeServingStack"]
 
 class MoeServingStack(Stack):
     """Serve the Plan's model: S3 bucket, one Lambda function per stage, a Step Functions workflow,
-    and, for a plan made for traffic, the batching front door (an SQS queue and its batcher).
+    and, for a plan made for traffic, the batching front door (an SQS queue and its batcher);
+    a stream plan (`plan.stream`) is served by its queue, generation workers and endpoint
+    (`cdk._stream`) instead of a workflow (`workflow` is None, `stream` set).
 
     Args:
         scope: The app. id_: The stack id (its default name).
@@ -45,6 +49,8 @@ class MoeServingStack(Stack):
             if plan.topology.driven
             else f"({methods}), {plan.workflow} workflow"
         )
+        if plan.stream is not None:
+            shape += f", a stream of up to {plan.stream.workers} generation workers"
         kwargs.setdefault(
             "description",
             f"moelambda: {plan.model.model} with {plan.model.experts} experts in "
@@ -56,14 +62,24 @@ class MoeServingStack(Stack):
         self.functions = ServingFunctions(
             self, "Functions", plan=plan, bucket=self.bucket, options=options
         )
-        self.workflow = ServingStateMachine(
-            self,
-            "Workflow",
-            plan=plan,
-            functions=self.functions,
-            timeout_s=workflow_timeout_s,
-            log_retention=options.log_retention,
-            tracing=options.tracing,
+        # A stream plan's workers are its front door and serve whole generations: no workflow.
+        self.stream = (
+            StreamServing(self, "Stream", plan=plan, functions=self.functions, options=options)
+            if plan.stream is not None
+            else None
+        )
+        self.workflow = (
+            ServingStateMachine(
+                self,
+                "Workflow",
+                plan=plan,
+                functions=self.functions,
+                timeout_s=workflow_timeout_s,
+                log_retention=options.log_retention,
+                tracing=options.tracing,
+            )
+            if self.stream is None
+            else None
         )
         # A plan made for traffic is served behind its batching front door (cdk/_front_door.py).
         self.front_door = (
@@ -74,13 +90,17 @@ class MoeServingStack(Stack):
                 functions=self.functions,
                 state_machine=self.workflow.state_machine,
             )
-            if plan.traffic is not None
+            if plan.traffic is not None and self.workflow is not None
             else None
         )
         acknowledge(self, tracing=options.tracing)
         skip_checkov(self)
         CfnOutput(self, "BucketName", value=self.bucket.bucket_name)
-        CfnOutput(self, "StateMachineArn", value=self.workflow.state_machine.state_machine_arn)
+        if self.workflow is not None:
+            CfnOutput(self, "StateMachineArn", value=self.workflow.state_machine.state_machine_arn)
         CfnOutput(self, "WeightsPrefix", value=options.weights_prefix)
         if self.front_door is not None:
             CfnOutput(self, "RequestQueueUrl", value=self.front_door.queue.queue_url)
+        if self.stream is not None:
+            CfnOutput(self, "RequestQueueUrl", value=self.stream.queue.queue_url)
+            CfnOutput(self, "EndpointUrl", value=self.stream.url.url)

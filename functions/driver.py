@@ -56,10 +56,10 @@ from moe import (
 )
 from pipeline import transports
 
-__all__ = ["handler"]
+__all__ = ["DriverStages", "RemoteExperts", "handler"]
 
 
-class _Stages:
+class DriverStages:
     """The driver's stages, from the warm cache (`moe.Stages`)."""
 
     def __init__(self, s3: Any, bucket: str, prefix: str) -> None:
@@ -103,8 +103,8 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     manifest = weights.loader(s3, cfg.bucket, cfg.weights_prefix).manifest
     local = cfg.driver_local
     remote = config.remote_plan(event.get("remote"), manifest.num_layers, local, manifest.experts)
-    stages = _Stages(s3, cfg.bucket, cfg.weights_prefix)
-    call = _RemoteExperts(s3, cfg, request_id, manifest, local, remote, stages)
+    stages = DriverStages(s3, cfg.bucket, cfg.weights_prefix)
+    call = RemoteExperts(s3, cfg, request_id, manifest, local, remote, stages)
     request = (event.get("input") or {}).get("generate")
     key = layout.output_key(request_id)
     try:
@@ -130,7 +130,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     return {"request_id": request_id, "output_key": key}
 
 
-class _RemoteExperts:
+class RemoteExperts:
     """The driver's `moe.ExpertCall`: local experts in process, the others invoked.
 
     A forward pass (and a generation's prefill) splits an expert's rows over the replicas the
@@ -147,7 +147,7 @@ class _RemoteExperts:
         manifest: Any,
         local: list[list[int]],
         remote: list[list[config.RemoteFunction]],
-        stages: _Stages,
+        stages: DriverStages,
     ) -> None:
         self.s3, self.cfg, self.request_id = s3, cfg, request_id
         self.manifest, self.local, self.remote, self.stages = manifest, local, remote, stages
@@ -239,8 +239,8 @@ def _generate(
     cfg: config.Config,
     request_id: str,
     manifest: Any,
-    stages: _Stages,
-    call: _RemoteExperts,
+    stages: DriverStages,
+    call: RemoteExperts,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Prefill and decode the request's prompts; (new ids, arrival seconds), (B, steps) each."""
     loader = weights.loader(s3, cfg.bucket, cfg.weights_prefix)

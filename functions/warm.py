@@ -42,7 +42,7 @@ def load_own_weights(role: str) -> None:
             weights.expert(s3, bucket, prefix, cfg.layer, number)
     elif role == "tail":
         weights.tail(s3, bucket, prefix)
-    elif role == "driver":  # the whole non-MoE stack and the local experts
+    elif role in ("driver", "worker"):  # the whole non-MoE stack and the local experts
         layers = weights.loader(s3, bucket, prefix).manifest.num_layers
         weights.head(s3, bucket, prefix)
         for layer, experts in zip(range(layers), cfg.driver_local, strict=True):

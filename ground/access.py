@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ground.layout import INPUTS_PREFIX, OUTPUTS_PREFIX, REQUESTS_PREFIX, RESULTS_PREFIX
+from ground.stream import FINAL
 
 __all__ = [
     "BATCH_INPUT_PREFIX",
@@ -27,10 +28,12 @@ __all__ = [
     "cleanup",
     "driver",
     "driver_expert",
+    "endpoint",
     "expert",
     "gate",
     "head",
     "tail",
+    "worker",
 ]
 
 _ANY_REQUEST = f"{REQUESTS_PREFIX}*/"  # a request's prefix, whatever its id
@@ -139,3 +142,27 @@ def batcher() -> Access:
     """The front door's batcher writes its executions' inputs, named `fd-<hash>`, and reads
     nothing: not a caller's own upload (another name), not a request's keys, not the weights."""
     return Access(write=(f"{INPUTS_PREFIX}{BATCH_INPUT_PREFIX}*",))
+
+
+def worker(remote_layers: list[int]) -> Access:
+    """A stream's generation worker (`ground.stream`), the plan's driver serving a queue: it
+    looks for a request's final answer before admitting it (a HEAD of `results/*/final.json`,
+    nothing else of the results: not another request's chunks), writes each request's chunks
+    and final answer under `results/`, and, like the driver, writes a remote layer's shards
+    past the payload limit, reads their outputs and deletes them. It reads no caller upload
+    (`inputs/`) and writes no `outputs/`: its requests come in the queue's messages."""
+    read = [f"{RESULTS_PREFIX}*/{FINAL}", *(f"{_layer(layer)}out/*" for layer in remote_layers)]
+    write = [f"{RESULTS_PREFIX}*", *(f"{_layer(layer)}in/*" for layer in remote_layers)]
+    overflow = (f"{REQUESTS_PREFIX}*",) if remote_layers else ()
+    return Access(read=tuple(read), write=tuple(write), delete=overflow, extra_list=overflow)
+
+
+def endpoint(weights_prefix: str) -> Access:
+    """A stream's endpoint (its Function URL): it reads the results as they grow and the
+    tokenizer, which the export keeps with the model's config under `config/` (through the
+    export's loader, which reads `manifest.json` first: `functions.weights.loader`): no stage's
+    weights, no request's keys, and it writes and deletes nothing (it sends the queue its
+    requests, which its SQS statement allows)."""
+    return Access(
+        read=(f"{RESULTS_PREFIX}*", f"{weights_prefix}manifest.json", f"{weights_prefix}config/*")
+    )

@@ -7,6 +7,7 @@ Predictor, functions and pipeline all use the model through this package only.
 from __future__ import annotations
 
 from ground.manifest import Manifest, StageEntry, expert_key, layer_key
+from moe._batching import ContinuousBatch, Emitted, TextStream
 from moe._cache import default_cache_dir, load_exported, load_model
 from moe._corpus import (
     TEST_TOKENS,
@@ -67,9 +68,11 @@ from moe._stages import (
 
 __all__ = [
     "BUILTIN_MODELS",
+    "ContinuousBatch",
     "Corpus",
     "DecodeContext",
     "EXPERT_CHOICES",
+    "Emitted",
     "ExpertBank",
     "ExpertCall",
     "ExpertStage",
@@ -94,6 +97,7 @@ __all__ = [
     "StageLoader",
     "Stages",
     "Step",
+    "TextStream",
     "TopK",
     "at_precision",
     "build_model",

@@ -6,7 +6,8 @@ test and fail on AWS. The local runner therefore gives each function its own ide
 access key id, `functions.config.Config.local_identity`), and this module checks every S3
 request and every direct Invoke a function makes against that function's policy, read from the
 template: a denied request gets S3's 403 AccessDenied (Lambda's AccessDeniedException), as on
-AWS, and is recorded.
+AWS, and is recorded. A stream plan's worker and endpoint use its queue: `sqs_request` checks
+their SQS requests the same way (the action of each operation, the queue's ARN from its URL).
 
 The evaluator covers exactly the policy language the stack uses: Allow statements, actions and
 resources with `*` and `?` wildcards, and `StringLike` on `s3:prefix`. Anything else in a
@@ -15,6 +16,7 @@ policy (a Deny, another condition) is refused when the policies are read, never 
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import xml.etree.ElementTree as ET
@@ -26,7 +28,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from pipeline.meter import identity_of, object_key
 
-__all__ = ["Policies", "Statement", "s3_request"]
+__all__ = ["Policies", "Statement", "queue_arn", "s3_request", "sqs_request"]
 
 # The IAM action of each S3 operation the handlers make (a HEAD is authorised as a GET).
 _S3_ACTIONS = {
@@ -37,6 +39,13 @@ _S3_ACTIONS = {
     "DeleteObjects": "s3:DeleteObject",
     "ListObjectsV2": "s3:ListBucket",
     "ListObjects": "s3:ListBucket",
+}
+
+# The IAM action of each SQS operation: a batch is authorised as its single form.
+_SQS_BATCHES = {
+    "SendMessageBatch": "SendMessage",
+    "DeleteMessageBatch": "DeleteMessage",
+    "ChangeMessageVisibilityBatch": "ChangeMessageVisibility",
 }
 
 
@@ -164,3 +173,43 @@ def s3_request(policies: Policies, operation: str, request: Any, bucket: str) ->
         keys = list(_deleted_keys(body))
         return all(policies.allows(identity, action, f"arn:aws:s3:::{bucket}/{k}") for k in keys)
     return policies.allows(identity, action, f"arn:aws:s3:::{bucket}/{key}")
+
+
+def queue_arn(queue_url: str) -> str:
+    """The ARN of the queue at `queue_url` (https://sqs.<region>.<domain>/<account>/<name>, as
+    AWS and moto write it)."""
+    parts = urlsplit(queue_url)
+    host = (parts.hostname or "").split(".")
+    region = host[1] if len(host) > 2 and host[0] == "sqs" else host[0]
+    account, name = parts.path.strip("/").split("/", 1)
+    return f"arn:aws:sqs:{region}:{account}:{name}"
+
+
+def _queue_url(request: Any) -> str | None:
+    """The QueueUrl of an SQS request, in the JSON protocol's body or the query protocol's."""
+    body = request.body or b""
+    if not isinstance(body, bytes | str):
+        body = body.read()
+    text = body.decode() if isinstance(body, bytes) else body
+    url = None
+    if text.lstrip().startswith("{"):
+        try:
+            url = json.loads(text).get("QueueUrl")
+        except ValueError:
+            url = None
+    if url is None:
+        url = parse_qs(text).get("QueueUrl", [None])[0]
+    return url
+
+
+def sqs_request(policies: Policies, operation: str, request: Any) -> bool:
+    """Whether the function that made this SQS request (`operation`: botocore's name, e.g.
+    ReceiveMessage) may, on the queue its QueueUrl names; True for the runner's own."""
+    identity = identity_of(request)
+    if not policies.knows(identity):
+        return True
+    assert identity is not None
+    action = f"sqs:{_SQS_BATCHES.get(operation, operation)}"
+    url = _queue_url(request)
+    resource = queue_arn(url) if url else "*"
+    return policies.allows(identity, action, resource)

@@ -45,7 +45,7 @@ from ground.placement import CPU, Placement
 from ground.placement import ENV as PLACEMENT_ENV
 from pipeline.client import fetch_result, send_request
 from pipeline.faults import ExpertCrash, Faults
-from pipeline.iam import Policies, s3_request
+from pipeline.iam import Policies, s3_request, sqs_request
 from pipeline.meter import Meter, entered_states
 from pipeline.tensorio import decode, encode
 
@@ -108,6 +108,8 @@ def concrete(value: Any, names: dict[str, str]) -> Any:
         if fn == "Ref":
             return pseudo.get(arg, names.get(arg, arg))
         if fn == "Fn::GetAtt":
+            if f"{arg[0]}.{arg[1]}" in names:  # a queue's Arn (`stream_local` names them)
+                return names[f"{arg[0]}.{arg[1]}"]
             if names.get(arg[0], "").startswith(BUCKET):
                 return f"arn:aws:s3:::{names[arg[0]]}"
             return f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{names.get(arg[0], arg[0])}"
@@ -139,8 +141,9 @@ class InProcessLambdas:
         self.functions[name] = (handler, env)
         self.memory_mb[name] = memory_mb
 
-    def call(self, name: str, event: dict[str, Any]) -> Any:
-        """Run function `name`'s handler on `event`, with any faults drawn for this call."""
+    def call(self, name: str, event: dict[str, Any], context: Any = None) -> Any:
+        """Run function `name`'s handler on `event` (and `context`, Lambda's context object:
+        only a stream's worker reads it, for its deadline), with any faults drawn."""
         handler_path, env = self.functions[name]
         handler = self.handlers.resolve(handler_path)
         invoker = self.handlers.retry_throttled(
@@ -152,9 +155,9 @@ class InProcessLambdas:
         response = None
         try:
             with self.handlers.environment(env, invoker):
-                response = handler(event, None)
+                response = handler(event, context)
                 if self.faults.draw("duplicate"):  # at-least-once: the same event once more
-                    again = handler(event, None)
+                    again = handler(event, context)
                     if again != response:
                         raise RuntimeError(f"a second delivery of {name} returned another result")
             if _role(handler_path) == "expert" and self.faults.draw("expert-crash"):
@@ -261,6 +264,9 @@ class InProcessLambdas:
                     return _s3_error(request, 403, "AccessDenied", "Access Denied")
                 if self.faults.draw("s3-slowdown"):
                     return _s3_error(request, 503, "SlowDown", "Reduce your request rate.")
+            elif service == "sqs" and self.policies is not None:
+                if not sqs_request(self.policies, operation, request):
+                    return _sqs_denied(request, operation)
             return original(stubber, event_name, request, **kwargs)
 
         BotocoreStubber.__call__ = answer  # type: ignore[method-assign]
@@ -270,6 +276,7 @@ class InProcessLambdas:
             BotocoreStubber.__call__ = original  # type: ignore[method-assign]
 
 
+_UNLOCKED = ("lambda", "states", "sqs")  # services whose moto requests skip the S3 lock
 _atomic_lock = threading.RLock()
 _atomic_depth = 0
 _unpatched: Any = None
@@ -283,6 +290,8 @@ def atomic_s3() -> Iterator[None]:
     with "dictionary changed size during iteration". Lambda and Step Functions requests must stay
     outside the lock: an invoke runs a whole handler, and a direct gate that invokes its experts
     from worker threads, or a pipelined expert polling for its gate's uploads, would deadlock.
+    So must SQS's: a long poll waits inside moto (on the queue's own condition, which a send
+    notifies) and would hold every other request up for its whole wait.
     Nesting only counts: wrapping the patch twice would put the invoke back under the lock.
     """
     global _atomic_depth, _unpatched
@@ -295,7 +304,7 @@ def atomic_s3() -> Iterator[None]:
             request_lock = threading.RLock()
 
             def process_request(stubber: BotocoreStubber, request: Any) -> Any:
-                if "lambda." in request.url or "states." in request.url:
+                if any(f"{service}." in request.url for service in _UNLOCKED):
                     return original(stubber, request)
                 with request_lock:
                     return original(stubber, request)
@@ -311,17 +320,39 @@ def atomic_s3() -> Iterator[None]:
                 _unpatched = None
 
 
+def _sqs_denied(request: Any, operation: str) -> Any:
+    """SQS's AccessDenied answer to `request` (its JSON protocol, which boto3 speaks)."""
+    from botocore.awsrequest import AWSResponse
+
+    body = json.dumps(
+        {
+            "__type": "com.amazonaws.sqs#AccessDenied",
+            "message": f"not authorized to perform sqs:{operation} on this queue",
+        }
+    ).encode()
+    headers = {
+        "Content-Type": "application/x-amz-json-1.0",
+        "x-amzn-query-error": "AccessDenied;Sender",
+    }
+    return AWSResponse(request.url, 400, headers, _Body(body))
+
+
 def _s3_error(request: Any, status: int, code: str, message: str) -> Any:
     """S3's error answer to `request`, as botocore parses it."""
     from botocore.awsrequest import AWSResponse
 
     body = f"<Error><Code>{code}</Code><Message>{message}</Message></Error>".encode()
+    return AWSResponse(request.url, status, {"Content-Type": "application/xml"}, _Body(body))
 
-    class _Raw:
-        def stream(self, **_: Any) -> Iterator[bytes]:
-            yield body
 
-    return AWSResponse(request.url, status, {"Content-Type": "application/xml"}, _Raw())
+class _Body:
+    """A canned answer's raw body, as botocore reads a response's."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    def stream(self, **_: Any) -> Iterator[bytes]:
+        yield self.body
 
 
 def _moto_throttle(function: str) -> Exception:
@@ -423,7 +454,10 @@ def _deploy(
         )
         # Lambda's default memory applies where the template sets none.
         lambdas.register(names[logical], handler, env, int(props.get("MemorySize", 128)))
-    (machine,) = [r for r in resources.values() if r["Type"] == "AWS::StepFunctions::StateMachine"]
+    machines = [r for r in resources.values() if r["Type"] == "AWS::StepFunctions::StateMachine"]
+    if not machines:  # a stream plan's stack: workers fed by a queue, no workflow
+        return ""
+    (machine,) = machines
     sfn = boto3.client("stepfunctions", region_name=REGION)
     return sfn.create_state_machine(
         name=bucket,
@@ -477,6 +511,22 @@ def _wait(sfn: Any, execution_arns: list[str], deadline: float) -> list[dict[str
     return final
 
 
+def deployed_names(resources: dict[str, Any], run: str) -> tuple[str, dict[str, str]]:
+    """This run's bucket and the name each bucket, function and state machine of the template
+    gets on moto: unique to the run, as an enclosing mock (a test session's) keeps earlier
+    runs' resources."""
+    bucket = f"{BUCKET}-{run}"
+    names: dict[str, str] = {}
+    for logical, res in resources.items():
+        if res["Type"] == "AWS::S3::Bucket":
+            names[logical] = bucket
+        elif res["Type"] == "AWS::Lambda::Function":
+            names[logical] = f"fn-{run}-{logical}"[:64]
+        elif res["Type"] == "AWS::StepFunctions::StateMachine":  # its Ref is its ARN
+            names[logical] = f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:{bucket}"
+    return bucket, names
+
+
 def run_workflow(
     template: dict[str, Any],
     weights_dir: Path,
@@ -519,15 +569,8 @@ def run_workflow(
     # error and cause instead.
     logging.getLogger("moto.stepfunctions").setLevel(logging.CRITICAL)
     resources = template["Resources"]
-    # Names unique to this run: an enclosing mock (a test session's) keeps earlier runs' resources.
     run = uuid.uuid4().hex[:8]
-    bucket = f"{BUCKET}-{run}"
-    names = {}
-    for logical, res in resources.items():
-        if res["Type"] == "AWS::S3::Bucket":
-            names[logical] = bucket
-        elif res["Type"] == "AWS::Lambda::Function":
-            names[logical] = f"fn-{run}-{logical}"[:64]
+    bucket, names = deployed_names(resources, run)
     if metered and faults is not None and faults.any:
         raise ValueError("a metered run injects no faults: retries would be billed")
     lambdas = InProcessLambdas(handlers, faults)
@@ -703,15 +746,7 @@ def run_front_door(
     if len(times) != len(requests) or any(b < a for a, b in zip(times, times[1:], strict=False)):
         raise ValueError("arrivals_s must give one sorted arrival time per request")
     run = uuid.uuid4().hex[:8]
-    bucket = f"{BUCKET}-{run}"
-    names: dict[str, str] = {}
-    for logical, res in resources.items():
-        if res["Type"] == "AWS::S3::Bucket":
-            names[logical] = bucket
-        elif res["Type"] == "AWS::Lambda::Function":
-            names[logical] = f"fn-{run}-{logical}"[:64]
-        elif res["Type"] == "AWS::StepFunctions::StateMachine":  # its Ref is its ARN
-            names[logical] = f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:{bucket}"
+    bucket, names = deployed_names(resources, run)
     lambdas = InProcessLambdas(handlers)
     chunk, receive_max = limits["sqs_request_chunk_bytes"], limits["sqs_receive_max_messages"]
     meter = Meter(bucket, front_door=frozenset({names[batcher_logical]}), sqs_chunk_bytes=chunk)

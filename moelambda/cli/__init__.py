@@ -26,6 +26,7 @@ from moelambda.cli import replan  # noqa: F401
 from moelambda.cli import gpu  # noqa: F401
 from moelambda.cli import cluster  # noqa: F401
 from moelambda.cli import generate  # noqa: F401
+from moelambda.cli import stream  # noqa: F401
 
 __all__ = ["app", "main"]
 

@@ -204,6 +204,7 @@ def synth(
         tracing=tracing,
         base_image=base_image,
         experts_per_stack=experts_per_stack,
+        concurrency_quota=concurrency_quota,
     )
     with err.status("synthesising the stack"):
         try:

@@ -77,7 +77,7 @@ def test_a_layer_with_a_slow_remote_expert_takes_the_priced_time(tmp_path: Path)
     )
     remote = [[RemoteFunction(e, f"expert-{e}", 1, 1, 1_000) for e in REMOTE]]
     manifest = SimpleNamespace(experts=EXPERTS, hidden_size=HIDDEN)
-    call = driver._RemoteExperts(None, cfg, "r" * 64, manifest, [LOCAL], remote, stages)
+    call = driver.RemoteExperts(None, cfg, "r" * 64, manifest, [LOCAL], remote, stages)
     out = _layer_output(8)
     try:
         begun = time.perf_counter()
@@ -114,7 +114,7 @@ def test_a_failing_local_expert_still_joins_its_remote_calls() -> None:
     )
     remote = [[RemoteFunction(e, f"expert-{e}", 1, 1, 1_000) for e in REMOTE]]
     manifest = SimpleNamespace(experts=EXPERTS, hidden_size=HIDDEN)
-    call = driver._RemoteExperts(None, cfg, "r" * 64, manifest, [LOCAL], remote, stages)
+    call = driver.RemoteExperts(None, cfg, "r" * 64, manifest, [LOCAL], remote, stages)
     with pytest.raises(RuntimeError, match="local expert failed"):
         call(0, _layer_output(4))
     call.close()  # returns: nothing is left running
