@@ -5,8 +5,12 @@ Each number has one home, read here, not re-derived: Lambda's bill per token is 
 (`planner.generation` through `planner.api.plan_deployment`), or over a stream the traffic
 simulator's (`planner.traffic.api.plan_generation_traffic`: cold starts, refusals); the GPU's is
 the GPU backend's per-token model (`gpu.generation`, its prices and speeds in
-planner/data/gpu_catalogue.json); the managed API's is the list price in the calibration file
-(`planner.generation.managed_api_quote`, "no list price" where it has none).
+planner/data/gpu_catalogue.json); a GPU platform billed per second (Modal's L4 and L40S) is
+`gpu.serverless`, simulated over the same arrivals; the continuously batching workers on
+Lambda are `planner.stream.plan_stream`'s plan and simulation; the managed API's is the list
+price in the calibration file (`planner.generation.managed_api_quote`, "no list price" where
+it has none). Every block of `bench generate`'s JSON says in `basis` whether its numbers are
+predicted (a model or a simulation) or a list price; none is measured here.
 """
 
 from __future__ import annotations
@@ -18,10 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ground.errors import UsageError
+from ground.errors import InfeasibleError, UsageError
 
 if TYPE_CHECKING:
     from ground.manifest import Manifest
+    from ground.plan import Plan
     from planner.api import PlanningCounts, PlanOptions
     from planner.calibration import Calibration
 
@@ -34,8 +39,13 @@ __all__ = [
 ]
 
 # (requests per second, hours simulated): a day at one request a minute, an hour at one a
-# second (1,440 and about 3,600 requests of the Azure conversation trace).
-BENCH_RATES = ((1 / 60, 24.0), (1.0, 1.0))
+# second, a quarter of an hour at ten a second (about 1,240, 3,100 and 9,000 requests of the
+# Azure conversation trace; the quarter hour keeps the workers' search to minutes).
+BENCH_RATES = ((1 / 60, 24.0), (1.0, 1.0), (10.0, 0.25))
+
+_PER_REQUEST = "predicted: simulated (planner.traffic.generation: one driver invocation a request)"
+_WORKERS = "predicted: simulated (planner.traffic.workers: workers batching over a queue)"
+_GPU_MODEL = "predicted: the GPU backend's model (gpu.generation), EC2 on-demand prices"
 
 
 @dataclass(frozen=True, eq=False)
@@ -174,29 +184,35 @@ def _stream_run(
     rate: float,
     hours: float,
     reserve: bool,
+    workers: bool,
 ) -> dict[str, Any]:
     """One model at one rate: `plan --traffic azure-conv` (a generating plan for the stream,
-    simulated) and the GPU deployment at the same rate for the stream's mean request."""
+    simulated), the workers' stream plan on CPU Lambda (`workers`), the GPU deployment at the
+    same rate for the stream's mean request, and the per-second GPU platform over the same
+    arrivals."""
     from gpu.cluster import load_catalogue
     from gpu.generation import gpu_generation, prefill_s
+    from gpu.serverless import load_platform, serverless_generation
     from planner.traffic import load_arrivals
     from planner.traffic.api import plan_generation_traffic
     from planner.traffic.bench import scale_for
 
     scale = scale_for(rate)
-    plan, summary = plan_generation_traffic(
-        model.manifest,
-        model.counts,
-        calibration,
-        traffic="azure-conv",
-        options=options,
-        scale=scale,
-        hours=hours,
-        reserve=reserve,
-    )
-    stream = summary["traffic"]
+    try:
+        plan, summary = plan_generation_traffic(
+            model.manifest,
+            model.counts,
+            calibration,
+            traffic="azure-conv",
+            options=options,
+            scale=scale,
+            hours=hours,
+            reserve=reserve,
+        )
+    except InfeasibleError as err:  # the other platforms still price the stream
+        plan, summary = None, {"error": str(err)}
     arrivals = load_arrivals("azure-conv", scale=scale, hours=hours)
-    assert arrivals.generated is not None and plan.generation is not None
+    assert arrivals.generated is not None
     share = model.counts.counts / model.counts.tokens
     catalogue = load_catalogue()
     gpu = gpu_generation(
@@ -211,37 +227,122 @@ def _stream_run(
         kv_bytes_per_token=_gpu_kv_bytes(model.counts),
     )
     longest = int(np.quantile(arrivals.tokens, 0.99, method="inverted_cdf"))
-    bill = stream["bill_usd"]
+    platform = serverless_generation(
+        share,
+        model.manifest,
+        arrivals,
+        catalogue,
+        load_platform(),
+        runtime_gib=calibration.gpu_runtime_gib or 1.0,
+        kv_bytes_per_token=_gpu_kv_bytes(model.counts),
+        slo_tpot_s=options.slo_tpot_s,
+    )
     return {
         "rate_per_s": rate,
         "hours": hours,
-        "requests": stream["requests"],
-        "planned_for": {
-            "prompt_tokens": plan.generation.prompt_tokens,
-            "new_tokens": plan.generation.new_tokens,
-            "deployment": plan.deployment,
-            "driver_memory_mb": plan.nonmoe_memory_mb,
-            "local_per_layer": len(plan.driver.local[0]) if plan.driver else None,
-            "workflow": plan.workflow,
-        },
-        "lambda": {
-            "ttft_p99_s": stream["ttft_s"]["p99"],
-            "tpot_p99_s": stream["tpot_s"]["p99"],
-            "e2e_p99_s": stream["e2e_s"]["p99"],
-            "per_million_input_usd": bill["per_million_input_usd"],
-            "per_million_output_usd": bill["per_million_output_usd"],
-            "total_usd": bill["total_usd"],
-            "served": stream["served"],
-            "refused": stream["refused"],
-            "refused_fraction": stream["refused_fraction"],
-            "failed": stream["failed"],
-            "cold_starts": stream["cold_starts"]["count"],
+        "requests": arrivals.requests,
+        "planned_for": _planned_for(plan),
+        "lambda": _per_request(summary),
+        "worker_cpu": _worker_run(model, calibration, options, scale, hours)
+        if workers
+        else {"status": "skipped", "reason": "--no-workers"},
+        "worker_gpu": {
+            "status": "not built",
+            "reason": "planner.stream plans workers on CPU functions only: GPU-backed Lambda "
+            "refuses a decoder's generation (planner.options: --hardware gpu)",
         },
         "gpu": gpu.as_dict()
         | {
             "ttft_p99_s": prefill_s(share, model.manifest, catalogue, gpu, longest),
             "tpot_p99_s": gpu.tpot_s,
+            "basis": _GPU_MODEL,
         },
+        "gpu_serverless": platform,
+    }
+
+
+def _planned_for(plan: Plan | None) -> dict[str, Any] | None:
+    """What the per-request plan was sized for (None: no plan)."""
+    if plan is None:
+        return None
+    assert plan.generation is not None
+    return {
+        "prompt_tokens": plan.generation.prompt_tokens,
+        "new_tokens": plan.generation.new_tokens,
+        "deployment": plan.deployment,
+        "driver_memory_mb": plan.nonmoe_memory_mb,
+        "local_per_layer": len(plan.driver.local[0]) if plan.driver else None,
+        "workflow": plan.workflow,
+    }
+
+
+def _per_request(summary: dict[str, Any]) -> dict[str, Any]:
+    """The per-request driver's stream block, or why no plan generates the stream's p99
+    request (e.g. past Lambda's 900 s)."""
+    if "error" in summary:
+        return {"status": "infeasible", "reason": summary["error"], "basis": _PER_REQUEST}
+    stream = summary["traffic"]
+    bill = stream["bill_usd"]
+    return {
+        "status": "planned",
+        "ttft_p99_s": stream["ttft_s"]["p99"],
+        "tpot_p99_s": stream["tpot_s"]["p99"],
+        "e2e_p99_s": stream["e2e_s"]["p99"],
+        "per_million_input_usd": bill["per_million_input_usd"],
+        "per_million_output_usd": bill["per_million_output_usd"],
+        "total_usd": bill["total_usd"],
+        "served": stream["served"],
+        "refused": stream["refused"],
+        "refused_fraction": stream["refused_fraction"],
+        "failed": stream["failed"],
+        "cold_starts": stream["cold_starts"]["count"],
+        "basis": _PER_REQUEST,
+    }
+
+
+def _worker_run(
+    model: GenerationModel,
+    calibration: Calibration,
+    options: PlanOptions,
+    scale: float,
+    hours: float,
+) -> dict[str, Any]:
+    """The workers' stream plan on CPU Lambda for the same stream (`planner.stream`), or why
+    there is none (no candidate meets the SLOs)."""
+    from planner.stream import plan_stream
+
+    try:
+        plan, summary = plan_stream(
+            model.manifest,
+            model.counts,
+            calibration,
+            traffic="azure-conv",
+            options=options,
+            scale=scale,
+            hours=hours,
+        )
+    except InfeasibleError as err:
+        return {"status": "infeasible", "reason": str(err), "basis": _WORKERS}
+    bill = summary["bill_usd"]
+    return {
+        "status": "planned",
+        "deployment": plan.deployment,
+        "memory_mb": plan.nonmoe_memory_mb,
+        "slots": summary["stream"]["slots"],
+        "workers": summary["stream"]["workers"],
+        "idle_exit_s": summary["stream"]["idle_exit_s"],
+        "step_source": summary["step_source"],
+        "ttft_p99_s": summary["ttft_s"]["p99"],
+        "tpot_p99_s": summary["tpot_s"]["p99"],
+        "e2e_p99_s": summary["e2e_s"]["p99"],
+        "per_million_input_usd": bill["per_million_input_usd"],
+        "per_million_output_usd": bill["per_million_output_usd"],
+        "total_usd": bill["total_usd"],
+        "served": summary["served"],
+        "refused": summary["refused"],
+        "cold_starts": summary["cold_starts"],
+        "peak_workers": summary["peak_workers"],
+        "basis": _WORKERS,
     }
 
 
@@ -252,6 +353,7 @@ def bench_generate(
     options: PlanOptions,
     rates: tuple[tuple[float, float], ...] = BENCH_RATES,
     reserve: bool = False,
+    workers: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """TTFT p99, TPOT p99 and dollars per million output tokens of each model on the Azure
@@ -267,8 +369,10 @@ def bench_generate(
         reserve: Whether the stack reserves each expert's `max_replicas` of concurrency, as
             `synth` does by default. Defaults to False (`synth --no-reserve-concurrency`):
             the plan's reservations are sized for one request, not a stream.
+        workers: Whether to plan the workers' stream (`planner.stream`; minutes at 10/s).
         progress: Called with a message per step.
     """
+    from gpu.serverless import load_platform
     from planner.generation import managed_api_quote
 
     say = progress or (lambda _: None)
@@ -278,13 +382,14 @@ def bench_generate(
         runs = []
         for rate, hours in rates:
             say(f"{model.name}: {rate:.4g} requests/s for {hours:g} h")
-            runs.append(_stream_run(model, calibration, options, rate, hours, reserve))
+            runs.append(_stream_run(model, calibration, options, rate, hours, reserve, workers))
+        quote = managed_api_quote(calibration, model.manifest.model)
         rows.append(
             {
                 "model": model.name,
                 "label": model.label,
                 "counts": model.counts.source,
-                "managed_api": managed_api_quote(calibration, model.manifest.model),
+                "managed_api": quote | {"basis": "list price" if quote["list_price"] else "-"},
                 "runs": runs,
             }
         )
@@ -294,6 +399,7 @@ def bench_generate(
         "slo_tpot_s": options.slo_tpot_s,
         "reserved_concurrency": reserve,
         "rates": [{"rate_per_s": r, "hours": h} for r, h in rates],
+        "gpu_serverless_platform": load_platform().model_dump(),
         "models": rows,
         "seconds": round(time.perf_counter() - started, 1),
     }

@@ -68,6 +68,8 @@ FAMILIES = {
     "mixtral": "MixtralConfig",
     "qwen2_moe": "Qwen2MoeConfig",
     "deepseek_v2": "DeepseekV2Config",
+    "qwen3_moe": "Qwen3MoeConfig",
+    "gpt_oss": "GptOssConfig",
 }
 _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
@@ -83,14 +85,19 @@ class GQAAttention(_Frozen):
     heads: PositiveInt
     kv_heads: PositiveInt
     head_dim: PositiveInt
-    qkv_bias: bool = False  # Qwen2-MoE's q/k/v projections carry biases
+    qkv_bias: bool = False  # Qwen2-MoE's and gpt-oss's q/k/v projections carry biases
+    o_bias: bool = False  # gpt-oss's output projection carries one too
     qk_norm: bool = False  # OLMoE normalises queries and keys (RMSNorm over all heads)
+    qk_norm_per_head: bool = False  # Qwen3 normalises each head's (RMSNorm over head_dim)
+    sinks: bool = False  # gpt-oss learns one attention-sink logit per head
 
     def params(self, hidden: int) -> int:
-        """Weights of the q/k/v/o projections, their biases and the q/k norms."""
+        """Weights of the q/k/v/o projections, their biases, the q/k norms and the sinks."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         projections = hidden * (q + 2 * kv) + q * hidden
-        return projections + (q + 2 * kv) * self.qkv_bias + (q + kv) * self.qk_norm
+        biases = (q + 2 * kv) * self.qkv_bias + hidden * self.o_bias
+        norms = (q + kv) * self.qk_norm + 2 * self.head_dim * self.qk_norm_per_head
+        return projections + biases + norms + self.heads * self.sinks
 
     def kv_width(self) -> int:
         """Elements of one token's keys and values that a KV cache keeps per layer."""
@@ -158,6 +165,13 @@ class ModelShape(_Frozen):
     shared_ffn: NonNegativeInt = 0  # total width of the always-on shared experts
     shared_gate: bool = False  # Qwen2-MoE scales the shared expert by a sigmoid gate
     norm_topk_prob: bool = False  # whether the top-k gate weights are renormalised
+    expert_bias: bool = False  # gpt-oss's experts add a bias to gate/up and to down
+    router_bias: bool = False  # gpt-oss's router adds a bias per expert
+    # The format the routed experts are published in when it is not `dtype`: gpt-oss ships
+    # them in MXFP4 (4-bit values, one 8-bit scale per 32). No precision here stores 4 bits,
+    # so its stages are sized and priced at `dtype` (or `--weights`), as a runtime without
+    # MXFP4 kernels dequantises them.
+    expert_format: Literal["mxfp4"] | None = None
     attention: Annotated[GQAAttention | MLAAttention, Field(discriminator="kind")]
     vocab: PositiveInt
     tied_embeddings: bool
@@ -172,8 +186,9 @@ class ModelShape(_Frozen):
             raise ValueError("dense_layers and dense_ffn must both be set or both be 0")
         return self
 
-    def _ffn_params(self, width: int) -> int:
-        return (3 if self.gated else 2) * self.hidden * width
+    def _ffn_params(self, width: int, bias: bool = False) -> int:
+        """Weights of an FFN of `width`, plus a bias per output channel where `bias`."""
+        return (3 if self.gated else 2) * self.hidden * width + bias * self._ffn_rows(width)
 
     def _ffn_rows(self, width: int) -> int:
         """Output channels of an FFN of `width`: gate and up give `width` each, down `hidden`."""
@@ -181,15 +196,16 @@ class ModelShape(_Frozen):
 
     @property
     def expert_params(self) -> int:
-        """Weights of one routed expert."""
-        return self._ffn_params(self.expert_ffn)
+        """Weights of one routed expert (and its biases, gpt-oss's)."""
+        return self._ffn_params(self.expert_ffn, self.expert_bias)
 
     @property
     def layer_params(self) -> int:
         """Weights of one MoE layer's non-expert part: attention, two norms, router, shared."""
         block = self.attention.params(self.hidden) + 2 * self.hidden
         shared = self._ffn_params(self.shared_ffn) + self.hidden * self.shared_gate
-        return block + self.hidden * self.experts + shared
+        router = (self.hidden + self.router_bias) * self.experts
+        return block + router + shared
 
     @property
     def head_params(self) -> int:
@@ -348,8 +364,9 @@ def load_shape(spec: str) -> ModelShape:
     """A built-in shape by name or alias (any case), or one read from a config.json file.
 
     Args:
-        spec: "olmoe", "mixtral", "qwen-moe", "deepseek-v2-lite" (or a full name), or the path
-            of a Hugging Face config.json or of the directory holding one.
+        spec: "olmoe", "mixtral", "qwen-moe", "deepseek-v2-lite", "gpt-oss-20b",
+            "qwen3-30b-a3b" (or a full name), or the path of a Hugging Face config.json or of
+            the directory holding one.
 
     Raises:
         UsageError: The name is unknown and no such file exists, or the file cannot be read as
@@ -443,9 +460,15 @@ def _parse_config(raw: dict[str, Any], *, source: str, name: str) -> ModelShape:
             heads=heads,
             kv_heads=raw.get("num_key_value_heads") or heads,
             head_dim=raw.get("head_dim") or hidden // heads,
-            qkv_bias=raw.get("qkv_bias", True) if model_type == "qwen2_moe" else False,
+            qkv_bias=raw.get("qkv_bias", True)
+            if model_type == "qwen2_moe"
+            else bool(raw.get("attention_bias", False)),
+            o_bias=model_type == "gpt_oss" and bool(raw.get("attention_bias", False)),
             qk_norm=model_type == "olmoe",
+            qk_norm_per_head=model_type == "qwen3_moe",
+            sinks=model_type == "gpt_oss",
         )
+    quantized = (raw.get("quantization_config") or {}).get("quant_method")
     return ModelShape(
         name=name,
         source=source,
@@ -460,12 +483,18 @@ def _parse_config(raw: dict[str, Any], *, source: str, name: str) -> ModelShape:
         activation=raw.get("hidden_act", "silu"),
         shared_ffn=shared,
         shared_gate=model_type == "qwen2_moe" and shared > 0,
-        norm_topk_prob=model_type == "mixtral" or bool(raw.get("norm_topk_prob")),
+        norm_topk_prob=model_type in ("mixtral", "gpt_oss") or bool(raw.get("norm_topk_prob")),
+        expert_bias=model_type == "gpt_oss",
+        router_bias=model_type == "gpt_oss",
+        expert_format="mxfp4" if quantized == "mxfp4" else None,
         attention=attention,
         vocab=raw["vocab_size"],
         tied_embeddings=bool(raw.get("tie_word_embeddings", False)),
         # Transformers materialises a config without a dtype in float32; v5 writes "dtype".
-        dtype=raw.get("torch_dtype") or raw.get("dtype") or "float32",
+        # gpt-oss's config names none: its non-expert tensors are stored in bfloat16.
+        dtype=raw.get("torch_dtype")
+        or raw.get("dtype")
+        or ("bfloat16" if model_type == "gpt_oss" else "float32"),
     )
 
 

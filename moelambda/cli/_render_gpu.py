@@ -189,46 +189,90 @@ def compare_generation(out: Console, summary: dict[str, Any]) -> None:
         out.print(f"{r['backend']}: {r['source']}", highlight=False)
 
 
+def _generate_rows(model: dict[str, Any], run: dict[str, Any]) -> list[tuple[str, ...]]:
+    """One line per platform of one model at one rate: deployment, TTFT/TPOT p99, USD per
+    million output tokens, and whether the numbers are predicted or a list price."""
+    rate, label = f"{run['rate_per_s']:.4g}", model["label"]
+
+    def line(platform: str, deployment: str, block: dict[str, Any], basis: str) -> tuple[str, ...]:
+        return (
+            label,
+            rate,
+            platform,
+            deployment,
+            optional(block.get("ttft_p99_s"), ".2f"),
+            optional(block.get("tpot_p99_s"), ".4f"),
+            optional(block.get("per_million_output_usd"), ".3f"),
+            basis,
+        )
+
+    lam, planned = run["lambda"], run["planned_for"]
+    if lam.get("status") == "infeasible" or planned is None:
+        lines = [line("Lambda, a driver per request", "infeasible", {}, "-")]
+    else:
+        deployment = f"{planned['driver_memory_mb']:,} MB; refused {lam['refused_fraction']:.1%}"
+        lines = [line("Lambda, a driver per request", deployment, lam, "simulated")]
+    for name, platform in (
+        ("worker_cpu", "Lambda workers, CPU"),
+        ("worker_gpu", "Lambda workers, GPU"),
+    ):
+        block = run.get(name, {})
+        if block.get("status") == "planned":
+            deployment = f"{block['workers']} x {block['slots']} slots, {block['memory_mb']:,} MB"
+            lines.append(line(platform, deployment, block, "simulated"))
+        else:
+            lines.append(line(platform, block.get("status", "-"), {}, "-"))
+    gpu = run["gpu"]
+    deployment = f"{gpu['copies']} x {gpu['gpus']} {gpu['gpu_type']}, always on"
+    lines.append(line("GPU instances (EC2)", deployment, gpu, "model"))
+    for row in run.get("gpu_serverless", []):
+        platform = f"{row['platform']} {row['gpu'].upper()}"
+        if not row["fits"]:
+            lines.append(line(platform, "does not fit", {}, "-"))
+            continue
+        deployment = f"{row['containers']} containers of {row['gpus']} GPU, {row['slots']} slots"
+        lines.append(line(platform, deployment, row, "simulated"))
+    managed = model["managed_api"]
+    if managed["list_price"]:
+        lines.append(line("managed API", managed["model_id"], managed, "list price"))
+    return lines
+
+
 def bench_generate(out: Console, report: dict[str, Any]) -> None:
-    """`moelambda bench generate`: per model and rate, Lambda against GPUs and a managed API."""
-    rows = []
-    for model in report["models"]:
-        managed = model["managed_api"]["per_million_output_usd"]
-        for run in model["runs"]:
-            lam, gpu = run["lambda"], run["gpu"]
-            rows.append(
-                (
-                    model["label"],
-                    f"{run['rate_per_s']:.4g}",
-                    optional(lam["ttft_p99_s"], ".2f"),
-                    optional(lam["tpot_p99_s"], ".4f"),
-                    f"{lam['per_million_output_usd']:.3f}",
-                    f"{lam['refused_fraction']:.2%}",
-                    f"{gpu['ttft_p99_s']:.3f}",
-                    f"{gpu['tpot_p99_s']:.4f}",
-                    f"{gpu['per_million_output_usd']:.3f}",
-                    "no list price" if managed is None else f"{managed:.2f}",
-                )
-            )
+    """`moelambda bench generate`: per model and rate, each platform's TTFT and TPOT p99 and
+    dollars per million output tokens, and whether each is simulated or a list price."""
+    rows = [
+        line
+        for model in report["models"]
+        for run in model["runs"]
+        for line in _generate_rows(model, run)
+    ]
     out.print(
         table(
             f"Generation on the Azure conversation trace (SLOs: TTFT {report['slo_ttft_s']} s, "
-            f"TPOT {report['slo_tpot_s']} s)",
+            f"TPOT {report['slo_tpot_s']} s); no number here is measured",
             (
                 "model",
                 "req/s",
-                "Lambda TTFT p99 s",
+                "platform",
+                "deployment",
+                "TTFT p99 s",
                 "TPOT p99 s",
                 "USD / M out",
-                "refused",
-                "GPU TTFT p99 s",
-                "TPOT p99 s",
-                "USD / M out",
-                "managed API USD / M out",
+                "basis",
             ),
             rows,
+            left=4,
         )
     )
+    unfit = [
+        f"{model['label']} on {row['platform']} {row['gpu'].upper()}: {row['reason']}"
+        for model in report["models"]
+        for row in model["runs"][0].get("gpu_serverless", [])
+        if not row["fits"]
+    ]
+    for reason in unfit:
+        out.print(reason, highlight=False)
     out.print(f"{report['seconds']:.0f} s.", highlight=False)
 
 

@@ -320,9 +320,10 @@ def bench_generate(
         str,
         typer.Option(
             help="Comma-separated: smollm2 (a MoEfied SmolLM2, from --smollm2-counts), and "
-            "built-in shapes (olmoe, mixtral, qwen-moe, deepseek-v2-lite; Zipf(1) popularity)."
+            "built-in shapes (olmoe, mixtral, gpt-oss-20b, qwen3-30b-a3b, qwen-moe, "
+            "deepseek-v2-lite; Zipf(1) popularity)."
         ),
-    ] = "smollm2,olmoe,mixtral",
+    ] = "smollm2,olmoe,mixtral,gpt-oss-20b,qwen3-30b-a3b",
     smollm2_counts: Annotated[
         Path | None,
         typer.Option(
@@ -337,13 +338,23 @@ def bench_generate(
     concurrency_quota: Annotated[
         int, typer.Option(help="The account's Lambda concurrency quota the plans must fit.")
     ] = 100_000,
+    workers: Annotated[
+        bool,
+        typer.Option(
+            help="Plan the continuously batching workers on Lambda for each stream "
+            "(planner.stream: minutes at 10/s); --no-workers leaves them out."
+        ),
+    ] = True,
     as_json: JsonOpt = False,
 ) -> None:
     """TTFT p99, TPOT p99 and dollars per million output tokens on the Azure conversation
-    trace at one request a minute (a day) and one a second (an hour), per model: on Lambda
-    (`plan --traffic azure-conv --slo-ttft --slo-tpot`, simulated with cold starts; expert
-    functions without reserved concurrency), on GPUs at the same rate, and at a managed API's
-    list price."""
+    trace at one request a minute (a day), one a second (an hour) and ten a second (a quarter
+    hour), per model: on Lambda, a driver per request (`plan --traffic azure-conv --slo-ttft
+    --slo-tpot`, simulated with cold starts; expert functions without reserved concurrency)
+    and workers batching over a queue (planner.stream, simulated); on GPU instances at the
+    same rate; on a GPU platform billed per second (Modal's L4 and L40S list prices, the same
+    arrivals simulated); and at a managed API's list price. Every number is predicted
+    (simulated or modelled) or a list price: `basis` says which."""
     from gpu.generation_compare import GenerationModel, bench_generate, shape_model
     from planner import load_calibration
     from planner.api import PlanOptions, counts_for_plan
@@ -374,7 +385,11 @@ def bench_generate(
             confidence=0.0,
         )
         report = bench_generate(
-            entries, load_calibration(None), options=options, progress=status.update
+            entries,
+            load_calibration(None),
+            options=options,
+            workers=workers,
+            progress=status.update,
         )
     if as_json:
         print(json.dumps(report))

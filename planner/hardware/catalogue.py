@@ -16,7 +16,7 @@ bounds every placement by it, while the GPU-cluster backend keeps its own headro
 from __future__ import annotations
 
 from importlib import resources
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -116,6 +116,8 @@ class _CatalogueFile(_Strict):
     defaults: dict[str, _Parameter]
     types: dict[str, _CatalogueType]
     default_type: str
+    # GPU platforms billed per second, validated where they are priced (gpu.serverless)
+    serverless_platforms: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
 _FIX = "fix planner/data/gpu_catalogue.json."

@@ -143,7 +143,11 @@ def test_bench_generate_reports_each_backend_per_rate() -> None:
     model = GenerationModel("tiny", "tiny decoder", manifest, counts)
     options = PlanOptions(slo_tpot_s=5.0, confidence=0.0)
     report = bench_generate(
-        [model], load_calibration(), options=options, rates=((1 / 60, 2.0), (1.0, 0.05))
+        [model],
+        load_calibration(),
+        options=options,
+        rates=((1 / 60, 2.0), (1.0, 0.05)),
+        workers=False,
     )
     json.dumps(report)
     assert report["trace"] == "azure-conv" and report["reserved_concurrency"] is False

@@ -212,6 +212,8 @@ def test_aliases_are_case_insensitive() -> None:
         "Mixtral-8x7B-v0.1",
         "Qwen1.5-MoE-A2.7B",
         "DeepSeek-V2-Lite",
+        "gpt-oss-20b",
+        "Qwen3-30B-A3B",
     }
     assert load_shape("MIXTRAL") is load_shape("mixtral-8x7b-v0.1") is names["Mixtral-8x7B-v0.1"]
     assert load_shape(" Qwen-MoE ").experts == 60
@@ -243,8 +245,8 @@ def test_dense_config_is_refused(tmp_path: Path) -> None:
 
 
 def test_unknown_family_missing_key_and_interleaving_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match="qwen3_moe"):
-        shape_from_config(_write(tmp_path, CONFIGS["qwen-moe"] | {"model_type": "qwen3_moe"}))
+    with pytest.raises(UsageError, match="jamba"):
+        shape_from_config(_write(tmp_path, CONFIGS["qwen-moe"] | {"model_type": "jamba"}))
     missing = {k: v for k, v in CONFIGS["mixtral"].items() if k != "hidden_size"}
     with pytest.raises(UsageError, match="hidden_size"):
         shape_from_config(_write(tmp_path, missing))
