@@ -148,8 +148,12 @@ class RemoteExperts:
         local: list[list[int]],
         remote: list[list[config.RemoteFunction]],
         stages: DriverStages,
+        counts: np.ndarray | None = None,
     ) -> None:
         self.s3, self.cfg, self.request_id = s3, cfg, request_id
+        # Where a caller that decodes many steps sums each layer's routing (a worker: one EMF
+        # record per layer per invocation, not per step); None: one record per call.
+        self.counts = counts
         self.manifest, self.local, self.remote, self.stages = manifest, local, remote, stages
         self.overflowed = 0
         self.decoding = False
@@ -164,8 +168,11 @@ class RemoteExperts:
         m, cfg = self.manifest, self.cfg
         routed = out.experts.reshape(-1).cpu().numpy()
         counts = np.bincount(routed[routed < m.experts], minlength=m.experts)
-        record = metrics.expert_counts_record(layer, counts, self.request_id)
-        metrics.emit(record, cfg.metrics_file)
+        if self.counts is None:
+            record = metrics.expert_counts_record(layer, counts, self.request_id)
+            metrics.emit(record, cfg.metrics_file)
+        else:
+            self.counts[layer] += counts
         shards_of = routing_shards(out.experts, out.weights, m.experts)
         functions = self.remote[layer]
         shards = _shards(layer, functions, shards_of, decoding=self.decoding)

@@ -37,9 +37,6 @@ from pipeline.transports import is_missing
 
 __all__ = ["handler", "pieces", "read_json", "submit"]
 
-FIRST_POLL_S = 0.02  # a reader's first wait for the next piece; it doubles while none comes
-POLL_MAX_S = 0.5  # and stops doubling here: a chunk of 16 tokens takes longer on a CPU
-
 
 def submit(sqs: Any, queue: str, request: ApiRequest) -> str:
     """Send the request to the queue; its message id, which names its result."""
@@ -59,15 +56,21 @@ def read_json(s3: Any, bucket: str, key: str) -> dict[str, Any] | None:
 
 
 def pieces(
-    s3: Any, bucket: str, message_id: str, *, deadline_s: float, poll_max_s: float = POLL_MAX_S
+    s3: Any,
+    bucket: str,
+    message_id: str,
+    *,
+    deadline_s: float,
+    poll_max_s: float = stream.POLL_MAX_S,
 ) -> Iterator[tuple[str, dict[str, Any] | None]]:
     """The answer's text as the worker settles it: (text, None) per chunk, then
     (the rest, the final answer).
 
     A poll GETs the next chunk and, when it is not there, the final answer: two GETs, billed.
-    Between polls the reader waits `FIRST_POLL_S`, doubled after every empty poll up to
-    `poll_max_s`, and starts again from the first wait after each piece: a piece is seen within
-    about one wait of its write, and a long wait costs a few GETs, not one per 20 ms (which,
+    Between polls the reader waits `ground.stream.FIRST_POLL_S`, doubled after every empty
+    poll up to `poll_max_s`, and starts again from the first wait after each piece (the delay
+    the planner adds, `ground.stream.seen_after`): a piece is seen within about one wait of its
+    write, and a long wait costs a few GETs, not one per 20 ms (which,
     on a machine of two cores running the worker beside them, would also slow the worker).
 
     Raises:
@@ -76,12 +79,12 @@ def pieces(
     """
     ends = time.monotonic() + deadline_s
     index = 0
-    wait = FIRST_POLL_S
+    wait = stream.FIRST_POLL_S
     while True:
         chunk = read_json(s3, bucket, stream.chunk_key(message_id, index))
         if chunk is not None:
             index += 1
-            wait = FIRST_POLL_S
+            wait = stream.FIRST_POLL_S
             yield chunk["text"], None
             continue
         final = read_json(s3, bucket, stream.final_key(message_id))

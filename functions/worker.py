@@ -11,10 +11,12 @@ A message is `{"prompt": [token ids], "settings": {GenerationConfig fields}}`
 (`functions.openai_api.message_body`). Its answer goes under `results/<message id>/`: numbered
 chunks as tokens come (`ground.stream.chunk_key`), each with its token ids and the text they
 settle (`moe.TextStream`), then the final answer (`ground.stream.final_key`), after which the
-message is deleted. The message that started the worker is the mapping's: it deletes it when the
-worker returns (a worker that fails leaves it, as it leaves those it received itself, to come
-back after the visibility timeout). A message that is not a request gets a final answer with
-its error (no retry would make it one) and is deleted.
+message is deleted. Its routing goes where a gate's goes (`functions.metrics`, which `replan`
+reads), summed per layer over the invocation: a record per layer per decode step would cost
+more in logs, and in time, than the step. The message that started the worker is the
+mapping's: it deletes it when the worker returns (a worker that fails leaves it, as it leaves
+those it received itself, to come back after the visibility timeout). A message that is not a
+request gets a final answer with its error (no retry would make it one) and is deleted.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 # Building the stages needs Hugging Face's model classes: their import belongs to INIT.
 import transformers.modeling_utils  # noqa: F401
@@ -92,7 +96,8 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     remote = config.remote_plan(remote_event, manifest.num_layers, local, manifest.experts)
     stages = DriverStages(s3, cfg.bucket, cfg.weights_prefix)
     invocation = validate_request_id(getattr(context, "aws_request_id", None) or uuid.uuid4().hex)
-    call = RemoteExperts(s3, cfg, invocation, manifest, local, remote, stages)
+    routed = np.zeros((manifest.num_layers, manifest.experts), dtype=np.int64)
+    call = RemoteExperts(s3, cfg, invocation, manifest, local, remote, stages, counts=routed)
     call.decoding = True  # a prefill chunk's rows are few too: one replica unless they overflow
     batch = ContinuousBatch(
         stages,
@@ -113,6 +118,10 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         worker.serve()
     finally:
         call.close()
+        for layer, counts in enumerate(routed):  # the invocation's routing, as a gate's
+            if counts.any():
+                record = metrics.expert_counts_record(layer, counts, invocation)
+                metrics.emit(record, cfg.metrics_file)
     return {"batchItemFailures": [], "served": worker.served}
 
 

@@ -44,6 +44,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ground.layout import RESULTS_PREFIX, validate_request_id
@@ -52,6 +53,8 @@ from ground.plan import StreamPlan
 __all__ = [
     "DEADLINE_MARGIN_S",
     "FINAL",
+    "FIRST_POLL_S",
+    "POLL_MAX_S",
     "WorkerSettings",
     "admissible",
     "chunk_key",
@@ -60,6 +63,7 @@ __all__ = [
     "poll_requests",
     "request_usage",
     "result_prefix",
+    "seen_after",
     "step_seconds",
 ]
 
@@ -67,6 +71,29 @@ FINAL = "final.json"
 """The name of a request's whole answer under its result prefix."""
 DEADLINE_MARGIN_S = 5.0
 """What a worker keeps free before its deadline: its last PUTs and its return."""
+FIRST_POLL_S = 0.02
+"""A reader's first wait for the next piece of an answer; it doubles while none comes..."""
+POLL_MAX_S = 0.5
+"""...up to this (16 tokens take longer on a CPU), and starts again after each piece."""
+
+
+def seen_after(gap_s: np.ndarray) -> np.ndarray:
+    """When a reader that began polling `gap_s` before a piece was written first sees it: its
+    polls come at 0, FIRST_POLL_S, then after waits doubling to POLL_MAX_S (the endpoint's
+    `pieces`); the first poll at or after the write. What a client's time to first token and
+    last token include beyond the worker's.
+
+    >>> seen_after(np.array([0.0, 0.05, 0.3, 2.0])).round(2).tolist()
+    [0.0, 0.06, 0.3, 2.12]
+    """
+    gap = np.asarray(gap_s, dtype=float)
+    waits = [FIRST_POLL_S]
+    while waits[-1] * 2 < POLL_MAX_S:
+        waits.append(waits[-1] * 2)
+    early = np.concatenate([[0.0], np.cumsum(waits)])  # the polls before the waits cap
+    late = early[-1] + POLL_MAX_S * np.ceil(np.maximum(gap - early[-1], 0.0) / POLL_MAX_S)
+    index = np.searchsorted(early, gap, side="left")
+    return np.where(index < early.size, early[np.minimum(index, early.size - 1)], late)
 
 
 class WorkerSettings(BaseModel):

@@ -253,6 +253,7 @@ def _spec(
         warm_start_s=calibration.warm_start_s,
         reclaim_s=idle.assumed_s,
         receive_max=int(calibration.required("sqs_receive_max_messages", "stream workers")),
+        reader_polls=True,  # the SLOs are the client's, through the endpoint's reads
     )
 
 
@@ -354,7 +355,9 @@ def plan_stream(
             'diurnal:PEAK,TROUGH'.
         options: The plan's options; `slo_ttft_s` and `slo_tpot_s` are the p99 SLOs;
             `prompt_tokens`/`new_tokens`, if given, are the longest admitted request.
-        scale, hours, seed: The stream (`planner.traffic.load_arrivals`).
+        scale: Multiplies the stream's rate (`planner.traffic.load_arrivals`).
+        hours: The period simulated. Defaults to None: the stream's own.
+        seed: Seeds synthetic arrivals.
         stream: What is searched. Defaults to None: `StreamOptions()`.
         status: Wraps the search (a spinner in the CLI).
 

@@ -64,7 +64,8 @@ class LocalServer:
     Args:
         plan: A stream plan (`stream_plan`).
         model: The plan's model, loaded.
-        host, port: Where to listen (port 0: a free one).
+        host: The address to listen on.
+        port: The port to listen on (0: a free one).
         visibility_timeout_s: Replaces the queue's (tests of a dying worker).
         max_workers: Caps the workers below the plan's (`bench stream` runs one).
         metrics_file: Where the functions' metrics go (the workers' iteration timings).

@@ -134,6 +134,7 @@ def _simulated(plan: Any, records: list[dict[str, Any]]) -> dict[str, Any]:
         max_prompt_tokens=stream.max_prompt_tokens,
         max_new_tokens=stream.max_new_tokens,
         flush_tokens=stream.flush_tokens,
+        reader_polls=True,
     )
     times = np.array([r["sent_s"] for r in records])
     order = np.argsort(times, kind="stable")

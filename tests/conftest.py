@@ -86,6 +86,7 @@ SLOWEST_FIRST = (
     "tests/moe/test_generate.py",
     "tests/moe/test_quality.py",
     "tests/serving/test_run_local.py",
+    "tests/serving/test_stream.py",
     "tests/test_bench.py",
     "tests/moe/test_stages.py",
     "tests/serving/test_packed.py",

@@ -80,6 +80,9 @@ class WorkerSpec:
     warm_start_s: float = 0.0
     reclaim_s: float = math.inf  # an idle environment is reclaimed after this long
     receive_max: int = 10  # messages one ReceiveMessage returns at most
+    # Whether latencies are the client's, through the endpoint's polling of the answer's chunks
+    # (`ground.stream.seen_after`), or the worker's writes (False: what the worker does alone).
+    reader_polls: bool = False
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.slots < 1:
@@ -288,6 +291,8 @@ def simulate_workers(
     ttft = np.full(times.size, np.nan)
     e2e = np.full(times.size, np.nan)
     tpot = np.full(times.size, np.nan)
+    if spec.reader_polls:
+        first, finish = reader_view(times[keep], first, finish, gen[keep], spec.flush_tokens)
     ttft[keep] = first - times[keep]
     e2e[keep] = finish - times[keep]
     many = gen[keep] > 1
@@ -313,6 +318,28 @@ def simulate_workers(
     )
     bill = None if prices is None else worker_bill(result, gen[keep], spec, prices)
     return _with(result, bill_usd=bill, wall_s=time.perf_counter() - started)
+
+
+def reader_view(
+    sent: np.ndarray, first: np.ndarray, finish: np.ndarray, new_tokens: np.ndarray, flush: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(first token, last token) as the endpoint's reader sees them: it polls from the send
+    for chunk 0 (the first token), then after each piece for the next (`ground.stream`:
+    chunk k after the token F k, the final answer at the sequence's end), each seen at its
+    first poll at or after its write (`ground.stream.seen_after`). Token times between the
+    first and the last are taken as evenly spaced (the simulator keeps only those two)."""
+    from ground.stream import seen_after
+
+    per_token = np.where(new_tokens > 1, (finish - first) / np.maximum(new_tokens - 1, 1), 0.0)
+    seen = sent + seen_after(first - sent)
+    first_seen = seen.copy()
+    chunks = (new_tokens - 1) // flush  # full chunks after the first token
+    for k in range(1, int(chunks.max(initial=0)) + 1):
+        has = chunks >= k
+        written = first + flush * k * per_token
+        seen = np.where(has, seen + seen_after(np.maximum(written - seen, 0.0)), seen)
+    last_seen = seen + seen_after(np.maximum(finish - seen, 0.0))
+    return first_seen, last_seen
 
 
 def _with(result: WorkersResult, **changes: Any) -> WorkersResult:
