@@ -33,6 +33,20 @@ SOURCES = {
     "bench-gpu-lambda.json": "moelambda bench gpu-lambda --json (2026-12-06)",
     "bench-shapes.json": "moelambda bench shapes --plot out/shapes.png --json (2026-12-06)",
     "bench-precision.json": "moelambda bench precision --json (2026-12-06)",
+    "bench-generate.json": (
+        "moelambda bench generate --smollm2-counts smollm2-counts.json --models "
+        "smollm2,olmoe,mixtral --json (2026-12-06; the counts: `predict --counts-out` on a "
+        "`profile --model smollm2 --experts 8 --top-k 4 --correction` trace)"
+    ),
+    "bench-generate-2026-shapes.json": (
+        "moelambda bench generate --models gpt-oss-20b,qwen3-30b-a3b --json (2026-12-06)"
+    ),
+    "bench-stream.json": (
+        "moelambda bench stream --plan out/smollm2-stream.json --requests 24 --rate 0.25 --json "
+        "(2026-12-06; the plan: `plan --counts` of a `profile --model smollm2 --experts 8 "
+        "--top-k 4 --correction` trace, `--traffic azure-conv --scale 0.1808 --hours 1 "
+        "--slo-ttft 30 --slo-tpot 0.25`)"
+    ),
     "bench-quality.json": (
         "moelambda bench quality --models minilm --seeds 1,0 --cached-only --json "
         "(2026-11-28; the options it names as not converted were not in the model cache)"
@@ -235,6 +249,155 @@ def precision() -> str:
     return "\n".join(lines) + "\n"
 
 
+def stream() -> str:
+    """`bench stream`: measured against simulated TTFT/TPOT and decode tokens per second, and
+    the requests metered against planned."""
+    r = _load("bench-stream.json")
+    m, s, gap = r["measured"], r["simulated"], r["measured_over_simulated_minus_1"]
+    lines = [
+        f"{r['requests']} requests at {r['rate_per_s']:g}/s ({r['prompt_tokens']:,} prompt "
+        f"and {r['completion_tokens']:,} completion tokens), one worker of {r['slots']} slots, "
+        f"{r['wall_s']:.0f} s:",
+        "",
+        "| | measured | simulated | measured / simulated - 1 |",
+        "|---|---|---|---|",
+    ]
+    for label, key, q in (
+        ("TTFT p50 (s)", "ttft_s", "p50"),
+        ("TTFT p99 (s)", "ttft_s", "p99"),
+        ("TPOT p50 (s)", "tpot_s", "p50"),
+        ("TPOT p99 (s)", "tpot_s", "p99"),
+    ):
+        ratio = m[key][q] / s[key][q] - 1
+        lines.append(f"| {label} | {m[key][q]:.3f} | {s[key][q]:.3f} | {ratio:+.0%} |")
+    lines.append(
+        f"| decode tokens/s | {m['decode_tokens_per_s']:.1f} | {s['decode_tokens_per_s']:.1f} "
+        f"| {gap['decode_tokens_per_s']:+.0%} |"
+    )
+    worker = m["worker"]
+    pairs = [
+        f"{b} sequence{'s' if b > 1 else ''} {own:.3f} s (table {s['step_s'][b - 1]:.3f})"
+        for b, own in enumerate(worker["step_s"], start=1)
+        if own is not None and b in (1, 2, 4, 6)
+    ]
+    lines += [
+        "",
+        f"The worker's own decode steps this run (median; mean batch "
+        f"{worker['mean_decode_batch']:.2f}, simulated {s['mean_decode_batch']:.2f}): "
+        + ", ".join(pairs)
+        + f"; its prefill {worker['prefill_token_s'] * 1e3:.2f} ms a token (planned "
+        f"{s['prefill_token_s'] * 1e3:.2f}).",
+    ]
+    same = "equal" if r["metered_equals_planned"] else "differ from"
+    got = r["requests_metered"]
+    lines += [
+        "",
+        f"Requests metered {same} the plan's: {got['sqs_send']} SendMessage, "
+        f"{got['sqs_delete']} DeleteMessage, {got['s3_put']} result PUTs, {got['s3_head']} "
+        f"HEADs; polls (not planned exactly): {r['polls_metered']['sqs_receive']:,} "
+        f"ReceiveMessage, {r['polls_metered']['s3_get_missing']:,} GETs of a piece not yet "
+        "written.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+_GENERATE = ("bench-generate.json", "bench-generate-2026-shapes.json")
+
+
+def _usd(block: dict[str, Any] | None, times: bool = True) -> str:
+    """'2.45 (68 / 0.250)': USD per million output tokens (TTFT p99 / TPOT p99), or why not."""
+    if block is None or block.get("per_million_output_usd") is None:
+        status = (block or {}).get("status", "-")
+        return "not built" if status == "not built" else status
+    usd = f"{block['per_million_output_usd']:,.2f}"
+    if not times or block.get("ttft_p99_s") is None:
+        return usd
+    return f"{usd} ({block['ttft_p99_s']:,.1f} / {block['tpot_p99_s']:.3f})"
+
+
+def _generate_rows() -> list[str]:
+    rows = []
+    for name in _GENERATE:
+        for model in _load(name)["models"]:
+            api = model["managed_api"]
+            managed = (
+                f"{api['per_million_output_usd']:.2f}, {api['provider']}"
+                if api.get("list_price")
+                else "none listed"
+            )
+            for run in model["runs"]:
+                modal = {g["gpu"]: g for g in run["gpu_serverless"] if g.get("fits")}
+                workers = run["worker_cpu"]
+                shape = (
+                    f" [{workers['workers']} x {workers['slots']} slots]"
+                    if workers.get("slots")
+                    else ""
+                )
+                gpu = run["gpu"]
+                cells = [
+                    model["label"],
+                    _rate(run["rate_per_s"]),
+                    _usd(run["lambda"]),
+                    _usd(workers) + shape,
+                    _usd(run["worker_gpu"]),
+                    f"{gpu['per_million_output_usd']:,.2f} "
+                    f"({gpu['gpus']} {gpu['gpu_type'].upper()})",
+                    _usd(modal.get("l4")),
+                    _usd(modal.get("l40s")),
+                    managed,
+                ]
+                rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def generate() -> str:
+    """`bench generate`: per model and rate, USD per million output tokens (TTFT p99 / TPOT
+    p99, seconds) of each way to serve it; every number predicted (simulated or modelled)."""
+    lines = [
+        "| model | rate | Lambda, a driver per request | Lambda workers (CPU) | workers on "
+        "GPU-backed Lambda | EC2 GPUs | Modal L4 | Modal L40S | managed API |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    return "\n".join(lines + _generate_rows()) + "\n"
+
+
+def generate_summary() -> str:
+    """`bench generate` in one row per model (README): USD per million output tokens at
+    1/min, 1/s and 10/s of each way to serve it."""
+
+    def three(cells: list[str]) -> str:
+        return " / ".join(cells)
+
+    lines = [
+        "| model (USD / M output tokens at 1/min / 1/s / 10/s) | Lambda, per request | Lambda "
+        "workers | EC2 GPUs | Modal (cheaper GPU) | managed API |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in _GENERATE:
+        for model in _load(name)["models"]:
+            runs = model["runs"]
+            api = model["managed_api"]
+            modal = [
+                min(
+                    (g["per_million_output_usd"] for g in r["gpu_serverless"] if g.get("fits")),
+                    default=None,
+                )
+                for r in runs
+            ]
+            cells = [
+                model["label"],
+                three([_usd(r["lambda"], False) for r in runs]),
+                three([_usd(r["worker_cpu"], False) for r in runs]),
+                three([f"{r['gpu']['per_million_output_usd']:,.2f}" for r in runs]),
+                three(["-" if m is None else f"{m:,.2f}" for m in modal]),
+                f"{api['per_million_output_usd']:.2f}, {api['provider']}"
+                if api.get("list_price")
+                else "none listed",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def shapes() -> str:
     """`bench shapes`: per model every shape's cheapest plan of one batch (bold: the cheapest
     batch) and that plan over a day at one request a minute ("cheapest": the cheapest stream)."""
@@ -309,6 +472,9 @@ def shapes_summary() -> str:
 RENDERERS: dict[str, Callable[[], str]] = {
     "gpu-lambda": gpu_lambda,
     "precision": precision,
+    "stream": stream,
+    "generate": generate,
+    "generate-summary": generate_summary,
     "shapes": shapes,
     "shapes-summary": shapes_summary,
     "quality-minilm": quality_minilm,
