@@ -126,8 +126,9 @@ def _prompt(kind: Kind, body: dict[str, Any], tokenizer: Any) -> list[int]:
                 "messages",
                 "chat_template_missing",
             )
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return [int(t) for t in (ids["input_ids"] if isinstance(ids, dict) else ids)]
+        # The template's text, then its ids: what tokenize=True returns differs by version.
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one

@@ -212,7 +212,11 @@ def _handler_for(server: LocalServer) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:  # noqa: N802
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length)
-            status, body = server.answer(self.path.split("?")[0], raw)
+            try:
+                status, body = server.answer(self.path.split("?")[0], raw)
+            except Exception as error:  # a bug, not the request: a 500 the client can read
+                self._json(500, ApiError(500, f"{type(error).__name__}: {error}").body())
+                return
             if isinstance(body, dict):
                 self._json(status, body)
                 return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -36,7 +37,8 @@ def serve(
 ) -> None:
     """Serve the plan's deployment, locally on moto with the real handlers, behind an
     OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models; `stream`
-    as server-sent events) until Ctrl-C: the `openai` client and curl work against it."""
+    as server-sent events) until Ctrl-C or SIGTERM, which let the requests in flight finish:
+    the `openai` client and curl work against it."""
     from runtime.serve import LocalServer, stream_plan
 
     if not 0 <= port <= 65535:
@@ -51,6 +53,10 @@ def serve(
     model = load_with_status(
         ref.model, ref.experts, ref.top_k, ref.seed, True, ref.moefy, ref.weights
     )
+    def stop(*_: object) -> None:  # SIGTERM (a service manager, `kill`) stops as Ctrl-C does
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     with err.status("starting") as status:
         server = LocalServer(plan, model, host=host, port=port, progress=status.update)
         server.__enter__()
