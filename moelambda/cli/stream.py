@@ -53,6 +53,7 @@ def serve(
     model = load_with_status(
         ref.model, ref.experts, ref.top_k, ref.seed, True, ref.moefy, ref.weights
     )
+
     def stop(*_: object) -> None:  # SIGTERM (a service manager, `kill`) stops as Ctrl-C does
         raise KeyboardInterrupt
 
