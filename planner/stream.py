@@ -53,6 +53,7 @@ __all__ = [
     "WorkerModel",
     "decode_table_key",
     "plan_stream",
+    "simulate_stream_plan",
     "worker_model",
 ]
 
@@ -563,3 +564,61 @@ def _stream_plan(
         "stream": stream.model_dump(),
     }
     return Plan.model_validate(document)
+
+
+def simulate_stream_plan(
+    plan: Plan, arrivals: Any, calibration: Calibration | None = None
+) -> dict[str, Any]:
+    """A stream plan's workers over another stream (`moelambda traffic --plan`): its own
+    worker (slots, memory, workers, idle exit, limits) simulated as `plan_stream` simulated
+    its candidates, on the plan's own calibration (what it lacks from `calibration`).
+
+    Raises:
+        UsageError: `plan` has no stream block, or the stream says nothing of what each
+            request generates.
+    """
+    from planner.traffic.platform import traffic_calibration
+    from planner.traffic.workflow import manifest_of_plan
+
+    stream = plan.stream
+    if stream is None:
+        raise UsageError("this plan has no workers to simulate.", "pass a stream plan.")
+    if arrivals.requests == 0 or arrivals.generated is None:
+        raise UsageError(
+            "the stream does not say what each request generates.",
+            "pass a stream with GeneratedTokens (azure-conv).",
+        )
+    cal, _ = traffic_calibration(plan, calibration)  # the plan's, its gaps from `calibration`
+    options = StreamOptions(
+        prefill_chunk_tokens=stream.prefill_chunk_tokens,
+        flush_tokens=stream.flush_tokens,
+        poll_s=stream.poll_s,
+    )
+    model = worker_model(
+        plan,
+        manifest_of_plan(plan),
+        cal,
+        slots=stream.slots,
+        memory_mb=float(plan.nonmoe_memory_mb),
+        prefill_chunk_tokens=stream.prefill_chunk_tokens,
+    )
+    spec = _spec(
+        model,
+        workers=stream.workers,
+        idle_exit_s=stream.idle_exit_s,
+        options=options,
+        timeout_s=float(cal.max_timeout_s),
+        max_prompt=stream.max_prompt_tokens,
+        max_new=stream.max_new_tokens,
+        cold_s=_cold_start(plan, cal)[0],
+        calibration=cal,
+    )
+    result = simulate_workers(
+        arrivals.times_s,
+        arrivals.tokens,
+        arrivals.generated,
+        spec,
+        model.prices,
+        period_s=arrivals.period_s,
+    )
+    return {"workers": stream.workers, "slots": stream.slots, **result.summary()}

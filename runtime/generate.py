@@ -53,7 +53,9 @@ def check_request(plan: Any, prompts: list[str], settings: GenerationConfig) -> 
             "pass the text to stop at (e.g. --stop '###'), or drop --stop.",
         )
     from moe._families import ENCODER_TYPES
+    from runtime.serve import refuse_stream
 
+    refuse_stream(plan, "generate")
     if plan.model.model_type in ENCODER_TYPES:
         _refuse_encoder(plan.model.model)
     _check_driver(plan)

@@ -83,9 +83,11 @@ def run_plan_locally(
     from pipeline.faults import Faults
     from pipeline.stacks import flat_template
     from planner import evaluate_plan, price_usage
+    from runtime.serve import refuse_stream
 
     say = progress or (lambda _: None)
     document = Plan.load(plan)
+    refuse_stream(document, "run-local")
     injected = faults or Faults()
     if requests < 1:
         raise UsageError(f"--requests {requests} is below 1.", "pass --requests 1 or more.")

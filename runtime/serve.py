@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from moe import MoEModel
     from pipeline.stream_local import StreamStack
 
-__all__ = ["LocalServer", "stream_plan"]
+__all__ = ["LocalServer", "refuse_stream", "stream_plan"]
 
 ANSWER_DEADLINE_S = 900.0  # the longest a client waits for an answer (Lambda's timeout)
 
@@ -51,6 +51,23 @@ def stream_plan(path: Path) -> Plan:
             "decoder's traces.",
         )
     return document
+
+
+def refuse_stream(plan: Plan, command: str) -> None:
+    """Stop `command` (run-local, generate, replan) on a stream plan: its stack has no
+    workflow to start and no driver to invoke; requests go to its queue.
+
+    Raises:
+        UsageError: `plan` is a stream plan.
+    """
+    if plan.stream is not None:
+        raise UsageError(
+            f"{command} runs a batch or a generation through the plan's workflow, and this "
+            "plan serves a stream: requests go to its queue and its workers.",
+            "serve it with `moelambda serve --plan PLAN` (an OpenAI-compatible endpoint), "
+            "measure it with `moelambda bench stream`, or plan one invocation a request with "
+            "`moelambda plan ... --per-request`.",
+        )
 
 
 class LocalServer:

@@ -236,12 +236,7 @@ def hardware(out: Console, summary: dict[str, Any]) -> None:
 def stream_plan(out: Console, summary: dict[str, Any]) -> None:
     """`moelambda plan --traffic --slo-ttft --slo-tpot`: the workers chosen, what the
     simulation of the stream gives them, and the period's bill."""
-    s, bill = summary["stream"], summary["bill_usd"]
-
-    def q(name: str) -> str:
-        v = summary[name]
-        return "none" if v["p99"] is None else f"p50 {v['p50']:.3f} s, p99 {v['p99']:.3f} s"
-
+    s = summary["stream"]
     out.print(
         f"Plan written to {summary['plan']}: {s['workers']} {summary['deployment']} workers "
         f"of {summary['memory_mb']:,} MB, {s['slots']} slots each, idle exit "
@@ -249,10 +244,26 @@ def stream_plan(out: Console, summary: dict[str, Any]) -> None:
         f"generating up to {s['max_new_tokens']:,} (decode step: {summary['step_source']}).",
         highlight=False,
     )
+    stream_traffic(out, summary, slo=(s["slo_ttft_s"], s["slo_tpot_s"]))
+
+
+def stream_traffic(
+    out: Console, summary: dict[str, Any], slo: tuple[float, float] | None = None
+) -> None:
+    """`moelambda traffic` of a stream plan (and the rest of `stream_plan`): TTFT and TPOT
+    quantiles, throughput, workers, and the period's bill."""
+
+    def q(name: str) -> str:
+        v = summary[name]
+        return "none" if v["p99"] is None else f"p50 {v['p50']:.3f} s, p99 {v['p99']:.3f} s"
+
+    ttft_slo, tpot_slo = (
+        ("", "") if slo is None else (f" (SLO {slo[0]:g} s)", f" (SLO {slo[1]:g} s)")
+    )
     out.print(
         f"{summary['requests']:,} requests ({summary['refused']:,} refused as longer than "
-        f"admitted) over {summary['period_s'] / 3600:.2f} h: TTFT {q('ttft_s')} (SLO "
-        f"{s['slo_ttft_s']:g} s); TPOT {q('tpot_s')} (SLO {s['slo_tpot_s']:g} s); "
+        f"admitted) over {summary['period_s'] / 3600:.2f} h: TTFT {q('ttft_s')}{ttft_slo}; "
+        f"TPOT {q('tpot_s')}{tpot_slo}; "
         f"{summary['output_tokens_per_s']:.1f} output tokens/s, mean batch "
         f"{summary['mean_decode_batch']:.2f}; {summary['invocations']:,} invocations, "
         f"{summary['cold_starts']:,} cold starts, at most {summary['peak_workers']} workers.",
@@ -261,6 +272,6 @@ def stream_plan(out: Console, summary: dict[str, Any]) -> None:
     table = Table(title="Bill of the period (USD)")
     table.add_column("item")
     table.add_column("USD", justify="right")
-    for name, value in bill.items():
+    for name, value in summary["bill_usd"].items():
         table.add_row(name, f"{value:.6f}")
     out.print(table)

@@ -44,6 +44,12 @@ def replan(
         )
     check_file_out(out, force, "--out")
     document = Plan.load(plan)
+    if document.stream is not None:
+        raise UsageError(
+            "replan re-sizes a batch plan from its gates' routing; this plan serves a stream "
+            "of generations with workers.",
+            "plan the stream again with `moelambda plan --traffic ... --slo-ttft --slo-tpot`.",
+        )
     observed, records = read_metrics(metrics, document.model.num_layers, document.model.experts)
     report, new_plan = compare(document, observed)
     report["records_per_layer"] = records.tolist()

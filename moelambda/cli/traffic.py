@@ -143,6 +143,8 @@ def traffic(
         )
     if as_json:
         print(json.dumps(summary))
+    elif "slots" in summary:  # a stream plan's workers
+        render.stream_traffic(stdout(), summary)
     elif "planned_for" in summary:
         render.generation_traffic(stdout(), summary)
     else:

@@ -80,6 +80,16 @@ def simulate_plan(
         CalibrationError: A traffic parameter is missing, or provisioned concurrency has no
             price for the plan's architecture.
     """
+    if plan.stream is not None:  # workers batching over a queue: no batch policy to override
+        from planner.stream import simulate_stream_plan
+
+        if max_batch_tokens is not None or max_wait_s is not None:
+            raise UsageError(
+                "a stream plan's workers batch its requests continuously: it has no batch "
+                "policy to override.",
+                "drop --max-batch-tokens and --max-wait.",
+            )
+        return simulate_stream_plan(plan, arrivals, calibration)
     if plan.generation is not None:
         from planner.traffic.generation import generation_report
 

@@ -292,3 +292,21 @@ def test_serve_and_bench_stream_refuse_a_plan_without_workers(
         assert "no workers" in result.output and "--slo-tpot" in result.output
     result = runner.invoke(app, ["serve", "--plan", str(plan), "--port", "70000"])
     assert result.exit_code == 2 and "--port 70000" in result.output
+
+
+def test_commands_of_a_workflow_refuse_a_stream_plan_and_traffic_simulates_its_workers(
+    tiny: MoEModel, tmp_path: Path
+) -> None:
+    plan = str(_stream_plan(tmp_path, tiny, slots=2, workers=2))
+    for command in (["run-local", "--text", "hello"], ["generate", "--prompt", "hello"]):
+        result = runner.invoke(app, [*command, "--plan", plan])
+        assert result.exit_code == 2, result.output
+        assert "serves a stream" in result.output and "moelambda serve" in result.output
+    result = runner.invoke(
+        app, ["traffic", "--plan", plan, "--traffic", "poisson:0.2", "--minutes", "5", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert (summary["workers"], summary["slots"]) == (2, 2) and summary["requests"] > 0
+    # this hand-made plan admits prompts of 64 tokens at most: the trace's longer ones refused
+    assert summary["served"] + summary["refused"] == summary["requests"]
