@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from moe import ContinuousBatch, GenerationConfig, TextStream, load_model
+from moe import ContinuousBatch, GenerationConfig, TextStream, eos_ids, load_model
 
 
 def _requests(count: int) -> tuple[list[list[int]], list[GenerationConfig]]:
@@ -29,13 +29,18 @@ def test_sequences_joining_a_running_batch_get_what_they_get_alone(
 ) -> None:
     model = load_model(str(tiny_dirs["mixtral"]), experts=None, top_k=None)
     prompts, configs = _requests(16)
-    alone = [model.generate([p], c)[0].token_ids for p, c in zip(prompts, configs, strict=True)]
+    # One of request 0's greedy tokens joins the model's EOS ids, so some sequence ends on an
+    # EOS on every machine, not only where a sampled row happens to draw one.
+    cfg = model.family.config
+    cfg.eos_token_id = eos_ids(cfg) + [model.generate([prompts[0]], configs[0])[0].token_ids[2]]
+    alone = [model.generate([p], c)[0] for p, c in zip(prompts, configs, strict=True)]
     batch = ContinuousBatch(
         model.stages(),
         model.num_layers,
         model.expert_call(),
         slots=5,
         pad_id=0,
+        eos_ids=eos_ids(model.family.config),  # as the worker: a sampled EOS ends a sequence
         prefill_chunk_tokens=7,  # prompts up to 39 tokens: up to 6 chunks each
     )
     got: dict[str, list[int]] = {}
@@ -53,7 +58,9 @@ def test_sequences_joining_a_running_batch_get_what_they_get_alone(
         assert batch.decoding <= 5 and batch.free >= 0
         widest = max(widest, batch.decoding)
         iteration += 1
-    assert [got[str(k)] for k in range(16)] == alone
+    assert [got[str(k)] for k in range(16)] == [a.token_ids for a in alone]
+    assert [ended[str(k)] for k in range(16)] == [a.finish_reason for a in alone]
+    assert "eos" in ended.values()
     assert len(ended) == 16 and widest == 5  # every slot was used at once
     assert batch.cache is None and batch.valid.shape == (0, 0)  # nothing held after the last
 
