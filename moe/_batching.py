@@ -14,13 +14,13 @@ their KV cache, and advances them one *iteration* at a time:
 
 This is the order the planner's simulator prices (`planner.traffic.workers`).
 
-The batch's cache is one `DynamicCache` whose rows are the running sequences only (a finished
-sequence's row is dropped, so no step computes for it). Sequences started at different times
-hold different numbers of keys: each row's keys are right-aligned in a shared column space and
-the columns a row does not use are holes, masked (`decode_masks`), exactly as a left-padded batch
-in `generate_tokens`; columns no row uses any more are trimmed. Positions count each row's own
-tokens, so a sequence sees the positions, keys and mask it would see decoded alone, which is what
-the worker's tests hold it to, token for token.
+The batch's cache is one `GrowingCache` (`moe._kv_cache`) whose rows are the running sequences
+only (a finished sequence's row is dropped, so no step computes for it). Sequences started at
+different times hold different numbers of keys: each row's keys are right-aligned in a shared
+column space and the columns a row does not use are holes, masked (`decode_masks`), exactly as a
+left-padded batch in `generate_tokens`; columns no row uses any more are trimmed. Positions
+count each row's own tokens, so a sequence sees the positions, keys and mask it would see
+decoded alone, which is what the worker's tests hold it to, token for token.
 
 Each sequence samples with its own settings and its own seeded generator, so its tokens do not
 depend on which other sequences share its steps (a request retried on another worker gets the
@@ -75,7 +75,7 @@ class _Sequence:
     generator: torch.Generator
     new_ids: list[int] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens already in its own cache
-    cache: Any = None  # its own DynamicCache while it prefills
+    cache: Any = None  # its own GrowingCache while it prefills
 
 
 class ContinuousBatch:
@@ -211,11 +211,11 @@ class ContinuousBatch:
         return out
 
     def _prefill_chunk(self) -> list[Emitted]:
-        from transformers import DynamicCache
+        from moe._kv_cache import GrowingCache
 
         seq = self.waiting[0]
         if seq.cache is None:
-            seq.cache = DynamicCache()
+            seq.cache = GrowingCache()
         end = min(seq.prefilled + self.chunk, len(seq.prompt))
         ids = torch.tensor([seq.prompt[seq.prefilled : end]], dtype=torch.long)
         valid = torch.ones(1, end, dtype=torch.bool)
@@ -255,7 +255,7 @@ class ContinuousBatch:
 
     def _join(self, seq: _Sequence) -> None:
         """Add a prefilled sequence's cache as the batch's last row, right-aligned."""
-        from transformers import DynamicCache
+        from moe._kv_cache import GrowingCache
 
         own = seq.cache
         width = len(seq.prompt)
@@ -265,7 +265,7 @@ class ContinuousBatch:
             return
         columns = self.valid.shape[1]
         total = max(columns, width)
-        merged = DynamicCache()
+        merged = GrowingCache()
         for i, (mine, theirs) in enumerate(zip(self.cache.layers, own.layers, strict=True)):
             keys = torch.cat([_pad_left(mine.keys, total), _pad_left(theirs.keys, total)], 0)
             values = torch.cat([_pad_left(mine.values, total), _pad_left(theirs.values, total)], 0)
@@ -279,7 +279,7 @@ class ContinuousBatch:
 
     def _drop(self, keep: list[int]) -> None:
         """Keep only rows `keep` of the batch; trim the columns no kept row uses."""
-        from transformers import DynamicCache
+        from moe._kv_cache import GrowingCache
 
         self.running = [self.running[b] for b in keep]
         if not keep:
@@ -289,7 +289,7 @@ class ContinuousBatch:
         valid = self.valid[rows]
         used = valid.any(dim=0).nonzero()
         first = int(used[0]) if used.numel() else valid.shape[1]
-        kept = DynamicCache()
+        kept = GrowingCache()
         index = rows.to(self.device)
         for i, layer in enumerate(self.cache.layers):
             kept.update(

@@ -19,10 +19,11 @@ __all__ = ["DecodeContext"]
 class DecodeContext:
     """What a decoder block needs beyond the hidden states when it runs with a cache.
 
-    `cache` holds every layer's keys and values (a Hugging Face `DynamicCache`, indexed by the
-    attention's layer index); `positions` are the new tokens' position ids (B, T); `mask` is the
-    additive attention mask (B, 1, T, S) over the S cached plus new keys; `rows` marks the
-    (B*T,) new tokens that are real (routed to experts); the others are holes.
+    `cache` holds every layer's keys and values (`moe._kv_cache.GrowingCache`, a Hugging Face
+    `DynamicCache`, indexed by the attention's layer index); `positions` are the new tokens'
+    position ids (B, T); `mask` is the additive attention mask (B, 1, T, S) over the S cached
+    plus new keys; `rows` marks the (B*T,) new tokens that are real (routed to experts); the
+    others are holes.
     """
 
     cache: Any

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ground.errors import ModelError
+from moe._attention import use_grouped_attention
 from moe._experts import ExpertKind
 
 __all__ = [
@@ -208,6 +209,8 @@ class Family:
         self.name = name
         self.config = config
         self.classes = classes
+        if name == "decoder":  # every decoder path attends alike (moe._attention)
+            use_grouped_attention(config)
 
     @property
     def hidden_size(self) -> int:

@@ -245,7 +245,7 @@ def generate_tokens(
     Returns:
         One `Generated` per prompt, in order.
     """
-    from transformers import DynamicCache
+    from moe._kv_cache import GrowingCache
 
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
@@ -256,7 +256,7 @@ def generate_tokens(
     for b, prompt in enumerate(prompts):
         ids[b, width - len(prompt) :] = torch.as_tensor(list(prompt), dtype=torch.long)
         valid[b, width - len(prompt) :] = True
-    cache = DynamicCache()
+    cache = GrowingCache()
     generator = torch.Generator().manual_seed(config.seed)
     stops = _Stops(config.stop, tokenizer)
     eos = torch.as_tensor(list(eos_ids), dtype=torch.long)

@@ -29,6 +29,9 @@ def wiki_windows(minilm: MoEModel) -> np.ndarray:
 def _tiny(kind: str, root: Path) -> Path:
     import transformers
 
+    # transformers 5 draws the weights while it builds the model (`init_weights` afterwards
+    # leaves them as they are): seed first, or every process gets other weights.
+    torch.manual_seed(0)
     common = dict(
         vocab_size=30522,
         hidden_size=32,
@@ -53,8 +56,6 @@ def _tiny(kind: str, root: Path) -> Path:
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
     else:
         raise ValueError(kind)
-    torch.manual_seed(0)
-    model.init_weights()
     path = root / kind
     model.save_pretrained(path)
     transformers.AutoTokenizer.from_pretrained(resolve_model("minilm").path).save_pretrained(path)
