@@ -185,11 +185,21 @@ def calibrate_decode_table(
     are the thread's CPU seconds (`time.thread_time`), not wall time: on one thread they are the
     step's compute, which other processes on a shared machine do not inflate by preempting it.
 
+    Each round also decodes every batch on two threads, right after one, and keeps the ratio of
+    their median wall-time steps (`two_thread_ratio`, the median over rounds): how much a
+    second vCPU shortens a step, from which the planner takes Amdahl's serial share. This needs
+    two idle cores; on a busy machine the ratio reads high (a plan then buys fewer vCPUs than
+    it could use, never more).
+
+    Raises:
+        UsageError: `repeats` below one, `target` a directory, or fewer than two CPUs.
+
     Returns:
         What was measured: batches, step seconds, tokens per second, the file written.
     """
     import copy
     import itertools
+    import os
     import statistics
     import time
 
@@ -205,6 +215,12 @@ def calibrate_decode_table(
         raise UsageError(f"--repeats {repeats} times nothing.", "pass --repeats 1 or more.")
     if target.is_dir():
         raise UsageError(f"--out '{target}' is a directory.", "pass a calibration file name.")
+    if len(os.sched_getaffinity(0)) < 2:
+        raise UsageError(
+            "--decode-table times a decode step on one thread and on two, and this process "
+            "may use one CPU.",
+            "run it on a machine (or taskset) with two idle CPUs.",
+        )
     say = progress or (lambda _message: None)
     document = compute.read_document(source)
     threads = torch.get_num_threads()
@@ -222,28 +238,39 @@ def calibrate_decode_table(
         )
         config = GenerationConfig(max_new_tokens=DECODE_STEPS + 1)
         samples: dict[int, list[float]] = {b: [] for b in batches}
+        ratios: dict[int, list[float]] = {b: [] for b in batches}
+
+        def median_step(prompts: list[list[int]], clock: Callable[[], float]) -> float:
+            stamps: list[float] = []
+            generate_tokens(
+                model.stages(),
+                model.num_layers,
+                prompts,
+                model.expert_call(),
+                config,
+                pad_id=0,
+                on_step=lambda step: stamps.append(clock()),
+            )
+            return statistics.median(b - a for a, b in itertools.pairwise(stamps))
+
         for round_ in range(repeats):
             for b in batches:
                 say(f"round {round_ + 1}/{repeats}: {b} sequences")
-                stamps: list[float] = []
-                generate_tokens(
-                    model.stages(),
-                    model.num_layers,
-                    [list(map(int, w)) for w in windows[:b]],
-                    model.expert_call(),
-                    config,
-                    pad_id=0,
-                    on_step=lambda step, stamps=stamps: stamps.append(time.thread_time()),
-                )
-                gaps = [later - before for before, later in itertools.pairwise(stamps)]
-                samples[b].append(statistics.median(gaps))
+                prompts = [list(map(int, w)) for w in windows[:b]]
+                torch.set_num_threads(1)
+                samples[b].append(median_step(prompts, time.thread_time))
+                one = median_step(prompts, time.perf_counter)
+                torch.set_num_threads(2)
+                ratios[b].append(median_step(prompts, time.perf_counter) / one)
     finally:
         torch.set_num_threads(threads)
     steps = [statistics.median(samples[b]) for b in batches]
+    two_threads = [statistics.median(ratios[b]) for b in batches]
     key = decode_table_key(describe_model(model))
     table = {
         "batches": list(batches),
         "step_s": steps,
+        "two_thread_ratio": two_threads,
         "memory_mb": float(document["parameters"]["mb_per_vcpu"]["value"]),
         "context_tokens": context_tokens,
         "repeats": repeats,
@@ -257,7 +284,8 @@ def calibrate_decode_table(
         "unit": "s per decode step of `batches[i]` sequences (step_s[i]) on one torch thread",
         "source": (
             f"measured by `moelambda calibrate --decode-table` ({repeats} interleaved rounds, "
-            f"one torch thread, {DECODE_STEPS} steps each, median of the thread's CPU seconds) "
+            f"one torch thread, {DECODE_STEPS} steps each, median of the thread's CPU seconds; "
+            f"two_thread_ratio: two threads' median wall-time step over one's, median of rounds) "
             f"on {compute.cpu_model()}, "
             f"torch {torch.__version__}: the SmolLM2 MoE (E8 k4 + correction), each sequence "
             f"{context_tokens} tokens of Wikipedia context"
@@ -267,8 +295,9 @@ def calibrate_decode_table(
         "as_of": date.today().isoformat(),
         "note": (
             "planner.stream: a worker's decode step of b sequences, interpolated between the "
-            "batches, scaled to the function's memory by the CPU share (planner.compute"
-            ".compute_s_at) as U_j is; used for a plan of that model and weights with no remote "
+            "batches; below one vCPU it takes longer by the CPU share, above it by Amdahl's "
+            "law with the serial share 2 x two_thread_ratio - 1 (DecodeStepTable"
+            ".serial_fraction); used for a plan of that model and weights with no remote "
             "expert, else the step is modelled. Measured on the development machine's CPU, not "
             "on Lambda's."
         ),
@@ -280,6 +309,7 @@ def calibrate_decode_table(
         "model": key,
         "batches": list(batches),
         "step_s": steps,
+        "two_thread_ratio": two_threads,
         "tokens_per_s": [b / s for b, s in zip(batches, steps, strict=True)],
         "samples_s": {str(b): v for b, v in samples.items()},
         "context_tokens": context_tokens,

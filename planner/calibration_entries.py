@@ -359,14 +359,21 @@ class DecodeStepTable(BaseModel):
     """A decoder's decode step measured at several batch sizes (`moelambda calibrate
     --decode-table`): `step_s[i]` seconds for one step of `batches[i]` sequences, on one torch
     thread, i.e. a function of `memory_mb` (one vCPU); `planner.stream` interpolates between
-    the batches and scales to a function's memory by the CPU share. A table, not a single
-    floor: a step of a few rows is bound by per-layer overhead and weight reads, and a batch
-    shares them (issue 47)."""
+    the batches. A table, not a single floor: a step of a few rows is bound by per-layer
+    overhead and weight reads, and a batch shares them (issue 47).
+
+    More vCPUs do not shorten such a step in proportion: much of it is one thread's dispatch
+    of small operations. `two_thread_ratio[i]` is the step on two threads over the step on
+    one (wall time, measured alike), from which `serial_fraction` gives Amdahl's serial share,
+    the part of the step more threads do not shorten; `planner.stream` scales the step to a
+    function's vCPUs with it, not with the reference expert's parallel efficiency (a large
+    matmul's)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     batches: tuple[PositiveInt, ...] = Field(min_length=1)
     step_s: tuple[PositiveFloat, ...] = Field(min_length=1)
+    two_thread_ratio: tuple[PositiveFloat, ...] = Field(min_length=1)
     memory_mb: PositiveFloat
     context_tokens: PositiveInt  # each sequence's context while measured
     repeats: PositiveInt
@@ -375,8 +382,18 @@ class DecodeStepTable(BaseModel):
 
     @model_validator(mode="after")
     def _one_time_per_batch(self) -> DecodeStepTable:
-        if len(self.batches) != len(self.step_s):
-            raise ValueError(f"{len(self.batches)} batches but {len(self.step_s)} step times")
+        if not len(self.batches) == len(self.step_s) == len(self.two_thread_ratio):
+            raise ValueError(
+                f"{len(self.batches)} batches, {len(self.step_s)} step times and "
+                f"{len(self.two_thread_ratio)} two-thread ratios: one of each per batch"
+            )
         if any(a >= b for a, b in pairwise(self.batches)):
             raise ValueError(f"batches must increase, got {list(self.batches)}")
         return self
+
+    @property
+    def serial_fraction(self) -> tuple[float, ...]:
+        """Amdahl's serial share per batch: a step on n threads takes step x (s + (1 - s) / n),
+        so two threads' ratio r = s + (1 - s) / 2 gives s = 2r - 1 (clipped to [0, 1]: a ratio
+        above one, two threads slower, is all serial; below one half, all parallel)."""
+        return tuple(min(1.0, max(0.0, 2.0 * r - 1.0)) for r in self.two_thread_ratio)

@@ -7,9 +7,10 @@ adds is a batch of up to `slots` sequences per decode step, so its model is:
 * the decode step table, `step_s[b - 1]` for b = 1..slots sequences: measured where the
   calibration has a table for this model at these weights (`decode_step_table`, measured by
   `moelambda calibrate --decode-table` on one thread, i.e. one vCPU) for a plan with no remote
-  expert, scaled to the function's memory by the CPU share's ratio the rest of the CPU model
-  uses (`planner.compute.compute_s_at` at the memory over at the measured one); otherwise the
-  model's step (`planner.generation.plan_decode` at B = b);
+  expert, scaled to the function's vCPUs by Amdahl's law with the serial share measured beside
+  it (`DecodeStepTable.serial_fraction`: a decode step is mostly one thread dispatching small
+  operations, which more vCPUs do not shorten); otherwise the model's step
+  (`planner.generation.plan_decode` at B = b);
 * prefill seconds per prompt token: the plan's prefill model (`planner.generation.plan_timing`)
   of one chunk of `prefill_chunk_tokens`, over its tokens;
 * the memory: the driver's stages and local experts, one chunk's activations and the KV cache
@@ -104,29 +105,46 @@ def _measured_table(
     plan: Plan, manifest: Manifest, calibration: Calibration, slots: int
 ) -> tuple[np.ndarray, str] | None:
     """The calibration's measured step table for this model at this plan's memory, 1..slots
-    (None: none measured, or the plan calls remote experts, which the table did not)."""
-    from planner.compute import compute_s_at
+    (None: none measured, or the plan calls remote experts, which the table did not).
 
+    The table is one vCPU's (`entry.memory_mb`). Below one vCPU a step takes longer by the
+    CPU share; above it, by Amdahl's law with the serial share measured per batch
+    (`DecodeStepTable.serial_fraction`): x (s + (1 - s) / vCPUs)."""
     tables = getattr(calibration, DECODE_TABLE_ENTRY, None) or {}
     entry = tables.get(decode_table_key(manifest))
     if entry is None or _calls_remote(plan):  # a driver's remote experts: the model's step
         return None
     batches = np.asarray(entry.batches, dtype=float)
-    steps = np.asarray(entry.step_s, dtype=float)
     b = np.arange(1, slots + 1, dtype=float)
-    table = np.interp(b, batches, steps)
-    if slots > batches[-1] and batches.size > 1:  # along the last segment, as ground.stream
-        slope = (steps[-1] - steps[-2]) / (batches[-1] - batches[-2])
-        table = np.where(b > batches[-1], steps[-1] + slope * (b - batches[-1]), table)
-    flops = float(calibration.required("expert_compute_reference", "scaling").flops_per_token)
-    ratio = float(compute_s_at(calibration, flops, plan.nonmoe_memory_mb)) / float(
-        compute_s_at(calibration, flops, entry.memory_mb)
+    table = _along(b, batches, np.asarray(entry.step_s, dtype=float))
+    serial = np.clip(_along(b, batches, np.asarray(entry.serial_fraction)), 0.0, 1.0)
+
+    def time_factor(vcpus: float) -> np.ndarray:
+        if vcpus <= 1.0:
+            return np.full_like(serial, 1.0 / vcpus)
+        return serial + (1.0 - serial) / vcpus
+
+    measured, here = (
+        calibration.vcpus_at(entry.memory_mb),
+        calibration.vcpus_at(plan.nonmoe_memory_mb),
     )
+    factor = time_factor(here) / time_factor(measured)
     source = (
         f"measured: calibration {DECODE_TABLE_ENTRY} at {entry.memory_mb:g} MB (one thread), "
-        f"x {ratio:.3f} for {plan.nonmoe_memory_mb} MB"
+        f"x {float(factor[0]):.3f}..{float(factor[-1]):.3f} for {plan.nonmoe_memory_mb} MB "
+        f"({here:.2f} vCPUs; serial share {float(serial[0]):.2f}..{float(serial[-1]):.2f})"
     )
-    return table * ratio, source
+    return table * factor, source
+
+
+def _along(b: np.ndarray, batches: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """`values` measured at `batches`, at every batch `b`: interpolated between them, and
+    past the last along the last segment (as `ground.stream` extends a step table)."""
+    out = np.interp(b, batches, values)
+    if b[-1] > batches[-1] and batches.size > 1:
+        slope = (values[-1] - values[-2]) / (batches[-1] - batches[-2])
+        out = np.where(b > batches[-1], values[-1] + slope * (b - batches[-1]), out)
+    return out
 
 
 def worker_model(

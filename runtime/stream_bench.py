@@ -107,21 +107,27 @@ def _iterations(iterations: list[dict[str, Any]], slots: int) -> dict[str, Any]:
     }
 
 
-def _simulated(plan: Any, records: list[dict[str, Any]]) -> dict[str, Any]:
+def _one_core_worker(plan: Any) -> Any:
+    """The plan's worker at one core (`planner.stream.WorkerModel`), made before the replay so
+    a plan this moelambda cannot price stops the bench at once, not after minutes of replay."""
     from planner import load_calibration
     from planner.stream import worker_model
-    from planner.traffic.workers import WorkerSpec, quantiles, simulate_workers
     from planner.traffic.workflow import manifest_of_plan
 
-    stream = plan.stream
-    model = worker_model(
+    return worker_model(
         plan,
         manifest_of_plan(plan),
         load_calibration(None),
-        slots=stream.slots,
+        slots=plan.stream.slots,
         memory_mb=ONE_CORE_MB,
-        prefill_chunk_tokens=stream.prefill_chunk_tokens,
+        prefill_chunk_tokens=plan.stream.prefill_chunk_tokens,
     )
+
+
+def _simulated(plan: Any, model: Any, records: list[dict[str, Any]]) -> dict[str, Any]:
+    from planner.traffic.workers import WorkerSpec, quantiles, simulate_workers
+
+    stream = plan.stream
     spec = WorkerSpec(
         workers=1,
         slots=stream.slots,
@@ -198,6 +204,7 @@ def bench_stream(
     assert stream is not None
     max_prompt = min(max_prompt, stream.max_prompt_tokens)
     max_new = min(max_new, stream.max_new_tokens)
+    worker = _one_core_worker(document)
     sent = _requests(model, requests, rate, seed, max_prompt, max_new)
     with tempfile.TemporaryDirectory(prefix="moelambda-bench-stream-") as tmp:
         given, out = Path(tmp) / "requests.json", Path(tmp) / "records.json"
@@ -228,7 +235,7 @@ def bench_stream(
     if failed:
         return {"status": "FAILED", "errors": failed}
     measured = _measured(records) | {"worker": _iterations(iterations, stream.slots)}
-    simulated = _simulated(document, records)
+    simulated = _simulated(document, worker, records)
     planned = request_usage([r["completion_tokens"] for r in records], stream.flush_tokens)
     got = {
         "sqs_send": int(metered.get("sqs_SendMessage", 0)),

@@ -116,8 +116,9 @@ def calibrate(
         typer.Option(
             "--decode-table",
             help="Measure the SmolLM2 MoE's decode step at 1, 2, 4, 8 and 16 sequences "
-            "instead (one torch thread, the thread's CPU seconds) and store it as "
-            "decode_step_table, which stream plans use for that model's workers.",
+            "instead (one torch thread, the thread's CPU seconds; and its wall time on two "
+            "threads over one, the serial share) and store it as decode_step_table, which "
+            "stream plans use for that model's workers. Needs two idle CPUs.",
         ),
     ] = False,
     dry_run: Annotated[

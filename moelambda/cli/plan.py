@@ -207,6 +207,15 @@ def plan(
             "continuously batching workers over a queue.",
         ),
     ] = False,
+    slots: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="With --traffic and --slo-ttft/--slo-tpot: the workers' slots (sequences "
+            "batched at once), instead of the cheapest of 1 to 32; memory, workers and idle "
+            "exit are still searched.",
+        ),
+    ] = None,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -302,8 +311,13 @@ def plan(
     plan_confidence(confidence, planning)
     manifest = planning.manifest or manifest_of_counts(planning)
     files = {"out": out, "force": force, "as_json": as_json}
+    if slots is not None and (stream is None or not options.generating or per_request):
+        raise UsageError(
+            "--slots sets the stream workers' batch, and this plan has no workers.",
+            "pass it with --traffic, --slo-ttft and --slo-tpot (and without --per-request).",
+        )
     if stream is not None and options.generating and not per_request:
-        _plan_workers(manifest, planning, cal, options, stream=stream, **files)
+        _plan_workers(manifest, planning, cal, options, stream=stream, slots=slots, **files)
         return
     if stream is not None:
         plan_stream(manifest, planning, cal, options, hardware=hardware, **files, **stream)
@@ -318,13 +332,15 @@ def _plan_workers(
     options: Any,
     *,
     stream: dict[str, Any],
+    slots: int | None,
     out: Path,
     force: bool,
     as_json: bool,
 ) -> None:
     """`moelambda plan --traffic --slo-ttft --slo-tpot`: continuously batching workers for the
-    stream (`planner.stream.plan_stream`), saved and rendered."""
+    stream (`planner.stream.plan_stream`; `--slots` pins theirs), saved and rendered."""
     from moelambda.cli import _render_traffic
+    from planner.stream import StreamOptions
     from planner.stream import plan_stream as plan_workers
 
     made, summary = plan_workers(
@@ -336,6 +352,7 @@ def _plan_workers(
         scale=stream["scale"],
         hours=stream["hours"],
         seed=stream["seed"],
+        stream=None if slots is None else StreamOptions(slots=(slots,)),
         status=err.status,
     )
     made.save(out, force=force)
