@@ -42,10 +42,10 @@ SOURCES = {
         "moelambda bench generate --models gpt-oss-20b,qwen3-30b-a3b --json (2026-12-06)"
     ),
     "bench-stream.json": (
-        "moelambda bench stream --plan out/smollm2-stream.json --requests 24 --rate 0.25 --json "
-        "(2026-12-06; the plan: `plan --counts` of a `profile --model smollm2 --experts 8 "
+        "moelambda bench stream --plan out/smollm2-stream-8slots.json --requests 24 --rate 0.25 "
+        "--json (2026-12-06; the plan: `plan --counts` of a `profile --model smollm2 --experts 8 "
         "--top-k 4 --correction` trace, `--traffic azure-conv --scale 0.1808 --hours 1 "
-        "--slo-ttft 30 --slo-tpot 0.25`)"
+        "--slo-ttft 30 --slo-tpot 0.25 --slots 8`)"
     ),
     "bench-quality.json": (
         "moelambda bench quality --models minilm --seeds 1,0 --cached-only --json "
